@@ -1,0 +1,136 @@
+"""The one episode loop every environment shares, and the hooks it calls.
+
+An environment subclasses `Env` and overrides small hooks:
+
+- `start` / `close`: shared resources for the whole rollout (a browser).
+- `setup_state(task, slot)`: per-episode state (a page, a game).
+- `initial_messages(state)`: the chat that opens the episode.
+- `env_response(state, reply)`: apply the model's reply, return a `StepResult`.
+- `score(state)`: the final reward once the loop has ended.
+- `teardown_state(state)`: release per-episode resources (always called).
+
+The loop (`run_episode`) lives here once; environments never call the model.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rollout_engine.types import Completion, Message, Task, Turn
+
+
+class ChatPolicy(Protocol):
+    """What the episode loop needs from the model client."""
+
+    async def chat(self, messages: list[Message]) -> Completion: ...
+
+
+@dataclass
+class StepResult:
+    """What the environment says after applying one reply."""
+
+    observation: str | None
+    reward: float = 0.0
+    done: bool = False
+    invalid_action: bool = False
+    action: dict[str, Any] | None = None
+    state_changed: bool = True
+    images: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Score:
+    """Final outcome of an episode. `judge_error` marks an unusable verdict."""
+
+    reward: float
+    success: bool
+    judge_error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeState:
+    """Per-episode state; environments keep their own objects in `data`."""
+
+    task: Task
+    slot: int
+    max_steps: int
+    turns: list[Turn] = field(default_factory=list)
+    invalid_actions: int = 0
+    done: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(abc.ABC):
+    """Base class: one episode loop, small hooks for the environment."""
+
+    name: str = "env"
+    #: default step budget when the task and config give none
+    max_steps: int = 1
+    #: end the episode on the first invalid action (else count it and go on)
+    stop_on_invalid: bool = False
+
+    async def start(self) -> None:
+        """Acquire resources shared by all episodes (called once)."""
+
+    async def close(self) -> None:
+        """Release what `start` acquired (called once, also on cancel)."""
+
+    @abc.abstractmethod
+    async def setup_state(self, task: Task, slot: int) -> EpisodeState: ...
+
+    @abc.abstractmethod
+    def initial_messages(self, state: EpisodeState) -> list[Message]: ...
+
+    @abc.abstractmethod
+    async def env_response(self, state: EpisodeState, reply: str) -> StepResult: ...
+
+    @abc.abstractmethod
+    async def score(self, state: EpisodeState) -> Score: ...
+
+    async def teardown_state(self, state: EpisodeState) -> None:
+        """Release per-episode resources; always called."""
+
+    async def run_episode(self, task: Task, slot: int, policy: ChatPolicy) -> tuple[EpisodeState, Score]:
+        """Play one episode to the end and score it."""
+        state = await self.setup_state(task, slot)
+        try:
+            messages = list(self.initial_messages(state))
+            for index in range(state.max_steps):
+                started = time.monotonic()
+                reply = await policy.chat(messages)
+                result = await self.env_response(state, reply.text)
+                state.turns.append(_turn(index, messages, reply, result, time.monotonic() - started))
+                state.invalid_actions += int(result.invalid_action)
+                if result.done or (result.invalid_action and self.stop_on_invalid):
+                    break
+                messages = [*messages, {"role": "assistant", "content": reply.text}]
+                if result.observation is not None:
+                    messages.append({"role": "user", "content": result.observation})
+            state.done = True
+            return state, await self.score(state)
+        finally:
+            await self.teardown_state(state)
+
+
+def _turn(index: int, messages: list[Message], reply: Completion, result: StepResult, latency: float) -> Turn:
+    return Turn(
+        index=index,
+        messages=list(messages),
+        response=reply.text,
+        prompt_token_ids=reply.prompt_token_ids,
+        completion_token_ids=reply.completion_token_ids,
+        prompt_tokens=reply.prompt_tokens,
+        completion_tokens=reply.completion_tokens,
+        finish_reason=reply.finish_reason,
+        action=result.action,
+        invalid_action=result.invalid_action,
+        observation=result.observation,
+        reward=result.reward,
+        state_changed=result.state_changed,
+        images=list(result.images),
+        latency_s=round(latency, 4),
+    )

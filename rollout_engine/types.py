@@ -1,0 +1,127 @@
+"""Typed records passed between the rollout engine's layers.
+
+`Task` is one line of a task file, `Completion` one model reply, `Turn` one
+step of an episode and `Trajectory` one finished episode: the unit written to
+the per-rank journal (docs/formats.md describes the JSON form).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "baton.trajectory/1"
+
+Message = dict[str, Any]
+
+
+class Failure(str, enum.Enum):
+    """Why an episode ended; everything but OK is excluded from success rates."""
+
+    OK = "ok"
+    ENV_ERROR = "env_error"
+    MODEL_ERROR = "model_error"
+    JUDGE_ERROR = "judge_error"
+    TIMEOUT = "timeout"
+    CONTEXT_OVERFLOW = "context_overflow"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_infra(self) -> bool:
+        """Infrastructure failures are retried and never trained on."""
+        return self is not Failure.OK
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task-file line. `metadata` holds environment-specific fields."""
+
+    task_id: str
+    task_name: str
+    difficulty: int = 1
+    env: str = ""
+    family: str = ""
+    definite_answer: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Task:
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = {k: v for k, v in row.items() if k not in known}
+        kwargs = {k: v for k, v in row.items() if k in known}
+        kwargs["metadata"] = {**extra, **(row.get("metadata") or {})}
+        kwargs["task_id"] = str(kwargs["task_id"])
+        return cls(**kwargs)
+
+
+@dataclass
+class Completion:
+    """One chat-completion reply with the token ids vLLM returns on request."""
+
+    text: str
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+
+
+@dataclass
+class Turn:
+    """One policy step: exactly what was sent, what came back, what it did."""
+
+    index: int
+    messages: list[Message]
+    response: str
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    action: dict[str, Any] | None = None
+    invalid_action: bool = False
+    observation: str | None = None
+    reward: float = 0.0
+    state_changed: bool = True
+    images: list[str] = field(default_factory=list)
+    latency_s: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """One finished episode, the unit of the journal."""
+
+    episode_id: str
+    task_id: str
+    sample_index: int
+    split: str
+    iteration: int
+    rank: int
+    env: str
+    family: str
+    difficulty: int
+    status: Failure = Failure.OK
+    error: str | None = None
+    reward: float = 0.0
+    success: bool = False
+    turns: list[Turn] = field(default_factory=list)
+    policy_model: str = ""
+    policy_version: int | None = None
+    attempts: int = 1
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["status"] = self.status.value
+        return {"schema": SCHEMA, **out}
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Trajectory:
+        row = {k: v for k, v in row.items() if k != "schema"}
+        row["status"] = Failure(row["status"])
+        row["turns"] = [Turn(**t) for t in row.get("turns", [])]
+        return cls(**row)

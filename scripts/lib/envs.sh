@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The three Python environments (app, serve, train): where they live, which
+# variant this machine needs, and the interpreter paths every script uses.
+# Library file: defines functions only. Needs common.sh.
+
+# envs_device: print "cuda" when an NVIDIA GPU is usable, else "cpu".
+# BATON_DEVICE=cpu|cuda overrides the detection.
+envs_device() {
+  case "${BATON_DEVICE:-}" in
+    cpu | cuda)
+      printf '%s\n' "$BATON_DEVICE"
+      return 0
+      ;;
+    "") ;;
+    *) common_die 2 "BATON_DEVICE must be cpu or cuda (got '$BATON_DEVICE'); unset it to auto-detect" ;;
+  esac
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    printf 'cuda\n'
+  else
+    printf 'cpu\n'
+  fi
+}
+
+# envs_gpu_count: print the number of local NVIDIA GPUs (0 without any).
+envs_gpu_count() {
+  if [[ $(envs_device) == cuda ]]; then
+    nvidia-smi -L 2>/dev/null | grep -c '^GPU '
+  else
+    printf '0\n'
+  fi
+}
+
+# envs_recipe_name <env>: print the recipe name for <env> on this machine.
+envs_recipe_name() {
+  local env=$1
+  case "$env" in
+    serve) printf 'serve-%s\n' "$(envs_device)" ;;
+    app | train) printf '%s\n' "$env" ;;
+    *) common_die 2 "unknown environment '$env' (expected app, serve or train)" ;;
+  esac
+}
+
+# envs_base_python: print a Python >= 3.11 to build environments from.
+envs_base_python() {
+  local candidate
+  for candidate in "${BATON_PYTHON:-}" python3.11 python3.12 python3; do
+    [[ -n $candidate ]] || continue
+    command -v "$candidate" >/dev/null 2>&1 || continue
+    if "$candidate" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] < (3, 13) else 1)' 2>/dev/null; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# envs_dir <env>: print the cache directory of <env> for the current pins.
+envs_dir() {
+  local env=$1 recipe hash base
+  recipe=$(envs_recipe_name "$env")
+  base=$(envs_base_python) || common_die 1 "no Python 3.11 or 3.12 found; install python3.11 or set BATON_PYTHON"
+  hash=$("$base" "$(common_repo_root)/scripts/lib/pins.py" "$recipe" --hash)
+  printf '%s/envs/%s-%s\n' "$(common_baton_home)" "$recipe" "$hash"
+}
+
+# envs_is_complete <dir>: true when <dir> holds an environment that verified itself.
+envs_is_complete() {
+  local dir=$1
+  [[ -f $dir/.baton-verified && -x $dir/bin/python ]] && "$dir/bin/python" -c 'pass' 2>/dev/null
+}
+
+# envs_python <env>: print the interpreter of a complete <env>, or fail with a hint.
+envs_python() {
+  local env=$1 dir
+  dir=$(envs_dir "$env")
+  if ! envs_is_complete "$dir"; then
+    common_die 1 "the $env environment is not set up ($dir); run: bash scripts/setup.sh"
+  fi
+  printf '%s/bin/python\n' "$dir"
+}
+
+# envs_export: export BATON_APP_PY, BATON_SERVE_PY, BATON_TRAIN_PY and
+# BATON_TRAIN_BIN for the current pins (fails with a hint if one is missing).
+envs_export() {
+  BATON_APP_PY=$(envs_python app) || return 1
+  BATON_SERVE_PY=$(envs_python serve) || return 1
+  BATON_TRAIN_PY=$(envs_python train) || return 1
+  BATON_TRAIN_BIN=$(dirname "$BATON_TRAIN_PY")
+  export BATON_APP_PY BATON_SERVE_PY BATON_TRAIN_PY BATON_TRAIN_BIN
+}
