@@ -17,7 +17,7 @@ SCHEMA = "baton.trajectory/1"
 Message = dict[str, Any]
 
 
-class Failure(str, enum.Enum):
+class Failure(enum.StrEnum):
     """Why an episode ended; everything but OK is excluded from success rates."""
 
     OK = "ok"

@@ -10,12 +10,19 @@ An environment subclasses `Env` and overrides small hooks:
 - `teardown_state(state)`: release per-episode resources (always called).
 
 The loop (`run_episode`) lives here once; environments never call the model.
+It keeps `state.phase` current (setup, generating, env, scoring, done) for the
+live view, and hands the state to `on_state` as soon as it exists, so the
+engine keeps the turns of an episode that later fails or times out.
+
+Constructors take their YAML parameters plus `context: RunContext` (see
+`rollout_engine.config`); `envs/reasoning_gym.py` is the worked example.
 """
 
 from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,6 +69,8 @@ class EpisodeState:
     invalid_actions: int = 0
     done: bool = False
     data: dict[str, Any] = field(default_factory=dict)
+    #: setup, generating, env, scoring or done (read by the live view)
+    phase: str = "setup"
 
 
 class Env(abc.ABC):
@@ -73,11 +82,17 @@ class Env(abc.ABC):
     #: end the episode on the first invalid action (else count it and go on)
     stop_on_invalid: bool = False
 
+    def check_task(self, task: Task) -> str | None:
+        """Say what is wrong with a task for this environment (None: fine); run on load, before any work."""
+        return None
+
     async def start(self) -> None:
         """Acquire resources shared by all episodes (called once)."""
+        return None
 
     async def close(self) -> None:
         """Release what `start` acquired (called once, also on cancel)."""
+        return None
 
     @abc.abstractmethod
     async def setup_state(self, task: Task, slot: int) -> EpisodeState: ...
@@ -93,15 +108,26 @@ class Env(abc.ABC):
 
     async def teardown_state(self, state: EpisodeState) -> None:
         """Release per-episode resources; always called."""
+        return None
 
-    async def run_episode(self, task: Task, slot: int, policy: ChatPolicy) -> tuple[EpisodeState, Score]:
+    async def run_episode(
+        self,
+        task: Task,
+        slot: int,
+        policy: ChatPolicy,
+        on_state: Callable[[EpisodeState], None] | None = None,
+    ) -> tuple[EpisodeState, Score]:
         """Play one episode to the end and score it."""
         state = await self.setup_state(task, slot)
+        if on_state is not None:
+            on_state(state)
         try:
             messages = list(self.initial_messages(state))
             for index in range(state.max_steps):
                 started = time.monotonic()
+                state.phase = "generating"
                 reply = await policy.chat(messages)
+                state.phase = "env"
                 result = await self.env_response(state, reply.text)
                 state.turns.append(_turn(index, messages, reply, result, time.monotonic() - started))
                 state.invalid_actions += int(result.invalid_action)
@@ -111,7 +137,10 @@ class Env(abc.ABC):
                 if result.observation is not None:
                     messages.append({"role": "user", "content": result.observation})
             state.done = True
-            return state, await self.score(state)
+            state.phase = "scoring"
+            score = await self.score(state)
+            state.phase = "done"
+            return state, score
         finally:
             await self.teardown_state(state)
 

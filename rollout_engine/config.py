@@ -1,0 +1,305 @@
+"""Hydra structured configs of the rollout engine, and their validation.
+
+Schemas are dataclasses registered in Hydra's ConfigStore by
+`register_configs()` (called by the entry point, never at import). YAML under
+`configs/` only sets values: `configs/rollout_train.yaml` and
+`configs/rollout_test.yaml` start from the `rollout_schema` node and pick an
+environment from the config group `env` (`configs/env/<name>.yaml`).
+
+Sections: `policy_config` (the model server; `PolicyConfig` is reused by
+training), `env_config` (scheduling, tasks, sampling, budgets),
+`openai_config` (the LLM judge) and run-level keys (`data_path`, `log_path`,
+`split`, `iteration`, `rank`, `rank_weights`, `resume`, `seed`, ...).
+
+The `env` node is `_target_` plus that environment's parameters. The engine
+builds the environment in two steps (see `rollout_engine.build.build_env`):
+
+    factory = hydra.utils.instantiate(cfg.env, _partial_=True)
+    env = factory(context=RunContext(...))
+
+so every environment class takes its YAML parameters as keyword arguments plus
+one `context: RunContext` (split, iteration, rank, seed, log and image
+directories, step budgets, judge settings). Constructors only check and store
+values (raise `ConfigError` naming `env.<key>`); expensive work goes in
+`Env.start()`.
+
+Checks: single-field checks in each section's `__post_init__` (all problems of
+the section in one `ConfigError`); cross-field checks in `validate(cfg)`, which
+collects every problem of every section into one error. Bad input exits 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from rollout_engine.errors import ConfigError
+
+SPLITS = ("train", "test")
+SAMPLERS = ("uniform", "ratio")
+LIVE_VIEWS = ("auto", "rich", "plain", "off")
+
+
+def _check(problems: list[str], ok: bool, message: str) -> None:
+    if not ok:
+        problems.append(message)
+
+
+def _raise(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(problems)
+
+
+@dataclass
+class PolicyConfig:
+    """The OpenAI-compatible policy server (vLLM) and its sampling settings."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "policy"
+    #: name of the environment variable holding the API key; "" or unset sends "EMPTY" (vLLM needs none)
+    api_key_env: str = "BATON_POLICY_API_KEY"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    #: -1 disables top-k (sent to vLLM only when > 0)
+    top_k: int = -1
+    max_new_tokens: int = 256
+    #: seconds per request, connect included
+    request_timeout_s: float = 120.0
+    #: retries after the first attempt on connection errors, 429 and 5xx
+    max_retries: int = 3
+    #: first backoff in seconds; doubles per retry up to retry_backoff_max_s
+    retry_backoff_s: float = 0.5
+    retry_backoff_max_s: float = 8.0
+    #: ask vLLM for prompt and completion token ids (`return_token_ids`)
+    return_token_ids: bool = True
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        _check(p, self.base_url.startswith(("http://", "https://")),
+               f"policy_config.base_url must start with http:// or https:// (got {self.base_url!r}); "
+               "set it to the server's OpenAI URL, e.g. http://127.0.0.1:8000/v1")
+        _check(p, bool(self.model), "policy_config.model must be the served model name (got ''); "
+               "set it to the server's --served-model-name")
+        _check(p, 0.0 <= self.temperature <= 10.0,
+               f"policy_config.temperature must be in [0, 10] (got {self.temperature})")
+        _check(p, 0.0 < self.top_p <= 1.0, f"policy_config.top_p must be in (0, 1] (got {self.top_p})")
+        _check(p, self.top_k == -1 or self.top_k >= 1,
+               f"policy_config.top_k must be -1 (off) or >= 1 (got {self.top_k})")
+        _check(p, self.max_new_tokens >= 1, f"policy_config.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        _check(p, self.request_timeout_s > 0,
+               f"policy_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})")
+        _check(p, self.max_retries >= 0, f"policy_config.max_retries must be >= 0 (got {self.max_retries})")
+        _check(p, self.retry_backoff_s >= 0 and self.retry_backoff_max_s >= self.retry_backoff_s,
+               f"policy_config.retry_backoff_s must be >= 0 and <= retry_backoff_max_s "
+               f"(got {self.retry_backoff_s} and {self.retry_backoff_max_s})")
+        _raise(p)
+
+
+@dataclass
+class StepBudget:
+    """WebGym's difficulty buckets: 1-3 easy, 4-6 medium, 7+ hard."""
+
+    easy: int = 10
+    medium: int = 20
+    hard: int = 30
+
+    def for_difficulty(self, difficulty: int) -> int:
+        return self.easy if difficulty <= 3 else self.medium if difficulty <= 6 else self.hard
+
+
+@dataclass
+class DifficultyBucket:
+    """One bucket of the `ratio` sampler: difficulties low..high (inclusive), relative weight."""
+
+    low: int = 1
+    high: int = 3
+    weight: float = 1.0
+
+
+@dataclass
+class EnvConfig:
+    """Scheduling, tasks, sampling and budgets of one rollout."""
+
+    #: environment slots (browsers contexts, games) live at once on this rank, before rank scaling
+    server_size: int = 8
+    #: model requests in flight at once on this rank, before rank scaling
+    max_vllm_sessions: int = 16
+    n_samples_per_task: int = 1
+    #: task files, relative to data_path unless absolute
+    train_tasks: str = "tasks/train.jsonl"
+    test_tasks: str = "tasks/test.jsonl"
+    train_tasks_rollout_size: int = 64
+    #: -1 or 0: every test task
+    test_tasks_rollout_size: int = -1
+    test_tasks_repeat_times: int = 1
+    train_tasks_sampler: str = "uniform"
+    difficulty_ratio: dict[str, DifficultyBucket] = field(default_factory=dict)
+    #: submit the hardest tasks first (WebGym does)
+    hardest_first: bool = True
+    #: wall-clock limit of one episode attempt, in seconds
+    episode_timeout_s: float = 600.0
+    #: re-runs of one episode after an infrastructure failure
+    infra_retries: int = 1
+    #: re-runs allowed in the whole rollout, across episodes
+    infra_retry_budget: int = 16
+    train_difficulty_max_steps: StepBudget = field(default_factory=lambda: StepBudget(10, 20, 30))
+    test_difficulty_max_steps: StepBudget = field(default_factory=lambda: StepBudget(30, 50, 70))
+    #: auto (rich on a TTY, else a plain line), rich, plain or off
+    live_view: str = "auto"
+    #: seconds between status.json snapshots
+    status_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        for name in ("server_size", "max_vllm_sessions", "n_samples_per_task", "test_tasks_repeat_times"):
+            value = getattr(self, name)
+            _check(p, value >= 1, f"env_config.{name} must be >= 1 (got {value})")
+        for name in ("infra_retries", "infra_retry_budget", "train_tasks_rollout_size"):
+            value = getattr(self, name)
+            _check(p, value >= 0, f"env_config.{name} must be >= 0 (got {value})")
+        _check(p, self.test_tasks_rollout_size >= -1,
+               f"env_config.test_tasks_rollout_size must be -1 (all) or >= 0 (got {self.test_tasks_rollout_size})")
+        _check(p, self.train_tasks_sampler in SAMPLERS,
+               f"env_config.train_tasks_sampler must be one of {', '.join(SAMPLERS)} "
+               f"(got {self.train_tasks_sampler!r})")
+        _check(p, self.episode_timeout_s > 0,
+               f"env_config.episode_timeout_s must be > 0 seconds (got {self.episode_timeout_s})")
+        _check(p, self.live_view in LIVE_VIEWS,
+               f"env_config.live_view must be one of {', '.join(LIVE_VIEWS)} (got {self.live_view!r})")
+        _check(p, self.status_interval_s > 0,
+               f"env_config.status_interval_s must be > 0 seconds (got {self.status_interval_s})")
+        for name, bucket in self.difficulty_ratio.items():
+            _check(p, 1 <= bucket.low <= bucket.high and bucket.weight >= 0,
+                   f"env_config.difficulty_ratio.{name} needs 1 <= low <= high and weight >= 0 "
+                   f"(got low={bucket.low}, high={bucket.high}, weight={bucket.weight})")
+        for split in SPLITS:
+            budget = getattr(self, f"{split}_difficulty_max_steps")
+            _check(p, min(budget.easy, budget.medium, budget.hard) >= 1,
+                   f"env_config.{split}_difficulty_max_steps must all be >= 1 (got {budget})")
+        _raise(p)
+
+    def step_budget(self, split: str) -> StepBudget:
+        return self.train_difficulty_max_steps if split == "train" else self.test_difficulty_max_steps
+
+
+@dataclass
+class JudgeOverride:
+    """Per-purpose judge settings; None keeps the value of `openai_config`."""
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+
+
+@dataclass
+class OpenAIConfig:
+    """The LLM judge behind any OpenAI-compatible endpoint.
+
+    Empty `base_url` / `model` reuse `policy_config` (a local vLLM judging
+    itself); `api_key_env` "" sends no key, otherwise the named variable must
+    be set.
+    """
+
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = ""
+    temperature: float = 0.0
+    max_tokens: int = 256
+    request_timeout_s: float = 60.0
+    max_retries: int = 3
+    retry_backoff_s: float = 0.5
+    #: override for the answer-evaluation calls
+    evaluation: JudgeOverride = field(default_factory=JudgeOverride)
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        for key, url in (("base_url", self.base_url), ("evaluation.base_url", self.evaluation.base_url)):
+            _check(p, not url or url.startswith(("http://", "https://")),
+                   f"openai_config.{key} must be empty or start with http:// or https:// (got {url!r})")
+        _check(p, 0.0 <= self.temperature <= 10.0,
+               f"openai_config.temperature must be in [0, 10] (got {self.temperature})")
+        _check(p, self.max_tokens >= 1, f"openai_config.max_tokens must be >= 1 (got {self.max_tokens})")
+        _check(p, self.request_timeout_s > 0,
+               f"openai_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})")
+        _check(p, self.max_retries >= 0, f"openai_config.max_retries must be >= 0 (got {self.max_retries})")
+        _raise(p)
+
+
+@dataclass
+class RolloutConfig:
+    """One rollout: one (split, iteration) on one rank."""
+
+    data_path: str = MISSING
+    log_path: str = MISSING
+    split: str = "train"
+    iteration: int = 0
+    rank: int = 0
+    #: one load weight per rank; this rank's share of tasks and limits is rank_weights[rank] / sum
+    rank_weights: list[float] = field(default_factory=lambda: [1.0])
+    #: continue this iteration's journal instead of moving it aside
+    resume: bool = False
+    #: the run seed; sampling uses a seed derived from (seed, iteration, split)
+    seed: int = 0
+    #: recorded on every trajectory (the policy/v<NNNN> being served), if known
+    policy_version: int | None = None
+    policy_config: PolicyConfig = field(default_factory=PolicyConfig)
+    env_config: EnvConfig = field(default_factory=EnvConfig)
+    openai_config: OpenAIConfig = field(default_factory=OpenAIConfig)
+    env: Any = MISSING
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        _check(p, self.split in SPLITS, f"split must be train or test (got {self.split!r})")
+        _check(p, self.iteration >= 0, f"iteration must be >= 0 (got {self.iteration})")
+        _check(p, self.rank >= 0, f"rank must be >= 0 (got {self.rank})")
+        _check(p, bool(self.rank_weights) and all(w >= 0 for w in self.rank_weights)
+               and sum(self.rank_weights) > 0,
+               f"rank_weights must be non-negative with a positive sum (got {list(self.rank_weights)})")
+        _raise(p)
+
+
+def register_configs() -> None:
+    """Register the schema nodes in Hydra's ConfigStore (call once, from entry points)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="rollout_schema", node=RolloutConfig)
+
+
+def validate(cfg: DictConfig) -> RolloutConfig:
+    """Check the composed config; return it as typed objects or raise one ConfigError with every problem."""
+    problems: list[str] = []
+    for key in ("data_path", "log_path"):
+        if OmegaConf.is_missing(cfg, key) or not cfg[key]:
+            problems.append(f"{key} is required (got nothing); pass {key}=/path/to/dir")
+    if OmegaConf.is_missing(cfg, "env") or not isinstance(cfg.env, DictConfig) or "_target_" not in cfg.env:
+        problems.append("env must name an environment (got nothing); pass env=reasoning_gym or another "
+                        "file of configs/env/")
+    sections: dict[str, Any] = {}
+    for key, schema in (("policy_config", PolicyConfig), ("env_config", EnvConfig),
+                        ("openai_config", OpenAIConfig)):
+        try:
+            sections[key] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg[key]))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    top = {k: cfg[k] for k in ("split", "iteration", "rank", "resume", "seed", "policy_version")}
+    try:
+        run = RolloutConfig(data_path=str(cfg.data_path), log_path=str(cfg.log_path),
+                            rank_weights=[float(w) for w in cfg.rank_weights], env=cfg.env, **top, **sections)
+    except ConfigError as exc:
+        raise ConfigError(problems + exc.problems) from None
+    _check(problems, run.rank < len(run.rank_weights),
+           f"rank must be < len(rank_weights) = {len(run.rank_weights)} (got {run.rank}); "
+           "pass one weight per rank, e.g. rank_weights=[1,1]")
+    size_key = f"{run.split}_tasks"
+    _check(problems, bool(getattr(run.env_config, size_key)),
+           f"env_config.{size_key} must name a task file for split={run.split} (got '')")
+    if run.split == "train" and run.env_config.train_tasks_sampler == "ratio":
+        _check(problems, bool(run.env_config.difficulty_ratio),
+               "env_config.difficulty_ratio must define buckets for train_tasks_sampler=ratio (got {}); "
+               "e.g. env_config.difficulty_ratio={easy:{low:1,high:3,weight:2}}")
+    _raise(problems)
+    return run

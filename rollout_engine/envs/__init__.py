@@ -1,0 +1,1 @@
+"""Environments, one per file, each a few hooks over the loop in `base.Env`."""

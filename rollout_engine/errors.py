@@ -1,0 +1,44 @@
+"""The one error hierarchy of the rollout engine.
+
+`ConfigError` (bad input) ends a run before any work with exit code 2. The
+others are raised inside one episode, recorded on its trajectory as a failure
+kind (see `rollout_engine.types.Failure`) and counted; they never kill the batch.
+"""
+
+from __future__ import annotations
+
+
+class BatonError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class ConfigError(BatonError):
+    """Bad input: an invalid config value, task file or environment choice.
+
+    The message names the field, the value and the fix; one error may carry
+    several problems, one per line.
+    """
+
+    def __init__(self, problems: str | list[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class EnvError(BatonError):
+    """The environment failed (a browser, a game, a task that cannot be set up)."""
+
+
+class ModelError(BatonError):
+    """The policy server failed after all retries, or replied with nothing usable."""
+
+
+class ContextOverflowError(ModelError):
+    """The prompt no longer fits the model's context window."""
+
+
+class JudgeError(BatonError):
+    """The judge failed after all retries or gave an unparseable verdict."""
+
+
+class InfraError(BatonError):
+    """A shared resource is unusable (unreachable server): stop the whole run."""
