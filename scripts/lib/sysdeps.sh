@@ -20,6 +20,8 @@ sysdeps_missing() {
   command -v gcc >/dev/null 2>&1 || printf 'gcc\n'
   command -v make >/dev/null 2>&1 || printf 'make\n'
   command -v flock >/dev/null 2>&1 || printf 'util-linux\n'
+  command -v curl >/dev/null 2>&1 || printf 'curl\n'
+  command -v ps >/dev/null 2>&1 || printf 'procps\n'
   return 0
 }
 

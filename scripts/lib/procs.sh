@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Process groups started by Baton: start a command in its own session, record
+# its group under a run directory, and stop exactly the groups recorded there.
+# Library file: defines functions only. Needs common.sh.
+
+# procs_start <run_dir> <name> <logfile> <cmd...>: start <cmd> in a new session
+# (its own process group) with output appended to <logfile>; record the group
+# id in <run_dir>/pids/<name>.pgid and print it.
+procs_start() {
+  local run_dir=$1 name=$2 logfile=$3 pid
+  shift 3
+  mkdir -p "$run_dir/pids" "$(dirname "$logfile")"
+  # setsid without job control does not fork: $! is the new session's leader,
+  # so the pid is also the process group id of everything it starts.
+  setsid "$@" >>"$logfile" 2>&1 </dev/null &
+  pid=$!
+  printf '%s\n' "$pid" >"$run_dir/pids/$name.pgid.tmp"
+  mv -f "$run_dir/pids/$name.pgid.tmp" "$run_dir/pids/$name.pgid"
+  printf '%s\n' "$pid"
+}
+
+# procs_pgid <run_dir> <name>: print the recorded group id of <name>, if any.
+procs_pgid() {
+  local file="$1/pids/$2.pgid"
+  [[ -f $file ]] && cat "$file"
+}
+
+# procs_group_alive <pgid>: true while any process of the group exists.
+procs_group_alive() {
+  kill -0 -- "-$1" 2>/dev/null
+}
+
+# procs_stop <run_dir> <name> [grace_s]: SIGTERM the recorded group, wait up to
+# grace_s (default 20) seconds, then SIGKILL what is left; forget the record.
+procs_stop() {
+  local run_dir=$1 name=$2 grace=${3:-20} pgid waited=0
+  pgid=$(procs_pgid "$run_dir" "$name") || return 0
+  if [[ $pgid =~ ^[0-9]+$ ]] && procs_group_alive "$pgid"; then
+    kill -TERM -- "-$pgid" 2>/dev/null || true
+    while procs_group_alive "$pgid" && ((waited < grace * 10)); do
+      sleep 0.1
+      waited=$((waited + 1))
+    done
+    if procs_group_alive "$pgid"; then
+      common_warn "$name (group $pgid) ignored SIGTERM for ${grace}s; sending SIGKILL"
+      kill -KILL -- "-$pgid" 2>/dev/null || true
+      sleep 0.2
+    fi
+  fi
+  rm -f "$run_dir/pids/$name.pgid"
+}
+
+# procs_stop_all <run_dir> [grace_s]: stop every group recorded under <run_dir>.
+procs_stop_all() {
+  local run_dir=$1 grace=${2:-20} file
+  for file in "$run_dir"/pids/*.pgid; do
+    [[ -e $file ]] || continue
+    procs_stop "$run_dir" "$(basename "$file" .pgid)" "$grace"
+  done
+}

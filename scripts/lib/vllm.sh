@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# vLLM server lifecycle: arguments that fit the machine, start in a tracked
+# process group, wait for health with a deadline, reuse only a server that
+# serves the expected model, stop exactly the group we started.
+# Library file: defines functions only. Needs common.sh, envs.sh, procs.sh.
+
+# vllm_args <model_dir> <port> <served_name>: print the server's arguments,
+# one per line, for this machine (CPU: eager mode; GPU: data parallel over the
+# local GPUs). VLLM_MAX_MODEL_LEN and VLLM_GPU_MEMORY_UTILIZATION adjust them.
+vllm_args() {
+  local model=$1 port=$2 name=$3 gpus
+  printf '%s\n' -m vllm.entrypoints.openai.api_server --model "$model" --served-model-name "$name" \
+    --host 127.0.0.1 --port "$port" --max-model-len "${VLLM_MAX_MODEL_LEN:-2048}" \
+    --dtype bfloat16 --generation-config vllm
+  if [[ $(envs_device) == cuda ]]; then
+    gpus=$(envs_gpu_count)
+    printf '%s\n' --data-parallel-size "$gpus" --gpu-memory-utilization "${VLLM_GPU_MEMORY_UTILIZATION:-0.85}" \
+      --enable-sleep-mode
+  else
+    printf '%s\n' --enforce-eager
+  fi
+}
+
+# vllm_models <port>: print the JSON of /v1/models (fails when unreachable).
+vllm_models() {
+  curl -fsS --max-time 5 "http://127.0.0.1:$1/v1/models"
+}
+
+# vllm_serves <port> <served_name> [model_dir]: true when a healthy server on
+# <port> serves <served_name> (from <model_dir>, when given).
+vllm_serves() {
+  local port=$1 name=$2 model=${3:-} models
+  curl -fsS --max-time 5 "http://127.0.0.1:$port/health" >/dev/null 2>&1 || return 1
+  models=$(vllm_models "$port") || return 1
+  [[ $models == *"\"id\":\"$name\""* ]] || return 1
+  [[ -z $model || $models == *"\"root\":\"$model\""* ]]
+}
+
+# vllm_wait <run_dir> <port> <served_name> <deadline_s>: wait until the server
+# we started answers; fail early if its process group is gone.
+vllm_wait() {
+  local run_dir=$1 port=$2 name=$3 deadline=$4 start=$SECONDS pgid
+  pgid=$(procs_pgid "$run_dir" vllm) || return 1
+  while ((SECONDS - start < deadline)); do
+    vllm_serves "$port" "$name" && return 0
+    procs_group_alive "$pgid" || return 1
+    sleep 1
+  done
+  return 1
+}
+
+# vllm_start <run_dir> <model_dir> <port> <served_name> [deadline_s]: start a
+# server (up to 3 attempts) and wait for it; reuse one already serving the
+# same model on <port>. Logs go to <run_dir>/logs/vllm.log.
+vllm_start() {
+  local run_dir=$1 model=$2 port=$3 name=$4 deadline=${5:-600} attempt log
+  local -a args
+  if vllm_serves "$port" "$name" "$model"; then
+    common_log "vLLM on port $port already serves $name from $model; reusing it"
+    return 0
+  fi
+  if curl -fsS --max-time 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
+    common_die 1 "port $port is held by a server that does not serve $name from $model; stop it or choose another port"
+  fi
+  mapfile -t args < <(vllm_args "$model" "$port" "$name")
+  log="$run_dir/logs/vllm.log"
+  for attempt in 1 2 3; do
+    common_log "starting vLLM ($name from $model, port $port, attempt $attempt/3, log: $log)"
+    procs_start "$run_dir" vllm "$log" env VLLM_SERVER_DEV_MODE=1 \
+      VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" "$BATON_SERVE_PY" "${args[@]}" >/dev/null
+    if vllm_wait "$run_dir" "$port" "$name" "$deadline"; then
+      common_log "vLLM ready on port $port"
+      return 0
+    fi
+    common_warn "vLLM did not become healthy; last lines of $log:"
+    tail -n 15 "$log" >&2
+    procs_stop "$run_dir" vllm 10
+  done
+  common_die 1 "vLLM failed to start 3 times; see $log"
+}
+
+# vllm_stop <run_dir>: stop the server this run started (nothing else).
+vllm_stop() {
+  procs_stop "$1" vllm "${2:-30}"
+}
