@@ -71,6 +71,8 @@ class EpisodeState:
     data: dict[str, Any] = field(default_factory=dict)
     #: setup, generating, env, scoring or done (read by the live view)
     phase: str = "setup"
+    #: `<task_id>#<sample_index>`, set by `run_episode` (names per-episode files such as screenshots)
+    episode_id: str = ""
 
 
 class Env(abc.ABC):
@@ -116,9 +118,11 @@ class Env(abc.ABC):
         slot: int,
         policy: ChatPolicy,
         on_state: Callable[[EpisodeState], None] | None = None,
+        episode_id: str = "",
     ) -> tuple[EpisodeState, Score]:
         """Play one episode to the end and score it."""
         state = await self.setup_state(task, slot)
+        state.episode_id = episode_id or state.episode_id or task.task_id
         if on_state is not None:
             on_state(state)
         try:
