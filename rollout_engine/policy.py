@@ -1,0 +1,175 @@
+"""The policy client: the official `openai` async client against vLLM.
+
+`PolicyClient.chat(messages)` sends one chat completion with the sampling
+settings of `policy_config`, at most `max_vllm_sessions` at a time (one
+semaphore), and returns a `Completion` with the reply, token counts and, when
+the server returns them (vLLM with `return_token_ids`), the prompt and
+completion token ids.
+
+Retries: connection errors, timeouts, 429 and 5xx are retried `max_retries`
+times with exponential backoff (`retry_backoff_s` doubling up to
+`retry_backoff_max_s`); the semaphore is not held while waiting. A prompt too
+long for the model raises `ContextOverflowError`; other failures raise
+`ModelError`. `check_server()` is the start-up probe: an unreachable server or
+an unknown model name is a `ConfigError` after bounded retries, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from rollout_engine.config import PolicyConfig
+from rollout_engine.errors import ConfigError, ContextOverflowError, ModelError
+from rollout_engine.types import Completion, Message
+
+logger = logging.getLogger(__name__)
+
+_OVERFLOW_HINTS = ("maximum context length", "context length", "too long", "max_model_len")
+
+
+def build_openai_client(base_url: str, api_key_env: str, timeout_s: float) -> openai.AsyncOpenAI:
+    """An AsyncOpenAI with our own retry policy (the SDK's is off) and a per-request timeout in seconds."""
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    return openai.AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", timeout=timeout_s, max_retries=0)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Connection trouble, timeouts, 429 and 5xx are worth another try; other errors are not."""
+    if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError | openai.RateLimitError):
+        return True
+    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
+
+
+def is_overflow(exc: BaseException) -> bool:
+    return isinstance(exc, openai.BadRequestError) and any(h in str(exc).lower() for h in _OVERFLOW_HINTS)
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff in seconds: first, first*2, ... capped at `cap`."""
+
+    first: float
+    cap: float
+
+    def delay(self, retry: int) -> float:
+        return min(self.cap, self.first * (2**retry))
+
+
+async def call_with_retries(
+    call: Callable[[], Awaitable[Any]],
+    retries: int,
+    backoff: Backoff,
+    what: str,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Any:
+    """Run `call`, retrying retryable failures; raise ModelError naming `what` when it gives up."""
+    for attempt in range(retries + 1):
+        try:
+            return await call()
+        except openai.OpenAIError as exc:
+            if is_overflow(exc):
+                raise ContextOverflowError(f"{what}: prompt too long for the model ({exc})") from exc
+            if not is_retryable(exc):
+                raise ModelError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+            if attempt == retries:
+                raise ModelError(f"{what} failed after {retries + 1} attempts: {type(exc).__name__}: {exc}") from exc
+            delay = backoff.delay(attempt)
+            logger.debug("%s: %s, retry %d in %.1fs", what, type(exc).__name__, attempt + 1, delay)
+            await sleep(delay)
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class PolicyStats:
+    """Running totals for metrics (tokens/s)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class PolicyClient:
+    """Chat completions for the episode loop (implements `envs.base.ChatPolicy`)."""
+
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        max_sessions: int,
+        client: Any | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.cfg = cfg
+        self.client = client or build_openai_client(cfg.base_url, cfg.api_key_env, cfg.request_timeout_s)
+        self.sessions = asyncio.Semaphore(max_sessions)
+        self.backoff = Backoff(cfg.retry_backoff_s, cfg.retry_backoff_max_s)
+        self.sleep = sleep
+        self.stats = PolicyStats()
+
+    def request_args(self, messages: list[Message]) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.cfg.return_token_ids:
+            extra["return_token_ids"] = True
+        if self.cfg.top_k > 0:
+            extra["top_k"] = self.cfg.top_k
+        return {
+            "model": self.cfg.model,
+            "messages": messages,
+            "temperature": self.cfg.temperature,
+            "top_p": self.cfg.top_p,
+            "max_tokens": self.cfg.max_new_tokens,
+            "extra_body": extra or None,
+        }
+
+    async def _once(self, args: dict[str, Any]) -> Any:
+        async with self.sessions:
+            return await self.client.chat.completions.create(**args)
+
+    async def chat(self, messages: list[Message]) -> Completion:
+        args = self.request_args(messages)
+        resp = await call_with_retries(lambda: self._once(args), self.cfg.max_retries, self.backoff,
+                                       f"chat completion at {self.cfg.base_url}", self.sleep)
+        completion = parse_completion(resp)
+        self.stats.requests += 1
+        self.stats.prompt_tokens += completion.prompt_tokens
+        self.stats.completion_tokens += completion.completion_tokens
+        return completion
+
+    async def check_server(self) -> None:
+        """Fail fast (ConfigError) when the server is unreachable or does not serve `model`."""
+        what = f"policy server {self.cfg.base_url}"
+        try:
+            models = await call_with_retries(self.client.models.list, self.cfg.max_retries, self.backoff,
+                                             what, self.sleep)
+        except ModelError as exc:
+            raise ConfigError(f"policy_config.base_url is unreachable (got {self.cfg.base_url!r}: {exc.__cause__}); "
+                              "start the server or fix the URL") from None
+        served = [m.id for m in models.data]
+        if self.cfg.model not in served:
+            raise ConfigError(f"policy_config.model is not served at {self.cfg.base_url} (got {self.cfg.model!r}; "
+                              f"served: {served}); set policy_config.model to one of them")
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def parse_completion(resp: Any) -> Completion:
+    """A chat-completion response as a Completion; vLLM's extra fields give the token ids."""
+    if not resp.choices:
+        raise ModelError("the server returned no choices")
+    choice = resp.choices[0]
+    usage = resp.usage
+    return Completion(
+        text=choice.message.content or "",
+        finish_reason=choice.finish_reason,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        completion_tokens=usage.completion_tokens if usage else 0,
+        prompt_token_ids=getattr(resp, "prompt_token_ids", None),
+        completion_token_ids=getattr(choice, "token_ids", None),
+    )

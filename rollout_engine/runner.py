@@ -1,0 +1,178 @@
+"""One rollout from a validated config: check everything, then write and run.
+
+`run_rollout(cfg, resolved_yaml)` returns the process exit code:
+
+1. `prepare`: load the task file, build the environment, check every task
+   against it, sample and split for this rank, probe the policy server. Any
+   problem is a `ConfigError` (exit 2) and nothing has been written yet.
+2. Save the resolved config as `rank_<r>.config.yaml` beside the journal, open
+   the journal (resume skips what it holds; otherwise an old one is moved
+   aside), start the environment and the live view, schedule the episodes.
+3. On SIGINT / SIGTERM: stop launching, cancel in-flight episodes (their
+   `teardown_state` runs), close the environment, seal what finished, exit
+   130 / 143. Always: seal the journal, append metrics, print the summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollout_engine.build import build_env, iteration_dir
+from rollout_engine.config import RolloutConfig
+from rollout_engine.envs.base import Env
+from rollout_engine.errors import ConfigError
+from rollout_engine.files import save_text_atomic
+from rollout_engine.journal import Journal
+from rollout_engine.live import build_view, run_live
+from rollout_engine.metrics import compute_metrics, print_summary, save_metrics
+from rollout_engine.policy import PolicyClient
+from rollout_engine.progress import Progress
+from rollout_engine.scheduler import Scheduler, SchedulerSettings
+from rollout_engine.tasks import (
+    EpisodeSpec,
+    derive_seed,
+    load_tasks,
+    plan_episodes,
+    sample_tasks,
+    scale_limit,
+    split_for_rank,
+)
+
+logger = logging.getLogger(__name__)
+
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+@dataclass
+class Prepared:
+    """Everything checked and built before the first write."""
+
+    env: Env
+    policy: PolicyClient
+    specs: list[EpisodeSpec]
+    settings: SchedulerSettings
+
+
+def tasks_path(cfg: RolloutConfig) -> Path:
+    name = getattr(cfg.env_config, f"{cfg.split}_tasks")
+    path = Path(name)
+    return path if path.is_absolute() else Path(cfg.data_path) / path
+
+
+def check_tasks(env: Env, tasks: list, path: Path) -> None:
+    problems = [f"task file {path}: task {t.task_id!r}: {msg}" for t in tasks if (msg := env.check_task(t))]
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ConfigError([*problems[:5], f"fix these tasks or choose the environment they were written for{more}"])
+
+
+async def prepare(cfg: RolloutConfig) -> Prepared:
+    """All checks of the input, in order, with no writes."""
+    path = tasks_path(cfg)
+    tasks = load_tasks(path, f"env_config.{cfg.split}_tasks")
+    env = build_env(cfg)
+    check_tasks(env, tasks, path)
+    sampled = sample_tasks(tasks, cfg.env_config, cfg.split, derive_seed(cfg.seed, cfg.iteration, cfg.split))
+    mine = split_for_rank(sampled, cfg.rank_weights, cfg.rank)
+    specs = plan_episodes(mine, cfg.env_config, cfg.split)
+    weights, rank = cfg.rank_weights, cfg.rank
+    policy = PolicyClient(cfg.policy_config, scale_limit(cfg.env_config.max_vllm_sessions, weights, rank))
+    try:
+        await policy.check_server()
+    except ConfigError:
+        await policy.close()
+        raise
+    settings = SchedulerSettings(
+        server_size=scale_limit(cfg.env_config.server_size, weights, rank),
+        episode_timeout_s=cfg.env_config.episode_timeout_s,
+        infra_retries=cfg.env_config.infra_retries,
+        infra_retry_budget=cfg.env_config.infra_retry_budget,
+        split=cfg.split,
+        iteration=cfg.iteration,
+        rank=cfg.rank,
+        policy_model=cfg.policy_config.model,
+        policy_version=cfg.policy_version,
+    )
+    return Prepared(env, policy, specs, settings)
+
+
+def status_path(cfg: RolloutConfig) -> Path:
+    name = "status.json" if len(cfg.rank_weights) == 1 else f"status.rank_{cfg.rank}.json"
+    return Path(cfg.log_path) / name
+
+
+async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
+    """The whole rollout; returns the exit code (0, or 130/143 after a signal)."""
+    prepared = await prepare(cfg)
+    started = time.time()
+    out_dir = iteration_dir(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_text_atomic(out_dir / f"rank_{cfg.rank}.config.yaml", resolved_yaml)
+    journal = Journal(out_dir / f"rank_{cfg.rank}.jsonl", cfg.resume)
+    done = journal.done_ids
+    todo = [s for s in prepared.specs if s.episode_id not in done]
+    progress = Progress(skipped=len(prepared.specs) - len(todo))
+    progress.add([s.episode_id for s in todo])
+    logger.info("rollout %s iter %d rank %d: %d episodes (%d already journaled), %d slots", cfg.split,
+                cfg.iteration, cfg.rank, len(todo), progress.skipped, prepared.settings.server_size)
+    live = asyncio.create_task(run_live(progress, build_view(cfg.env_config.live_view), status_path(cfg),
+                                        cfg.env_config.status_interval_s))
+    scheduler = Scheduler(prepared.env, prepared.policy, journal, prepared.settings, progress)
+    received = await _run_until_signal(prepared, scheduler, todo)
+    live.cancel()
+    await asyncio.gather(live, return_exceptions=True)
+    all_done = [t for t in journal.done if t.episode_id in {s.episode_id for s in prepared.specs}]
+    all_done += scheduler.finished
+    manifest = journal.seal(planned=len(prepared.specs))
+    metrics = compute_metrics(all_done, time.time() - started, len(prepared.specs),
+                              cancelled=len(todo) - len(scheduler.finished))
+    metrics.update(split=cfg.split, iteration=cfg.iteration, rank=cfg.rank, policy_model=cfg.policy_config.model,
+                   policy_version=cfg.policy_version, complete=manifest["complete"],
+                   interrupted=received.name if received else None)
+    save_metrics(Path(cfg.log_path) / "metrics.jsonl", metrics)
+    print_summary(metrics)
+    if received:
+        logger.warning("stopped by %s: %d of %d episodes journaled; rerun with resume=true to finish",
+                       received.name, manifest["episodes"], len(prepared.specs))
+        return SIGNAL_EXIT[received]
+    return 0
+
+
+async def _run_until_signal(prepared: Prepared, scheduler: Scheduler,
+                            todo: list[EpisodeSpec]) -> signal.Signals | None:
+    """Run the scheduler with SIGINT/SIGTERM cancelling it; returns the signal received, if any."""
+    loop = asyncio.get_running_loop()
+    received: list[signal.Signals] = []
+    work = asyncio.create_task(_run_env(prepared, scheduler, todo))
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not received:
+            logger.warning("%s received: cancelling in-flight episodes", sig.name)
+            received.append(sig)
+            work.cancel()
+
+    for sig in SIGNAL_EXIT:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not received:
+            raise
+    finally:
+        for sig in SIGNAL_EXIT:
+            loop.remove_signal_handler(sig)
+    return received[0] if received else None
+
+
+async def _run_env(prepared: Prepared, scheduler: Scheduler, todo: list[EpisodeSpec]) -> None:
+    try:
+        await prepared.env.start()
+        await scheduler.run(todo)
+    finally:
+        await prepared.env.close()
+        await prepared.policy.close()

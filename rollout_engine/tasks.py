@@ -1,0 +1,146 @@
+"""Task files, samplers and the split of one iteration's work across ranks.
+
+- `load_tasks(path)`: a JSONL task file (docs/formats.md); any bad line is a
+  `ConfigError` naming the file and line.
+- `sample_tasks(...)`: train `uniform` (without replacement) or `ratio`
+  (difficulty buckets, counts by largest remainder); test = the first N in
+  file order. The random generator is seeded from (run seed, iteration, split)
+  only, so a restarted rollout samples exactly the same tasks (resume needs it).
+- `split_for_rank(...)`: every sampled task goes to exactly one rank; rank r
+  gets a contiguous share of size ~ n * w_r / W (largest remainder, no loss).
+- `plan_episodes(...)`: the episodes of this rank: every task times its
+  samples (`n_samples_per_task`, times `test_tasks_repeat_times` on test),
+  hardest first if asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollout_engine.config import DifficultyBucket, EnvConfig
+from rollout_engine.errors import ConfigError
+from rollout_engine.types import Task
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to run: a task and which of its samples this is."""
+
+    task: Task
+    sample_index: int
+
+    @property
+    def episode_id(self) -> str:
+        return f"{self.task.task_id}#{self.sample_index}"
+
+
+def _task_from_line(path: Path, number: int, line: str) -> Task:
+    where = f"{path}:{number}"
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"task file {where} is not valid JSON ({exc.msg}); fix or remove that line") from None
+    if not isinstance(row, dict):
+        raise ConfigError(f"task file {where} must hold a JSON object (got {type(row).__name__}); fix that line")
+    for key in ("task_id", "task_name"):
+        if row.get(key) in (None, ""):
+            raise ConfigError(f"task file {where} lacks the required field {key}; add it (docs/formats.md)")
+    difficulty = row.get("difficulty", 1)
+    if not isinstance(difficulty, int) or isinstance(difficulty, bool) or difficulty < 1:
+        raise ConfigError(f"task file {where}: difficulty must be an integer >= 1 (got {difficulty!r})")
+    if row.get("metadata") is not None and not isinstance(row["metadata"], dict):
+        raise ConfigError(f"task file {where}: metadata must be an object (got {type(row['metadata']).__name__})")
+    return Task.from_json(row)
+
+
+def load_tasks(path: Path, field_name: str = "task file") -> list[Task]:
+    """All tasks of a JSONL file, in file order; blank lines are skipped."""
+    if not path.is_file():
+        raise ConfigError(f"{field_name} does not exist (got {str(path)!r}); point it at a JSONL task file "
+                          "(relative paths are under data_path)")
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            task = _task_from_line(path, number, line)
+            if task.task_id in seen:
+                raise ConfigError(f"task file {path}:{number} repeats task_id {task.task_id!r} "
+                                  f"(first on line {seen[task.task_id]}); task ids must be unique")
+            seen[task.task_id] = number
+            tasks.append(task)
+    if not tasks:
+        raise ConfigError(f"{field_name} holds no tasks (got {str(path)!r}); add at least one line")
+    return tasks
+
+
+def derive_seed(run_seed: int, iteration: int, split: str) -> int:
+    """A 64-bit seed that depends only on (run seed, iteration, split)."""
+    digest = hashlib.sha256(f"baton:{run_seed}:{iteration}:{split}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def largest_remainder(total: int, weights: list[float]) -> list[int]:
+    """Integer shares of `total` proportional to `weights` that sum to exactly `total` (ties: lower index)."""
+    weight_sum = sum(weights)
+    exact = [total * w / weight_sum for w in weights]
+    counts = [math.floor(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def sample_uniform(tasks: list[Task], size: int, rng: random.Random) -> list[Task]:
+    """`size` distinct tasks (all of them, shuffled, when size is 0 or too large)."""
+    size = len(tasks) if size <= 0 else min(size, len(tasks))
+    return rng.sample(tasks, size)
+
+
+def sample_ratio(tasks: list[Task], size: int, buckets: dict[str, DifficultyBucket], rng: random.Random) -> list[Task]:
+    """Per-bucket counts by weight (largest remainder), uniform inside each bucket, then shuffled."""
+    names = sorted(buckets)
+    size = len(tasks) if size <= 0 else size
+    counts = largest_remainder(size, [buckets[n].weight for n in names])
+    chosen: list[Task] = []
+    for name, count in zip(names, counts, strict=True):
+        pool = [t for t in tasks if buckets[name].low <= t.difficulty <= buckets[name].high]
+        chosen.extend(rng.sample(pool, min(count, len(pool))))
+    rng.shuffle(chosen)
+    return chosen
+
+
+def sample_tasks(tasks: list[Task], cfg: EnvConfig, split: str, seed: int) -> list[Task]:
+    """This iteration's tasks for every rank together."""
+    if split == "test":
+        size = cfg.test_tasks_rollout_size
+        return list(tasks if size <= 0 else tasks[:size])
+    rng = random.Random(seed)
+    if cfg.train_tasks_sampler == "ratio":
+        return sample_ratio(tasks, cfg.train_tasks_rollout_size, cfg.difficulty_ratio, rng)
+    return sample_uniform(tasks, cfg.train_tasks_rollout_size, rng)
+
+
+def split_for_rank(tasks: list[Task], weights: list[float], rank: int) -> list[Task]:
+    """Rank `rank`'s contiguous share; the shares of all ranks are disjoint and cover `tasks`."""
+    counts = largest_remainder(len(tasks), weights)
+    start = sum(counts[:rank])
+    return tasks[start : start + counts[rank]]
+
+
+def scale_limit(value: int, weights: list[float], rank: int) -> int:
+    """A per-rank share of a cluster-wide limit (at least 1)."""
+    return max(1, round(value * weights[rank] / sum(weights)))
+
+
+def plan_episodes(tasks: list[Task], cfg: EnvConfig, split: str) -> list[EpisodeSpec]:
+    """Every (task, sample) of this rank, hardest first when `hardest_first` (stable otherwise)."""
+    samples = cfg.n_samples_per_task * (cfg.test_tasks_repeat_times if split == "test" else 1)
+    ordered = sorted(tasks, key=lambda t: -t.difficulty) if cfg.hardest_first else tasks
+    return [EpisodeSpec(task, k) for task in ordered for k in range(samples)]
