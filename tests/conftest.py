@@ -1,0 +1,38 @@
+"""Fixtures shared by every test: the environments' interpreters and a
+prepared data path (default model + default tasks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def baton_home() -> Path:
+    return Path(os.environ.get("BATON_HOME", Path.home() / ".cache" / "baton"))
+
+
+def env_python(name: str) -> str:
+    """Interpreter of the app, serve or train environment (set up by setup.sh)."""
+    script = f'source scripts/lib/common.sh; source scripts/lib/envs.sh; envs_python "{name}"'
+    out = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        pytest.fail(f"environment {name!r} is not set up: {out.stderr.strip()} (run: bash scripts/setup.sh)")
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """A data path with the default model and tasks, prepared once and cached."""
+    path = Path(os.environ.get("BATON_TEST_DATA", baton_home() / "test-data"))
+    subprocess.run(["bash", str(REPO / "scripts/prepare.sh"), "--data-path", str(path)], check=True, cwd=REPO)
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_dir(data_dir: Path) -> Path:
+    return data_dir / "models" / "SmolLM2-135M-Instruct"

@@ -1,0 +1,64 @@
+"""E2E fixtures: a real vLLM server on the default model, started and stopped
+through the product's own shell library (scripts/lib/vllm.sh)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, env_python
+
+LIBS = "source scripts/lib/common.sh; source scripts/lib/envs.sh; source scripts/lib/procs.sh; source scripts/lib/vllm.sh"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def vllm_shell(command: str) -> subprocess.CompletedProcess[str]:
+    """Run one vllm.sh function in bash with the serve interpreter exported."""
+    script = f'{LIBS}; export BATON_SERVE_PY="{env_python("serve")}"; {command}'
+    return subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, check=False)
+
+
+@dataclass
+class VllmServer:
+    base_url: str
+    model: str
+    model_path: Path
+    port: int
+    run_dir: Path
+
+    def pgid(self) -> int:
+        return int((self.run_dir / "pids" / "vllm.pgid").read_text())
+
+
+def start_vllm(run_dir: Path, model_path: Path, name: str = "policy") -> VllmServer:
+    port = free_port()
+    out = vllm_shell(f'vllm_start "{run_dir}" "{model_path}" {port} {name} 600')
+    if out.returncode != 0:
+        log = run_dir / "logs" / "vllm.log"
+        tail = log.read_text()[-3000:] if log.exists() else ""
+        raise RuntimeError(f"vLLM did not start: {out.stderr[-2000:]}\n{tail}")
+    return VllmServer(f"http://127.0.0.1:{port}/v1", name, model_path, port, run_dir)
+
+
+def stop_vllm(server: VllmServer) -> None:
+    vllm_shell(f'vllm_stop "{server.run_dir}"')
+
+
+@pytest.fixture(scope="session")
+def vllm_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """One real vLLM for the session, serving the default model as `policy`."""
+    server = start_vllm(tmp_path_factory.mktemp("vllm-session"), model_dir)
+    try:
+        yield server
+    finally:
+        stop_vllm(server)

@@ -1,0 +1,75 @@
+"""The real vLLM serves the default model through the product's shell library,
+answers the official openai client, and leaves no process behind when stopped."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from tests.e2e.conftest import start_vllm, stop_vllm, vllm_shell
+
+pytestmark = pytest.mark.e2e
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process whose parent chain reaches `root` (plus root)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found = {root}
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                changed = True
+    return {pid for pid in found if Path(f"/proc/{pid}").exists()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+
+
+def test_chat_completion_then_clean_stop(model_dir: Path, tmp_path: Path) -> None:
+    server = start_vllm(tmp_path, model_dir)
+    try:
+        started = _descendants(server.pgid())
+        assert len(started) >= 2, "vLLM runs an API server and an engine process"
+        client = OpenAI(base_url=server.base_url, api_key="unused")
+        reply = client.chat.completions.create(
+            model=server.model,
+            messages=[{"role": "user", "content": "What is 2+3? Answer with only the final number."}],
+            max_tokens=16,
+            temperature=0,
+        )
+        assert reply.choices[0].message.content.strip()
+        assert reply.usage.completion_tokens > 0
+        # a second start on the same port reuses the healthy server instead of racing it
+        again = vllm_shell(f'vllm_start "{tmp_path}" "{model_dir}" {server.port} {server.model} 60')
+        assert again.returncode == 0, again.stderr
+        assert "reusing it" in again.stderr
+    finally:
+        stop_vllm(server)
+    left = [pid for pid in started if _alive(pid)]
+    assert left == [], f"processes left after vllm_stop: {left}"
+    assert not (tmp_path / "pids" / "vllm.pgid").exists()
+
+
+def test_reuse_refuses_a_server_of_another_model(vllm_server, tmp_path: Path) -> None:
+    out = vllm_shell(f'vllm_start "{tmp_path}" /nonexistent/model {vllm_server.port} {vllm_server.model} 30')
+    assert out.returncode == 1
+    assert f"port {vllm_server.port} is held by a server that does not serve" in out.stderr
+    assert not (tmp_path / "pids").exists(), "nothing may be started when the port is taken"
