@@ -140,7 +140,7 @@ class Scheduler:
             iteration=self.settings.iteration,
             rank=self.settings.rank,
             env=self.env.name,
-            family=spec.task.family or str(spec.task.metadata.get("dataset", "")),
+            family=spec.task.family or str(spec.task.metadata.get("dataset") or spec.task.metadata.get("domain") or ""),
             difficulty=spec.task.difficulty,
             status=status,
             error=error,

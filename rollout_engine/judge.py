@@ -1,0 +1,95 @@
+"""The LLM judge: any OpenAI-compatible endpoint, strict verdict parsing, retries.
+
+Settings come from `openai_config` with per-purpose overrides
+(`openai_config.evaluation.{base_url,model,api_key_env}`); an empty base URL
+or model falls back to `policy_config` (the local vLLM judging). A named API
+key variable that is unset is a `ConfigError` when the environment is built.
+
+The judge must end its reply with a line `Verdict: SUCCESS` or
+`Verdict: FAILURE` (markdown bold tolerated). Anything else (no verdict, two
+different verdicts) is unparseable: the call is retried, and after
+`max_retries` it raises `JudgeError`, which the engine records as
+`judge_error`, excluded from success rates and training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from dataclasses import dataclass
+
+from rollout_engine.config import OpenAIConfig, PolicyConfig
+from rollout_engine.errors import ConfigError, JudgeError, ModelError
+from rollout_engine.policy import Backoff, build_openai_client, call_with_retries
+from rollout_engine.types import Message
+
+_VERDICT = re.compile(r"^[\s*#>_-]*verdict[\s*_]*:[\s*_]*(success|failure)[\s*_.]*$", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_verdict(text: str) -> bool | None:
+    """True / False for a single clear verdict line, None when absent or contradictory."""
+    found = {m.group(1).lower() for m in _VERDICT.finditer(text)}
+    if len(found) != 1:
+        return None
+    return found.pop() == "success"
+
+
+@dataclass(frozen=True)
+class JudgeEndpoint:
+    base_url: str
+    model: str
+    api_key_env: str
+
+
+def resolve_endpoint(cfg: OpenAIConfig, policy: PolicyConfig, purpose: str) -> JudgeEndpoint:
+    """Override for `purpose`, else openai_config, else the policy server; checks the key variable."""
+    override = getattr(cfg, purpose)
+    endpoint = JudgeEndpoint(
+        base_url=override.base_url or cfg.base_url or policy.base_url,
+        model=override.model or cfg.model or policy.model,
+        api_key_env=override.api_key_env if override.api_key_env is not None else cfg.api_key_env,
+    )
+    if endpoint.api_key_env and not os.environ.get(endpoint.api_key_env):
+        raise ConfigError(f"openai_config.api_key_env names {endpoint.api_key_env!r}, which is not set; export it "
+                          "or set openai_config.api_key_env='' for a server without keys")
+    return endpoint
+
+
+class Judge:
+    """Verdicts from one endpoint (one purpose)."""
+
+    def __init__(self, cfg: OpenAIConfig, policy: PolicyConfig, purpose: str = "evaluation", client=None) -> None:
+        self.cfg = cfg
+        self.endpoint = resolve_endpoint(cfg, policy, purpose)
+        self.client = client
+        self.backoff = Backoff(cfg.retry_backoff_s, max(cfg.retry_backoff_s, 8.0))
+
+    async def verdict(self, messages: list[Message]) -> tuple[bool, str]:
+        """(passed, judge reply); raises JudgeError after retries or on unparseable replies."""
+        if self.client is None:
+            self.client = build_openai_client(self.endpoint.base_url, self.endpoint.api_key_env,
+                                              self.cfg.request_timeout_s)
+        last = ""
+        for attempt in range(self.cfg.max_retries + 1):
+            try:
+                resp = await call_with_retries(lambda: self._create(messages), self.cfg.max_retries, self.backoff,
+                                               f"judge {self.endpoint.base_url}")
+            except ModelError as exc:
+                raise JudgeError(str(exc)) from exc
+            last = (resp.choices[0].message.content or "") if resp.choices else ""
+            passed = parse_verdict(last)
+            if passed is not None:
+                return passed, last
+            if attempt < self.cfg.max_retries:
+                await asyncio.sleep(self.backoff.delay(attempt))
+        raise JudgeError(f"unparseable verdict after {self.cfg.max_retries + 1} tries; last reply: {last[-300:]!r}")
+
+    async def _create(self, messages: list[Message]):
+        return await self.client.chat.completions.create(
+            model=self.endpoint.model, messages=messages, temperature=self.cfg.temperature,
+            max_tokens=self.cfg.max_tokens)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
