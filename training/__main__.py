@@ -1,0 +1,68 @@
+"""Entry point of the update phase (run in the train environment).
+
+    python -m training --config-name update log_path=L iteration=N [model_path=M] [algorithm=rft|kto|dpo] ...
+
+Exit codes: 0 done, 2 bad input (nothing written, nothing launched), 1 the
+training failed (policy/current unchanged; run again to retry).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from rollout_engine.errors import ConfigError
+
+log = logging.getLogger("training")
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+
+
+def main() -> None:
+    import hydra
+
+    from training.config import register_configs
+
+    register_configs()
+    entered: list[bool] = []
+
+    def task(dict_cfg) -> None:
+        entered.append(True)
+        sys.exit(run(dict_cfg))
+
+    try:
+        hydra.main(config_path=CONFIG_DIR, config_name="update", version_base="1.3")(task)()
+    except SystemExit as exc:
+        if exc.code not in (0, None) and not entered:  # Hydra rejected the config (it printed why)
+            raise SystemExit(2) from exc
+        raise
+
+
+def run(dict_cfg) -> int:
+    """validate -> log config -> run; returns the exit code."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from training.config import UpdateConfig, validate
+    from training.update import TrainingError, describe_config, run_update
+
+    try:
+        cfg: UpdateConfig = OmegaConf.to_object(dict_cfg)
+        validate(cfg)
+    except (ConfigError, OmegaConfBaseException) as exc:
+        log.error("bad config:\n%s", exc)
+        return 2
+    log.info(describe_config(cfg))
+    try:
+        run_update(cfg)
+    except ConfigError as exc:
+        log.error("bad input:\n%s", exc)
+        return 2
+    except TrainingError as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    main()

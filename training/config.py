@@ -1,0 +1,272 @@
+"""Structured config of the update phase (`python -m training --config-name update`).
+
+The dataclasses below are the schema; `register_configs()` stores them in
+Hydra's ConfigStore (called by the entry point, never at import), and the YAML
+under configs/ (update.yaml, algorithm/*.yaml, ...) only sets values. Single
+fields are checked in `__post_init__`; `validate` checks fields against each
+other and collects every problem into one `ConfigError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from rollout_engine.errors import ConfigError
+
+STAGES = ("sft", "kto", "dpo")
+FINETUNING_TYPES = ("full", "lora")
+PHASES = ("prepare", "train", "promote", "all")
+DEEPSPEED_PRESETS = ("auto", "none", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
+
+
+@dataclass
+class SelectionConfig:
+    """Which samples to train on. `_target_` picks the selector class (training.selection)."""
+
+    _target_: str = MISSING
+    #: use the train journals of this many most recent iterations (<= the current one)
+    last_k_iterations: int = 4
+    #: keep only tasks whose samples disagree (some succeed, some fail)
+    disagreement_filter: bool = False
+    #: skip steps after which the environment state did not change
+    skip_unchanged_steps: bool = True
+    #: seed of the draw (the iteration number is added, so each iteration draws anew)
+    seed: int = 0
+
+
+@dataclass
+class RFTSelectionConfig(SelectionConfig):
+    """Filtered behaviour cloning: steps of successful trajectories (WebGym's recipe)."""
+
+    _target_: str = "training.selection.RFTSelector"
+    #: how many steps to draw (all when fewer exist)
+    positive_samples_to_train: int = 1800
+    #: a step of iteration i (oldest used = 1) is drawn with weight i**power; 0 = uniform
+    recency_bias_power: float = 2.0
+
+
+@dataclass
+class KTOSelectionConfig(SelectionConfig):
+    """Desirable = steps of successful trajectories, undesirable = steps of failed ones."""
+
+    _target_: str = "training.selection.KTOSelector"
+    #: at most this many samples (0 = all), drawn uniformly
+    max_samples: int = 0
+
+
+@dataclass
+class DPOSelectionConfig(SelectionConfig):
+    """Pairs of a successful and a failed sample of the same task (first steps share the prompt)."""
+
+    _target_: str = "training.selection.DPOSelector"
+    #: pairs per task at most
+    max_pairs_per_task: int = 4
+    #: at most this many pairs in all (0 = all)
+    max_pairs: int = 0
+
+
+@dataclass
+class AlgorithmConfig:
+    """Sample selection plus every LLaMA-Factory hyperparameter WebGym exposes."""
+
+    name: str = MISSING
+    #: LLaMA-Factory stage: sft (rft), kto or dpo
+    stage: str = "sft"
+    selection: Any = MISSING
+    finetuning_type: str = "full"
+    cutoff_len: int = 2048
+    per_device_train_batch_size: int = 1
+    per_device_eval_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-6
+    lr_scheduler_type: str = "constant_with_warmup"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    num_train_epochs: float = 1.0
+    #: > 0 stops after this many optimizer steps
+    max_steps: int = -1
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    #: null = bf16 on GPU, fp32 on CPU
+    bf16: bool | None = None
+    gradient_checkpointing: bool = False
+    save_only_model: bool = True
+    logging_steps: int = 1
+    dataloader_num_workers: int = 0
+    dataloader_pin_memory: bool = False
+    preprocessing_num_workers: int | None = None
+    #: train only the last (sampled) assistant turn of each sample
+    mask_history: bool = True
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    lora_target: str = "all"
+    #: KTO / DPO
+    pref_beta: float = 0.1
+    pref_loss: str = "sigmoid"
+    kto_chosen_weight: float = 1.0
+    kto_rejected_weight: float = 1.0
+    seed: int = 42
+    #: extra LLaMA-Factory keys passed verbatim (they override the generated ones)
+    llamafactory_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ConfigError(f"algorithm.stage must be one of {', '.join(STAGES)} (got {self.stage!r})")
+        if self.finetuning_type not in FINETUNING_TYPES:
+            raise ConfigError(
+                f"algorithm.finetuning_type must be full or lora (got {self.finetuning_type!r})"
+            )
+
+
+@dataclass
+class DataConfig:
+    """How the LLaMA-Factory dataset is written and checked."""
+
+    #: fraction of samples held out as a validation split (0 = none)
+    val_split_ratio: float = 0.0
+    #: rows checked for token fidelity: -1 = all (about 1 ms a row), 0 = off
+    fidelity_samples: int = -1
+    #: a checked reply whose text LLaMA-Factory tokenizes differently from the sampled ids: drop | fail
+    noncanonical: str = "drop"
+    #: images per sample at most (the most recent ones are kept)
+    max_images_per_sample: int = 5
+
+
+    def __post_init__(self) -> None:
+        if self.noncanonical not in ("drop", "fail"):
+            raise ConfigError(f"data.noncanonical must be drop or fail (got {self.noncanonical!r})")
+
+
+@dataclass
+class LaunchConfig:
+    """How llamafactory-cli runs: torchrun layout, DeepSpeed preset, time limit."""
+
+    #: a preset under configs/deepspeed/ (auto = none on CPU, zero1 on GPU)
+    deepspeed: str = "auto"
+    #: processes on this node; 0 = local GPUs (1 on CPU)
+    nproc_per_node: int = 0
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    #: seconds before the training is stopped (SIGTERM), then `grace_s` more before SIGKILL
+    timeout_s: float = 3600.0
+    grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.deepspeed not in DEEPSPEED_PRESETS:
+            raise ConfigError(
+                f"launch.deepspeed must be one of {', '.join(DEEPSPEED_PRESETS)} (got {self.deepspeed!r})"
+            )
+
+
+@dataclass
+class PromotionConfig:
+    """What becomes of the trained weights."""
+
+    #: policy versions kept under <log>/policy (the current one is always kept)
+    keep_last: int = 3
+    #: also keep the optimizer/scheduler state (HF Trainer files) under v<NNNN>/optimizer/
+    keep_optimizer: bool = False
+
+
+@dataclass
+class UpdateConfig:
+    """Top level of configs/update.yaml."""
+
+    #: the experiment's log path (journals in, policy out)
+    log_path: str = MISSING
+    #: the iteration whose rollouts were just collected; the new policy is trained from it
+    iteration: int = MISSING
+    #: model to fine-tune; "" = <log_path>/policy/current
+    model_path: str = ""
+    #: LLaMA-Factory chat template (smollm2 matches SmolLM2's own template token for token)
+    template: str = "smollm2"
+    #: the system prompt LLaMA-Factory uses when a sample has none (null = the template's own); it must
+    #: equal the one the model's chat template inserts, or token fidelity fails
+    default_system: str | None = None
+    #: prepare | train | promote | all (multi-node: node 0 prepares and promotes, every node trains)
+    phase: str = "all"
+    algorithm: AlgorithmConfig = MISSING
+    data: DataConfig = field(default_factory=DataConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ConfigError(f"phase must be one of {', '.join(PHASES)} (got {self.phase!r})")
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (YAML files extend them by name)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="update_schema", node=UpdateConfig)
+    store.store(group="algorithm", name="algorithm_schema", node=AlgorithmConfig)
+    store.store(group="algorithm/selection", name="rft_schema", node=RFTSelectionConfig)
+    store.store(group="algorithm/selection", name="kto_schema", node=KTOSelectionConfig)
+    store.store(group="algorithm/selection", name="dpo_schema", node=DPOSelectionConfig)
+
+
+def model_path(cfg: UpdateConfig) -> Path:
+    """The model to fine-tune: `model_path`, else the current policy."""
+    return Path(cfg.model_path) if cfg.model_path else Path(cfg.log_path) / "policy" / "current"
+
+
+def validate(cfg: UpdateConfig) -> None:
+    """Check fields against each other; raise one ConfigError listing every problem."""
+    problems: list[str] = []
+    alg, sel, launch = cfg.algorithm, cfg.algorithm.selection, cfg.launch
+    if cfg.iteration < 0:
+        problems.append(f"iteration must be >= 0 (got {cfg.iteration})")
+    model = model_path(cfg)
+    if not (model / "config.json").is_file():
+        what = "model_path" if cfg.model_path else "model_path (empty: <log_path>/policy/current)"
+        problems.append(f"{what} has no HF model at {model} (config.json missing); pass model_path=<HF folder>")
+    positives = {
+        "algorithm.per_device_train_batch_size": alg.per_device_train_batch_size,
+        "algorithm.gradient_accumulation_steps": alg.gradient_accumulation_steps,
+        "algorithm.cutoff_len": alg.cutoff_len,
+        "algorithm.logging_steps": alg.logging_steps,
+        "algorithm.selection.last_k_iterations": sel.last_k_iterations,
+        "launch.nnodes": launch.nnodes,
+    }
+    problems += [f"{name} must be >= 1 (got {value})" for name, value in positives.items() if value < 1]
+    if alg.warmup_steps > 0 and alg.warmup_ratio > 0:
+        problems.append("algorithm.warmup_steps and algorithm.warmup_ratio are both set; set one of them to 0")
+    if alg.max_steps == 0 or alg.num_train_epochs <= 0:
+        problems.append(
+            f"algorithm.max_steps ({alg.max_steps}) must be -1 or >= 1 and algorithm.num_train_epochs "
+            f"({alg.num_train_epochs}) > 0"
+        )
+    problems += _check_stage(alg)
+    if not 0 <= cfg.data.val_split_ratio < 1:
+        problems.append(f"data.val_split_ratio must be in [0, 1) (got {cfg.data.val_split_ratio})")
+    if not 0 <= launch.node_rank < launch.nnodes:
+        problems.append(f"launch.node_rank must be in [0, launch.nnodes={launch.nnodes}) (got {launch.node_rank})")
+    if launch.nproc_per_node < 0:
+        problems.append(f"launch.nproc_per_node must be >= 0, 0 = detect (got {launch.nproc_per_node})")
+    if launch.timeout_s <= 0 or launch.grace_s < 0:
+        problems.append(f"launch.timeout_s must be > 0 and launch.grace_s >= 0 (got {launch.timeout_s}, "
+                        f"{launch.grace_s})")
+    if cfg.promotion.keep_last < 1:
+        problems.append(f"promotion.keep_last must be >= 1 (got {cfg.promotion.keep_last})")
+    if cfg.promotion.keep_optimizer and alg.save_only_model:
+        problems.append("promotion.keep_optimizer needs algorithm.save_only_model=false (no optimizer state is saved)")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _check_stage(alg: AlgorithmConfig) -> list[str]:
+    """The selector must produce what the stage trains on."""
+    wanted = {"sft": "RFTSelector", "kto": "KTOSelector", "dpo": "DPOSelector"}[alg.stage]
+    target = str(getattr(alg.selection, "_target_", ""))
+    if not target.endswith(wanted):
+        return [f"algorithm.selection._target_ {target!r} does not produce {alg.stage} samples; use "
+                f"training.selection.{wanted} (or algorithm={alg.stage if alg.stage != 'sft' else 'rft'})"]
+    return []

@@ -1,0 +1,175 @@
+"""Write selected samples as a LLaMA-Factory sharegpt dataset.
+
+    files = save_dataset(samples, out_dir, stage="sft", val_split_ratio=0.0, seed=0)
+
+Writes into `out_dir`:
+
+- `train.json` (and `val.json` when `val_split_ratio` > 0): sharegpt rows.
+  `conversations` holds the messages that were sent (user -> human,
+  assistant -> gpt, tool -> observation) and the sampled reply as the last
+  `gpt` turn; the system message goes to `system`; image parts become
+  `<image>` placeholders with their paths in `images`. With `mask_history`
+  LLaMA-Factory trains only that last turn. KTO rows add `kto_tag`; DPO rows
+  end on the human turn and carry `chosen` / `rejected`.
+- `dataset_info.json`: `baton_train` (and `baton_val`) with their columns.
+- `train.token_ids.jsonl` (and `val.token_ids.jsonl`): per row, the ids the
+  policy sampled (`training.fidelity` compares them with LLaMA-Factory's).
+
+Pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout_engine.errors import ConfigError
+from rollout_engine.types import Message
+from training.files import save_json, save_jsonl
+from training.selection import Sample
+
+ROLE_TAGS = {"user": "human", "assistant": "gpt", "tool": "observation"}
+TRAIN_NAME, VAL_NAME = "baton_train", "baton_val"
+
+
+@dataclass
+class DatasetFiles:
+    """What `save_dataset` wrote."""
+
+    directory: Path
+    train_rows: int
+    val_rows: int
+
+    @property
+    def names(self) -> tuple[str, str | None]:
+        return TRAIN_NAME, (VAL_NAME if self.val_rows else None)
+
+
+def save_dataset(
+    samples: list[Sample], out_dir: str | Path, stage: str, val_split_ratio: float = 0.0, seed: int = 0
+) -> DatasetFiles:
+    """Convert, shuffle, split and write the dataset files (each atomically)."""
+    out_dir = Path(out_dir)
+    rows = [(to_row(s, stage), token_ids(s)) for s in samples]
+    random.Random(seed).shuffle(rows)
+    n_val = int(len(rows) * val_split_ratio)
+    splits = {"train": rows[n_val:], "val": rows[:n_val]}
+    info: dict[str, Any] = {}
+    for split, part in splits.items():
+        if not part:
+            continue
+        save_json(out_dir / f"{split}.json", [row for row, _ in part])
+        save_jsonl(out_dir / f"{split}.token_ids.jsonl", [ids for _, ids in part])
+        info[TRAIN_NAME if split == "train" else VAL_NAME] = dataset_entry(f"{split}.json", stage)
+    save_json(out_dir / "dataset_info.json", info)
+    return DatasetFiles(out_dir, len(splits["train"]), len(splits["val"]))
+
+
+def drop_rows(files: DatasetFiles, split: str, indices: list[int]) -> None:
+    """Remove rows (by index) from one split's dataset and token-id files."""
+    doomed = set(indices)
+    rows = json.loads((files.directory / f"{split}.json").read_text())
+    sidecar = (files.directory / f"{split}.token_ids.jsonl").read_text().splitlines()
+    save_json(files.directory / f"{split}.json", [r for i, r in enumerate(rows) if i not in doomed])
+    save_jsonl(files.directory / f"{split}.token_ids.jsonl",
+               [json.loads(line) for i, line in enumerate(sidecar) if i not in doomed])
+    if split == "train":
+        files.train_rows -= len(doomed)
+    else:
+        files.val_rows -= len(doomed)
+
+
+def dataset_entry(file_name: str, stage: str) -> dict[str, Any]:
+    """One dataset_info.json entry."""
+    columns = {"messages": "conversations", "system": "system", "images": "images"}
+    if stage == "kto":
+        columns["kto_tag"] = "kto_tag"
+    if stage == "dpo":
+        columns |= {"chosen": "chosen", "rejected": "rejected"}
+    return {
+        "file_name": file_name,
+        "formatting": "sharegpt",
+        "ranking": stage == "dpo",
+        "columns": columns,
+        "tags": {
+            "role_tag": "from",
+            "content_tag": "value",
+            "user_tag": "human",
+            "assistant_tag": "gpt",
+            "observation_tag": "observation",
+            "system_tag": "system",
+        },
+    }
+
+
+def to_row(sample: Sample, stage: str) -> dict[str, Any]:
+    """One sharegpt row for `stage`."""
+    system, turns, images = convert_messages(sample.messages, sample.source)
+    row: dict[str, Any] = {"conversations": turns, "system": system, "images": images}
+    if stage == "dpo":
+        if sample.rejected is None:
+            raise ValueError(f"{sample.source}: a dpo sample needs a rejected reply")
+        row["chosen"] = {"from": "gpt", "value": sample.response}
+        row["rejected"] = {"from": "gpt", "value": sample.rejected.response}
+        return row
+    turns.append({"from": "gpt", "value": sample.response})
+    if stage == "kto":
+        row["kto_tag"] = bool(sample.label)
+    return row
+
+
+def token_ids(sample: Sample) -> dict[str, Any]:
+    """The sampled ids of one row, for the fidelity check."""
+    out: dict[str, Any] = {
+        "source": sample.source,
+        "prompt_token_ids": sample.prompt_token_ids,
+        "completion_token_ids": sample.completion_token_ids,
+    }
+    if sample.rejected is not None:
+        out["rejected_source"] = sample.rejected.source
+        out["rejected_prompt_token_ids"] = sample.rejected.prompt_token_ids
+        out["rejected_completion_token_ids"] = sample.rejected.completion_token_ids
+    return out
+
+
+def convert_messages(messages: list[Message], source: str) -> tuple[str, list[dict[str, str]], list[str]]:
+    """(system, sharegpt turns, image paths) of an OpenAI-style message list."""
+    system = ""
+    turns: list[dict[str, str]] = []
+    images: list[str] = []
+    for position, message in enumerate(messages):
+        role = message.get("role")
+        text, found = _content(message.get("content"), source)
+        images.extend(found)
+        if role == "system" and position == 0:
+            system = text
+        elif role in ROLE_TAGS:
+            turns.append({"from": ROLE_TAGS[role], "value": text})
+        else:
+            raise ConfigError(
+                f"{source}: message {position} has role {role!r}; sharegpt takes a leading system message, "
+                "then user/tool and assistant turns"
+            )
+    return system, turns, images
+
+
+def _content(content: Any, source: str) -> tuple[str, list[str]]:
+    """Text with `<image>` placeholders, and the image paths, of one message's content."""
+    if content is None or isinstance(content, str):
+        return content or "", []
+    text: list[str] = []
+    images: list[str] = []
+    for part in content:
+        if part.get("type") == "text":
+            text.append(part.get("text", ""))
+        elif part.get("type") == "image_url":
+            url = part["image_url"]["url"] if isinstance(part.get("image_url"), dict) else part.get("image_url")
+            if str(url).startswith("data:"):
+                raise ConfigError(f"{source}: an inline (data:) image cannot go into a dataset; "
+                                  "have the environment store screenshots as files")
+            images.append(str(url).removeprefix("file://"))
+            text.append("<image>")
+    return "".join(text), images

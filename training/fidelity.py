@@ -1,0 +1,208 @@
+"""Token fidelity: LLaMA-Factory trains on exactly the ids the policy sampled.
+
+    report = check_fidelity(recipe, samples=64, seed=0)       # train environment
+    python -m training.fidelity <train_config.yaml> [--samples N]
+
+Loads the dataset of a generated LLaMA-Factory YAML with LLaMA-Factory's own
+argument parser, loader, tokenizer and template, encodes sampled rows the way
+its processors do (for sft through `SupervisedDatasetProcessor`, so
+`mask_history` and `cutoff_len` count), and compares with the ids vLLM
+reported (`<split>.token_ids.jsonl`): the prompt ids must be equal, and the
+trained reply ids must be the sampled ids followed only by end-of-turn tokens
+the sampler did not emit (ChatML's `<|im_end|>\\n` after a reply that stopped
+on `<|im_end|>` adds `\\n`). A mismatch raises `ConfigError` with the row, the
+first differing position and both decoded contexts. Rows without stored ids
+are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollout_engine.errors import ConfigError
+
+log = logging.getLogger(__name__)
+IGNORE_INDEX = -100
+CONTEXT = 24  # tokens of decoded context shown on each side of a mismatch
+
+
+@dataclass
+class FidelityReport:
+    """How many rows were compared, and how many had no stored ids."""
+
+    rows: int
+    checked: int
+    without_ids: int
+    #: rows whose reply LLaMA-Factory would tokenize differently from the sampled ids (same text)
+    noncanonical: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Encoder:
+    tokenizer: Any
+    template: Any
+    processor: Any  # SupervisedDatasetProcessor, for sft
+    stage: str
+
+    def encode(self, row: dict[str, Any]) -> list[tuple[list[int], list[int]]]:
+        """(prompt ids, trained reply ids) per checked reply of one aligned row."""
+        prompt, response, system, tools = row["_prompt"], row["_response"], row["_system"], row["_tools"]
+        if not prompt or not response:
+            return [([], [])]  # LLaMA-Factory dropped the row as malformed
+        if self.stage == "sft":
+            input_ids, labels = self.processor._encode_data_example(prompt, response, system, tools, [], [], [])
+            start = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
+            return [(input_ids[:start], [t for t in labels[start:] if t != IGNORE_INDEX])]
+        replies = response
+        if self.stage == "kto":  # LLaMA-Factory pads a kto reply with an empty message on the other side
+            replies = [r for r in response if r["content"]] or response[:1]
+        return [self.template.encode_oneturn(self.tokenizer, [*prompt, reply], system, tools) for reply in replies]
+
+    def end_of_turn(self) -> list[int]:
+        return self.template._convert_elements_to_ids(self.tokenizer, self.template.format_assistant.apply(content=""))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def check_fidelity(recipe: dict[str, Any], samples: int, seed: int = 0, split: str = "train") -> FidelityReport:
+    """Compare `samples` rows (-1 = all) of one split; raise ConfigError on a mismatch.
+
+    A reply that decodes to the same text but that LLaMA-Factory tokenizes
+    differently (the sampler picked a non-canonical split, e.g. ' grad'+'it'
+    for ' gradit') is not a template problem: its row index is reported in
+    `noncanonical` for the caller to drop.
+    """
+    name = "baton_train" if split == "train" else "baton_val"
+    encoder, rows = _load(recipe, name)
+    sidecar = Path(recipe["dataset_dir"]) / f"{split}.token_ids.jsonl"
+    sampled = [json.loads(line) for line in sidecar.read_text().splitlines() if line.strip()]
+    if len(sampled) != len(rows):
+        raise ConfigError(f"{sidecar} has {len(sampled)} rows but the dataset {len(rows)}; prepare the data again")
+    picks = range(len(rows)) if samples < 0 else sorted(random.Random(seed).sample(range(len(rows)),
+                                                                                    min(samples, len(rows))))
+    report = FidelityReport(rows=len(rows), checked=0, without_ids=0)
+    eot = encoder.end_of_turn()
+    for index in picks:
+        ids = sampled[index]
+        expected = _expected(ids)
+        if any(p is None or c is None for p, c in expected):
+            report.without_ids += 1
+            continue
+        for (prompt, reply), (got_prompt, got_reply) in zip(expected, encoder.encode(rows[index]), strict=True):
+            position = compare(prompt, reply, got_prompt, got_reply, eot)
+            if position is None:
+                continue
+            if _same_text(prompt, reply, got_prompt, got_reply, eot, encoder):
+                report.noncanonical.append(index)
+                break
+            raise ConfigError(describe(position, index, ids["source"], prompt + reply, got_prompt + got_reply,
+                                       encoder, recipe))
+        report.checked += 1
+    if report.without_ids:
+        log.warning("token fidelity: %d of %d rows have no stored token ids (not checked)",
+                    report.without_ids, len(picks))
+    log.info("token fidelity (%s, template %s): %d rows checked, %d re-tokenize differently (same text)",
+             split, recipe["template"], report.checked, len(report.noncanonical))
+    return report
+
+
+def _same_text(prompt: list[int], reply: list[int], got_prompt: list[int], got_reply: list[int],
+               end_of_turn: list[int], encoder: _Encoder) -> bool:
+    """Same prompt ids, and a reply that differs only in how the same text was split into tokens."""
+    if prompt != got_prompt:
+        return False
+    want, got, eot = encoder.decode(reply), encoder.decode(got_reply), encoder.decode(end_of_turn)
+    return got.startswith(want) and eot.endswith(got[len(want):])
+
+
+def _expected(ids: dict[str, Any]) -> list[tuple[list[int] | None, list[int] | None]]:
+    out = [(ids["prompt_token_ids"], ids["completion_token_ids"])]
+    if "rejected_completion_token_ids" in ids:
+        out.append((ids["rejected_prompt_token_ids"], ids["rejected_completion_token_ids"]))
+    return out
+
+
+def compare(prompt: list[int], reply: list[int], got_prompt: list[int], got_reply: list[int],
+            end_of_turn: list[int]) -> int | None:
+    """First position (in prompt + reply) where LLaMA-Factory's ids leave the sampled ids, or None."""
+    want, got = prompt + reply, got_prompt + got_reply
+    for position, (a, b) in enumerate(zip(want, got, strict=False)):
+        if a != b:
+            return position
+    if len(got) < len(want):
+        return len(got)
+    if len(got_prompt) != len(prompt):
+        return min(len(prompt), len(got_prompt))
+    extra = got[len(want):]
+    if extra and extra != end_of_turn[len(end_of_turn) - len(extra):]:
+        return len(want)
+    return None
+
+
+def describe(position: int, index: int, source: str, want: list[int], got: list[int], encoder: _Encoder,
+             recipe: dict[str, Any]) -> str:
+    """The mismatch message: where, which ids, both decoded contexts, and what to change."""
+    lo, hi = max(0, position - CONTEXT), position + CONTEXT
+
+    def show(ids: list[int]) -> str:
+        here = ids[position] if position < len(ids) else "end"
+        return f"id {here}; context {encoder.decode(ids[lo:position])!r} >>> {encoder.decode(ids[position:hi])!r}"
+
+    return (
+        f"token fidelity: dataset row {index} ({source}) differs from the sampled ids at position {position}\n"
+        f"  sampled by the policy: {show(want)}\n"
+        f"  LLaMA-Factory trains:  {show(got)}\n"
+        f"  template={recipe['template']!r} default_system={recipe.get('default_system')!r}: choose the template "
+        "(and default_system) that renders the model's own chat template token for token"
+    )
+
+
+def _load(recipe: dict[str, Any], name: str) -> tuple[_Encoder, list[dict[str, Any]]]:
+    """LLaMA-Factory's tokenizer, template and the aligned (not yet tokenized) dataset `name`."""
+    from llamafactory.data.loader import _get_merged_dataset
+    from llamafactory.data.processor import SupervisedDatasetProcessor
+    from llamafactory.data.template import get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_tokenizer
+
+    args = {k: v for k, v in recipe.items() if k not in ("deepspeed", "eval_dataset", "do_eval", "eval_strategy")}
+    model_args, data_args, training_args, finetuning_args, _ = get_train_args(args)
+    tokenizer_module = load_tokenizer(model_args)
+    tokenizer = tokenizer_module["tokenizer"]
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    dataset = _get_merged_dataset([name], model_args, data_args, training_args, finetuning_args.stage)
+    processor = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer,
+                                           processor=tokenizer_module["processor"], data_args=data_args)
+    stage = "sft" if finetuning_args.stage == "sft" else finetuning_args.stage
+    return _Encoder(tokenizer, template, processor, stage), list(dataset)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipe", type=Path, help="a train_config.yaml written by python -m training")
+    parser.add_argument("--samples", type=int, default=-1, help="rows to check (-1 = all)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from omegaconf import OmegaConf
+
+    recipe = OmegaConf.to_container(OmegaConf.load(args.recipe))
+    try:
+        report = check_fidelity(recipe, args.samples, args.seed)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(asdict(report)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

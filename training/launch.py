@@ -1,0 +1,127 @@
+"""Run `llamafactory-cli train <yaml>` under torchrun, in a tracked process group.
+
+    device = detect_device()
+    result = run_training(recipe_path, log_file, launch_cfg, device)
+
+The command runs in its own session (its process group id is its pid, written
+to `<log_file>.pgid` while it runs) with FORCE_TORCHRUN=1, NPROC_PER_NODE (the
+local GPUs, 1 on CPU, unless configured), and NNODES / NODE_RANK / MASTER_ADDR
+/ MASTER_PORT. The train environment's bin/ goes first on PATH so that
+`torchrun` resolves. After `timeout_s` the group gets SIGTERM, after `grace_s`
+more SIGKILL; on any exception here (Ctrl-C included) the group is stopped the
+same way. Output goes to `log_file`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.config import LaunchConfig
+from training.recipe import Device
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """How the training process ended."""
+
+    returncode: int
+    timed_out: bool
+    wall_s: float
+
+
+def detect_device() -> Device:
+    """Local GPUs via torch (imported here: the train environment has it)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return Device("cuda", count) if count else Device("cpu", 1)
+
+
+def launch_env(cfg: LaunchConfig, device: Device) -> dict[str, str]:
+    """The environment of llamafactory-cli: torchrun layout and PATH."""
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env |= {
+        "FORCE_TORCHRUN": "1",
+        "NPROC_PER_NODE": str(cfg.nproc_per_node or device.count),
+        "NNODES": str(cfg.nnodes),
+        "NODE_RANK": str(cfg.node_rank),
+        "MASTER_ADDR": cfg.master_addr,
+        "MASTER_PORT": str(cfg.master_port),
+        "DISABLE_VERSION_CHECK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    return env
+
+
+def cli_command() -> list[str]:
+    """`llamafactory-cli` of the running interpreter's environment."""
+    beside = Path(sys.executable).parent / "llamafactory-cli"
+    found = str(beside) if beside.exists() else shutil.which("llamafactory-cli")
+    if not found:
+        raise FileNotFoundError("llamafactory-cli is not installed in this environment; run in the train environment")
+    return [found]
+
+
+def run_training(recipe: Path, log_file: Path, cfg: LaunchConfig, device: Device) -> TrainResult:
+    """Run the training to the end or the time limit; never leaves the group running."""
+    return run_group([*cli_command(), "train", str(recipe)], log_file, launch_env(cfg, device),
+                     cfg.timeout_s, cfg.grace_s)
+
+
+def run_group(cmd: list[str], log_file: Path, env: dict[str, str], timeout_s: float, grace_s: float) -> TrainResult:
+    """Start `cmd` as a new process group, wait, stop it on timeout or error."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    pgid_file = log_file.with_name(log_file.name + ".pgid")
+    started = time.monotonic()
+    with open(log_file, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    pgid_file.write_text(f"{proc.pid}\n")
+    log.info("started %s (pgid %d), log %s", " ".join(cmd), proc.pid, log_file)
+    timed_out = False
+    try:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            log.error("training exceeded %.0f s; stopping process group %d", timeout_s, proc.pid)
+            stop_group(proc, grace_s)
+    finally:
+        if proc.poll() is None:
+            stop_group(proc, grace_s)
+        stop_group_leftovers(proc.pid)
+        pgid_file.unlink(missing_ok=True)
+    return TrainResult(proc.returncode, timed_out, time.monotonic() - started)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the group, wait `grace_s`, then SIGKILL it."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        log.warning("process group %d ignored SIGTERM for %.0f s; sending SIGKILL", proc.pid, grace_s)
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def stop_group_leftovers(pgid: int) -> None:
+    """Kill members of our group that outlived its leader (torchrun workers)."""
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)

@@ -1,0 +1,70 @@
+"""Loss and throughput of one training run, appended to `<log>/metrics.jsonl`.
+
+LLaMA-Factory writes `trainer_log.jsonl` (one line per logging step: loss,
+lr, epoch, elapsed) and `train_results.json` (train_runtime,
+train_samples_per_second, train_loss, ...) into its output directory;
+`parse_training` reads both (and, when they are missing, the HF Trainer's
+`{'loss': ...}` lines in the console log).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+_DICT_LINE = re.compile(r"\{'(?:loss|train_runtime)'[^{}]*\}")
+
+
+def parse_training(output_dir: Path, console_log: Path | None = None) -> dict[str, Any]:
+    """The run's per-step losses and its summary."""
+    steps = _read_jsonl(output_dir / "trainer_log.jsonl")
+    summary = _read_json(output_dir / "train_results.json")
+    if (not steps or not summary) and console_log is not None and console_log.exists():
+        console_steps, console_summary = _parse_console(console_log.read_text(errors="replace"))
+        steps = steps or console_steps
+        summary = summary or console_summary
+    losses = [s["loss"] for s in steps if isinstance(s.get("loss"), int | float)]
+    return {
+        "steps": max((int(s.get("current_steps", 0)) for s in steps), default=len(losses)),
+        "losses": losses,
+        "train_loss": summary.get("train_loss"),
+        "train_runtime_s": summary.get("train_runtime"),
+        "train_samples_per_second": summary.get("train_samples_per_second"),
+        "train_steps_per_second": summary.get("train_steps_per_second"),
+    }
+
+
+def _parse_console(text: str) -> tuple[list[dict], dict]:
+    steps, summary = [], {}
+    for match in _DICT_LINE.finditer(text):
+        try:
+            record = ast.literal_eval(match.group(0))
+        except (ValueError, SyntaxError):
+            continue
+        if "train_runtime" in record:
+            summary = record
+        else:
+            steps.append(record)
+    return steps, summary
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,145 @@
+"""Promote trained weights to `<log>/policy/v<NNNN>/` and flip `policy/current`.
+
+    version = promote(output_dir, policy_root, iteration=3, parent_model=model, keep_last=3)
+
+The model files are gathered in `policy/.staging-v<NNNN>-<pid>/` (hard
+links to the training output when on the same filesystem, else copies; a LoRA
+adapter is merged first by the caller), `baton_policy.json` is written, the
+staging folder is renamed to `v<NNNN>`, and then `current` is replaced by a
+new symlink (made beside it, then `os.replace`), so a reader sees the old
+policy or the whole new one. Older versions beyond `keep_last` are deleted
+(never the current one). A failure before the flip leaves `current` as it was;
+stale staging folders are removed on the next try.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from training.files import fsync_dir, save_json
+
+log = logging.getLogger(__name__)
+
+VERSION_DIR = re.compile(r"^v(\d{4,})$")
+#: files of a training output that a served policy does not need (pickles among them)
+DROP = ("training_args.bin", "trainer_log.jsonl", "all_results.json", "train_results.json", "eval_results.json",
+        "trainer_state.json", "README.md")
+OPTIMIZER_FILES = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth")
+
+
+@dataclass
+class PolicyRecord:
+    """`baton_policy.json`."""
+
+    version: int
+    iteration: int
+    parent: int | None
+    parent_path: str
+    created_at: float
+    source_checkpoint: str
+    finetuning_type: str
+    optimizer_state: bool
+
+
+def versions(policy_root: Path) -> list[int]:
+    """Existing version numbers, ascending."""
+    if not policy_root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in policy_root.iterdir() if (m := VERSION_DIR.match(p.name)))
+
+
+def current_version(policy_root: Path) -> int | None:
+    """The version `current` points at, if any."""
+    link = policy_root / "current"
+    match = VERSION_DIR.match(os.readlink(link)) if link.is_symlink() else None
+    return int(match.group(1)) if match else None
+
+
+def parent_version(model: Path) -> int | None:
+    """The policy version of the model that was fine-tuned (None for a base model)."""
+    record = model / "baton_policy.json"
+    if record.exists():
+        import json
+
+        return int(json.loads(record.read_text())["version"])
+    return None
+
+
+def promote(
+    output_dir: Path,
+    policy_root: Path,
+    iteration: int,
+    parent_model: Path,
+    keep_last: int,
+    finetuning_type: str = "full",
+    keep_optimizer: bool = False,
+) -> int:
+    """Make `output_dir` the current policy; return its version."""
+    policy_root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(policy_root)
+    version = max([0, *versions(policy_root)]) + 1
+    staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
+    _gather(output_dir, staging, keep_optimizer)
+    record = PolicyRecord(
+        version=version, iteration=iteration, parent=parent_version(parent_model),
+        parent_path=str(parent_model.resolve()), created_at=time.time(), source_checkpoint=str(output_dir),
+        finetuning_type=finetuning_type, optimizer_state=keep_optimizer,
+    )
+    save_json(staging / "baton_policy.json", asdict(record))
+    final = policy_root / f"v{version:04d}"
+    os.rename(staging, final)
+    fsync_dir(policy_root)
+    flip_current(policy_root, final.name)
+    prune(policy_root, keep_last)
+    log.info("promoted %s as policy v%04d (current)", output_dir, version)
+    return version
+
+
+def flip_current(policy_root: Path, target: str) -> None:
+    """Point `current` at `target` atomically (relative symlink)."""
+    tmp = policy_root / f".current-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, policy_root / "current")
+    fsync_dir(policy_root)
+
+
+def prune(policy_root: Path, keep_last: int) -> list[int]:
+    """Delete versions older than the last `keep_last` (never `current`)."""
+    current = current_version(policy_root)
+    doomed = [v for v in versions(policy_root)[:-keep_last] if v != current]
+    for version in doomed:
+        shutil.rmtree(policy_root / f"v{version:04d}")
+    return doomed
+
+
+def _gather(output_dir: Path, staging: Path, keep_optimizer: bool) -> None:
+    """Link (or copy) the model files into `staging`; optimizer state into staging/optimizer."""
+    checkpoints = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    try:  # hard links: instant, and the training output stays intact for a retry
+        shutil.copytree(output_dir, staging, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(output_dir, staging)
+    if keep_optimizer and checkpoints:
+        last = staging / checkpoints[-1].name
+        (staging / "optimizer").mkdir()
+        for name in OPTIMIZER_FILES:
+            if (last / name).exists():
+                os.rename(last / name, staging / "optimizer" / name)
+    for path in staging.glob("checkpoint-*"):
+        shutil.rmtree(path)
+    for name in DROP:
+        (staging / name).unlink(missing_ok=True)
+
+
+def _remove_stale_staging(policy_root: Path) -> None:
+    for path in policy_root.glob(".staging-v*"):
+        log.warning("removing %s left by an earlier failed promotion", path)
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,267 @@
+"""Sample selection: which policy steps the update trains on.
+
+Selectors are chosen by Hydra `_target_` (configs/algorithm/*.yaml):
+
+- `RFTSelector` (stage sft, WebGym's filtered behaviour cloning): the steps of
+  successful trajectories, drawn with a per-iteration recency bias.
+- `KTOSelector` (stage kto): steps of successful trajectories are desirable,
+  steps of failed ones undesirable.
+- `DPOSelector` (stage dpo): the first step of a successful and of a failed
+  sample of the same task (same iteration, same prompt) make a pair.
+
+Every selector drops infrastructure-failed trajectories (status other than
+`ok`) and empty ones, optionally keeps only tasks whose samples disagree, skips
+steps after which the environment did not change (never the last step), and
+steps that would not fit `cutoff_len` or that carry literal media placeholders
+(`<image>` in a text-only sample would make LLaMA-Factory expect an image).
+`Selection.filtered` counts what each rule removed. Pure Python.
+
+    selection = RFTSelector(positive_samples_to_train=64).select(trajectories, iteration=5, cutoff_len=2048)
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_engine.types import Failure, Message, Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+MEDIA_PLACEHOLDERS = ("<image>", "<video>", "<audio>")
+
+
+@dataclass
+class Sample:
+    """One training example made from one policy step."""
+
+    episode_id: str
+    task_id: str
+    iteration: int
+    turn_index: int
+    messages: list[Message]
+    response: str
+    images: list[str] = field(default_factory=list)
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    #: KTO: desirable (True) or undesirable (False)
+    label: bool | None = None
+    #: DPO: the failed step answering the same prompt
+    rejected: Sample | None = None
+
+    @property
+    def source(self) -> str:
+        return f"{self.episode_id}@{self.turn_index}"
+
+
+@dataclass
+class Selection:
+    """The chosen samples and how many each rule removed (trajectories, groups or steps)."""
+
+    samples: list[Sample]
+    filtered: dict[str, int]
+    trajectories: int
+
+    def describe(self) -> str:
+        rules = ", ".join(f"{rule}: {count}" for rule, count in self.filtered.items()) or "none"
+        return f"{len(self.samples)} samples from {self.trajectories} trajectories; filtered out by rule: {rules}"
+
+
+@dataclass
+class _Rules:
+    """The rules every selector shares."""
+
+    last_k_iterations: int = 4
+    disagreement_filter: bool = False
+    skip_unchanged_steps: bool = True
+    seed: int = 0
+
+    def usable_trajectories(self, trajectories: list[Trajectory], filtered: Counter[str]) -> list[Trajectory]:
+        """Drop infra failures and empty trajectories, then (optionally) agreeing groups."""
+        kept = []
+        for traj in trajectories:
+            if traj.status is not Failure.OK:
+                filtered["infra_failed"] += 1
+            elif not traj.turns:
+                filtered["empty"] += 1
+            else:
+                kept.append(traj)
+        if not self.disagreement_filter:
+            return kept
+        groups: dict[tuple[int, str], list[Trajectory]] = defaultdict(list)
+        for traj in kept:
+            groups[(traj.iteration, traj.task_id)].append(traj)
+        out = []
+        for group in groups.values():
+            if len({t.success for t in group}) > 1:
+                out.extend(group)
+            else:
+                filtered["no_disagreement"] += len(group)
+        return out
+
+    def steps(self, traj: Trajectory, cutoff_len: int, filtered: Counter[str]) -> list[Sample]:
+        """The trainable steps of one trajectory."""
+        out = []
+        for turn in traj.turns:
+            last = turn is traj.turns[-1]
+            if self.skip_unchanged_steps and not turn.state_changed and not last:
+                filtered["unchanged_state"] += 1
+            elif _length(turn) + 2 > cutoff_len:  # + the end-of-turn tokens the sampler may not emit
+                filtered["over_cutoff"] += 1
+            elif _has_placeholder(turn):
+                filtered["media_placeholder"] += 1
+            else:
+                out.append(_sample(traj, turn))
+        return out
+
+    def rng(self, iteration: int) -> random.Random:
+        return random.Random(self.seed * 1_000_003 + iteration)
+
+    def window(self, trajectories: list[Trajectory], iteration: int, filtered: Counter[str]) -> list[Trajectory]:
+        """Only the last K iterations up to `iteration` (the loader usually did this already)."""
+        oldest = iteration - self.last_k_iterations + 1
+        inside = [t for t in trajectories if oldest <= t.iteration <= iteration]
+        if len(inside) < len(trajectories):
+            filtered["outside_window"] += len(trajectories) - len(inside)
+        return inside
+
+
+@dataclass
+class RFTSelector(_Rules):
+    """Filtered behaviour cloning on the steps of successful trajectories.
+
+    Recency weighting is per iteration: with current iteration N and window K,
+    every step from iteration `it` (N-K < it <= N) has weight
+    `(K - (N - it)) ** recency_bias_power` (newest K**p, oldest in the window
+    1). Steps are drawn without replacement (Efraimidis-Spirakis keys), so an
+    iteration's expected share of the draw is proportional to its step count
+    times its weight. Power 0 draws uniformly. WebGym instead weighted each
+    step by its position in the concatenated list, a per-sample bias.
+    """
+
+    positive_samples_to_train: int = 1800
+    recency_bias_power: float = 2.0
+
+    def weight(self, step_iteration: int, iteration: int) -> float:
+        return float(self.last_k_iterations - (iteration - step_iteration)) ** self.recency_bias_power
+
+    def select(self, trajectories: list[Trajectory], iteration: int, cutoff_len: int) -> Selection:
+        filtered: Counter[str] = Counter()
+        window = self.window(trajectories, iteration, filtered)
+        eligible: list[Sample] = []
+        for traj in self.usable_trajectories(window, filtered):
+            if not traj.success:
+                filtered["not_successful"] += 1
+                continue
+            eligible.extend(self.steps(traj, cutoff_len, filtered))
+        chosen = self.draw(eligible, iteration)
+        return Selection(chosen, dict(filtered), len(trajectories))
+
+    def draw(self, eligible: list[Sample], iteration: int) -> list[Sample]:
+        """`positive_samples_to_train` samples by weighted sampling without replacement."""
+        if len(eligible) <= self.positive_samples_to_train:
+            return list(eligible)
+        rng = self.rng(iteration)
+        keyed = [(rng.random() ** (1.0 / self.weight(s.iteration, iteration)), i) for i, s in enumerate(eligible)]
+        keyed.sort(reverse=True)
+        return [eligible[i] for _, i in keyed[: self.positive_samples_to_train]]
+
+
+@dataclass
+class KTOSelector(_Rules):
+    """Desirable = steps of successful trajectories, undesirable = steps of failed ones."""
+
+    max_samples: int = 0
+
+    def select(self, trajectories: list[Trajectory], iteration: int, cutoff_len: int) -> Selection:
+        filtered: Counter[str] = Counter()
+        samples: list[Sample] = []
+        for traj in self.usable_trajectories(self.window(trajectories, iteration, filtered), filtered):
+            for sample in self.steps(traj, cutoff_len, filtered):
+                sample.label = traj.success
+                samples.append(sample)
+        if 0 < self.max_samples < len(samples):
+            samples = self.rng(iteration).sample(samples, self.max_samples)
+        return Selection(samples, dict(filtered), len(trajectories))
+
+
+@dataclass
+class DPOSelector(_Rules):
+    """Pairs (success, failure) of the same task and iteration, on their first step.
+
+    Samples of one task share the opening prompt (the groups of
+    `n_samples_per_task`), so the first steps answer the same messages; a pair
+    whose prompts differ is skipped (`prompt_differs`).
+    """
+
+    max_pairs_per_task: int = 4
+    max_pairs: int = 0
+
+    def select(self, trajectories: list[Trajectory], iteration: int, cutoff_len: int) -> Selection:
+        filtered: Counter[str] = Counter()
+        groups: dict[tuple[int, str], list[Trajectory]] = defaultdict(list)
+        for traj in self.usable_trajectories(self.window(trajectories, iteration, filtered), filtered):
+            groups[(traj.iteration, traj.task_id)].append(traj)
+        pairs: list[Sample] = []
+        for group in groups.values():
+            wins = [s for t in group if t.success for s in self.steps(_first(t), cutoff_len, filtered)]
+            losses = [s for t in group if not t.success for s in self.steps(_first(t), cutoff_len, filtered)]
+            if not wins or not losses:
+                filtered["no_pair"] += len(group)
+                continue
+            pairs.extend(self._pair(wins, losses, filtered))
+        if 0 < self.max_pairs < len(pairs):
+            pairs = self.rng(iteration).sample(pairs, self.max_pairs)
+        return Selection(pairs, dict(filtered), len(trajectories))
+
+    def _pair(self, wins: list[Sample], losses: list[Sample], filtered: Counter[str]) -> list[Sample]:
+        out = []
+        for chosen, rejected in zip(wins, losses, strict=False):
+            if len(out) == self.max_pairs_per_task:
+                break
+            if chosen.messages != rejected.messages:
+                filtered["prompt_differs"] += 1
+                continue
+            chosen.rejected = rejected
+            out.append(chosen)
+        return out
+
+
+def _first(traj: Trajectory) -> Trajectory:
+    """The trajectory cut to its first step (the step a DPO pair shares)."""
+    return Trajectory(**{**traj.__dict__, "turns": traj.turns[:1]})
+
+
+def _sample(traj: Trajectory, turn: Turn) -> Sample:
+    return Sample(
+        episode_id=traj.episode_id,
+        task_id=traj.task_id,
+        iteration=traj.iteration,
+        turn_index=turn.index,
+        messages=turn.messages,
+        response=turn.response,
+        images=list(turn.images),
+        prompt_token_ids=turn.prompt_token_ids,
+        completion_token_ids=turn.completion_token_ids,
+    )
+
+
+def _length(turn: Turn) -> int:
+    """Tokens of prompt plus reply (the ids when stored, else the reported counts)."""
+    prompt = len(turn.prompt_token_ids) if turn.prompt_token_ids is not None else turn.prompt_tokens
+    reply = len(turn.completion_token_ids) if turn.completion_token_ids is not None else turn.completion_tokens
+    return prompt + reply
+
+
+def _has_placeholder(turn: Turn) -> bool:
+    texts: list[Any] = [turn.response]
+    for message in turn.messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(part.get("text", "") for part in content if isinstance(part, dict))
+    return any(tag in str(text) for text in texts for tag in MEDIA_PLACEHOLDERS)

@@ -1,0 +1,216 @@
+"""The update phase's steps: prepare -> train -> promote (`run_update` runs the configured ones).
+
+Everything of one update lives in `<log>/training/iter_<NNNN>/`:
+
+    config.yaml          the resolved Hydra config
+    selection.json       counts: trajectories, samples, what each rule filtered
+    data/                the LLaMA-Factory dataset (training.dataset)
+    train_config.yaml    the LLaMA-Factory YAML (training.recipe)
+    train.log            llamafactory-cli's output
+    output/              its output directory (merged/ for a LoRA)
+
+Bad input raises `ConfigError` before anything is written or launched; a
+failed training raises `TrainingError` and leaves `policy/current` untouched,
+and running the same command again retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from rollout_engine.errors import BatonError, ConfigError
+from training import config as config_mod
+from training.config import UpdateConfig
+from training.dataset import DatasetFiles, drop_rows, save_dataset
+from training.files import append_jsonl, save_json, save_text
+from training.journal import iteration_dir, load_trajectories
+from training.launch import detect_device, run_group, run_training
+from training.metrics import parse_training
+from training.promotion import promote
+from training.recipe import Device, build_recipe, save_recipe
+from training.selection import Selection
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(BatonError):
+    """llamafactory-cli failed or timed out; the current policy is unchanged."""
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one update (see the module docstring)."""
+
+    run_dir: Path
+
+    @classmethod
+    def of(cls, cfg: UpdateConfig) -> RunPaths:
+        return cls(Path(cfg.log_path) / "training" / f"iter_{cfg.iteration:04d}")
+
+    data = property(lambda self: self.run_dir / "data")
+    recipe = property(lambda self: self.run_dir / "train_config.yaml")
+    output = property(lambda self: self.run_dir / "output")
+    merged = property(lambda self: self.run_dir / "merged")
+    train_log = property(lambda self: self.run_dir / "train.log")
+
+
+def run_update(cfg: UpdateConfig) -> None:
+    """Run the phases `cfg.phase` names."""
+    paths = RunPaths.of(cfg)
+    if cfg.phase in ("prepare", "all"):
+        prepare(cfg, paths)
+    if cfg.phase in ("train", "all"):
+        train(cfg, paths)
+    if cfg.phase in ("promote", "all") and cfg.launch.node_rank == 0:
+        promote_policy(cfg, paths)
+
+
+def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
+    """Select samples, write and check the dataset (in a staging folder), then the YAML."""
+    device = detect_device()
+    selection = select(cfg)
+    check_batch(cfg, len(selection.samples), selection.describe(), device)
+    model = config_mod.model_path(cfg).resolve()
+    staging = paths.run_dir / ".data-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        files = save_dataset(selection.samples, staging, cfg.algorithm.stage, cfg.data.val_split_ratio,
+                             cfg.algorithm.selection.seed + cfg.iteration)
+        check_tokens(cfg, files, build_recipe(cfg, files, model, paths.output, device), selection)
+        check_batch(cfg, files.train_rows + files.val_rows, selection.describe(), device)
+        shutil.rmtree(paths.data, ignore_errors=True)
+        staging.rename(paths.data)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    files.directory = paths.data
+    save_recipe(paths.recipe, build_recipe(cfg, files, model, paths.output, device))
+    save_text(paths.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    save_json(paths.run_dir / "selection.json", {
+        "iteration": cfg.iteration, "trajectories": selection.trajectories, "samples": len(selection.samples),
+        "train_rows": files.train_rows, "val_rows": files.val_rows, "filtered": selection.filtered,
+    })
+    log.info("prepared %s: %s", paths.data, selection.describe())
+
+
+def check_tokens(cfg: UpdateConfig, files: DatasetFiles, recipe: dict, selection: Selection) -> None:
+    """Token fidelity on each split; drop (or fail on) replies LLaMA-Factory would re-tokenize."""
+    if cfg.data.fidelity_samples == 0:
+        return
+    from training.fidelity import check_fidelity
+
+    for split, rows in (("train", files.train_rows), ("val", files.val_rows)):
+        if not rows:
+            continue
+        report = check_fidelity(recipe, cfg.data.fidelity_samples, cfg.algorithm.selection.seed, split)
+        if report.noncanonical and cfg.data.noncanonical == "fail":
+            raise ConfigError(f"token fidelity: {len(report.noncanonical)} {split} rows (first: row "
+                              f"{report.noncanonical[0]}) re-tokenize differently from the sampled ids; "
+                              "set data.noncanonical=drop to train without them")
+        if report.noncanonical:
+            drop_rows(files, split, report.noncanonical)
+            selection.filtered["noncanonical_tokens"] = (selection.filtered.get("noncanonical_tokens", 0)
+                                                         + len(report.noncanonical))
+
+
+def select(cfg: UpdateConfig) -> Selection:
+    """Load the journals of the window and run the configured selector."""
+    from hydra.utils import instantiate
+
+    sel = cfg.algorithm.selection
+    window = range(cfg.iteration - sel.last_k_iterations + 1, cfg.iteration + 1)
+    trajectories = load_trajectories(cfg.log_path, "train", window)
+    if not trajectories:
+        dirs = f"{iteration_dir(cfg.log_path, 'train', window.start)} .. iter_{cfg.iteration:04d}"
+        raise ConfigError(f"no train trajectories in {dirs} (log_path={cfg.log_path}, iteration={cfg.iteration}); "
+                          "run the rollout first or fix log_path / iteration")
+    selector = instantiate(OmegaConf.structured(sel))
+    selection = selector.select(trajectories, cfg.iteration, cfg.algorithm.cutoff_len)
+    if not selection.samples:
+        raise ConfigError(f"no usable samples for algorithm {cfg.algorithm.name}: {selection.describe()}")
+    if cfg.algorithm.stage == "kto" and len({s.label for s in selection.samples}) < 2:
+        kind = "desirable" if selection.samples[0].label else "undesirable"
+        raise ConfigError(f"kto needs desirable and undesirable samples, all {len(selection.samples)} are {kind}: "
+                          f"{selection.describe()}")
+    return selection
+
+
+def check_batch(cfg: UpdateConfig, samples: int, described: str, device: Device) -> None:
+    """One optimizer step must be fillable from the training rows."""
+    alg, launch = cfg.algorithm, cfg.launch
+    procs = (launch.nproc_per_node or device.count) * launch.nnodes
+    global_batch = alg.per_device_train_batch_size * alg.gradient_accumulation_steps * procs
+    train_rows = samples - int(samples * cfg.data.val_split_ratio)
+    if train_rows < global_batch:
+        raise ConfigError(
+            f"{train_rows} training rows cannot fill one optimizer step of algorithm.per_device_train_batch_size="
+            f"{alg.per_device_train_batch_size} x algorithm.gradient_accumulation_steps="
+            f"{alg.gradient_accumulation_steps} x {procs} processes = {global_batch}; lower them or collect more "
+            f"samples ({described})"
+        )
+
+
+def train(cfg: UpdateConfig, paths: RunPaths) -> None:
+    """Run llamafactory-cli on the prepared YAML; metrics to <log>/metrics.jsonl."""
+    if not paths.recipe.exists():
+        raise ConfigError(f"{paths.recipe} does not exist; run phase=prepare first")
+    if cfg.launch.node_rank == 0:
+        shutil.rmtree(paths.output, ignore_errors=True)  # never write into files a policy may hard-link
+    result = run_training(paths.recipe, paths.train_log, cfg.launch, detect_device())
+    if result.returncode != 0 or result.timed_out:
+        why = f"timed out after {cfg.launch.timeout_s:.0f} s" if result.timed_out else f"exit {result.returncode}"
+        raise TrainingError(f"training {why}; see {paths.train_log}. policy/current is unchanged; "
+                            "run the same command again to retry")
+    if cfg.launch.node_rank == 0:
+        stats = parse_training(paths.output, paths.train_log)
+        append_jsonl(Path(cfg.log_path) / "metrics.jsonl", {
+            "kind": "training", "iteration": cfg.iteration, "time": time.time(), "algorithm": cfg.algorithm.name,
+            "wall_s": round(result.wall_s, 2), **stats,
+        })
+        log.info("trained in %.1f s: %s", result.wall_s, stats)
+
+
+def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
+    """Merge a LoRA if needed, then promote the weights as the next policy version."""
+    if not (paths.output / "config.json").exists() and not (paths.output / "adapter_config.json").exists():
+        raise ConfigError(f"{paths.output} holds no trained model; run phase=train first")
+    source = paths.output
+    if cfg.algorithm.finetuning_type == "lora":
+        source = merge_lora(cfg, paths)
+    version = promote(source, Path(cfg.log_path) / "policy", cfg.iteration, config_mod.model_path(cfg).resolve(),
+                      cfg.promotion.keep_last, cfg.algorithm.finetuning_type, cfg.promotion.keep_optimizer)
+    append_jsonl(Path(cfg.log_path) / "metrics.jsonl",
+                 {"kind": "promotion", "iteration": cfg.iteration, "time": time.time(), "policy_version": version})
+    return version
+
+
+def merge_lora(cfg: UpdateConfig, paths: RunPaths) -> Path:
+    """`llamafactory-cli export`: base model + adapter -> a full HF folder."""
+    from training.launch import cli_command, launch_env
+
+    export = {
+        "model_name_or_path": str(config_mod.model_path(cfg).resolve()), "adapter_name_or_path": str(paths.output),
+        "template": cfg.template, "finetuning_type": "lora", "export_dir": str(paths.merged),
+        "trust_remote_code": True,
+    }
+    export_yaml = paths.run_dir / "merge_config.yaml"
+    save_recipe(export_yaml, export)
+    shutil.rmtree(paths.merged, ignore_errors=True)
+    result = run_group([*cli_command(), "export", str(export_yaml)], paths.run_dir / "merge.log",
+                       launch_env(cfg.launch, Device("cpu", 1)), cfg.launch.timeout_s, cfg.launch.grace_s)
+    if result.returncode != 0:
+        raise TrainingError(f"merging the LoRA failed (exit {result.returncode}); see {paths.run_dir / 'merge.log'}")
+    return paths.merged
+
+
+def describe_config(cfg: UpdateConfig) -> str:
+    """One log line with what will run."""
+    return (f"update: iteration {cfg.iteration}, algorithm {cfg.algorithm.name} ({cfg.algorithm.stage}, "
+            f"{cfg.algorithm.finetuning_type}), model {config_mod.model_path(cfg)}, phase {cfg.phase}")
+
