@@ -1,0 +1,56 @@
+"""Config validation messages, every YAML composes, every _target_ instantiates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from rollout_engine.build import build_env
+from rollout_engine.config import register_configs, validate
+from rollout_engine.errors import ConfigError
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+BASE = ["data_path=/data", "log_path=/logs"]
+
+
+def composed(name: str, overrides: list[str]):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose(name, overrides=overrides)
+
+
+def test_every_problem_reported_at_once_with_field_value_and_fix() -> None:
+    cfg = composed("rollout_train", ["env_config.server_size=0", "policy_config.top_p=2", "rank=3",
+                                     "policy_config.base_url=localhost:8000"])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    text = str(err.value)
+    assert "data_path is required" in text and "log_path is required" in text
+    assert "env_config.server_size must be >= 1 (got 0)" in text
+    assert "policy_config.top_p must be in (0, 1] (got 2.0)" in text
+    assert "policy_config.base_url must start with http:// or https:// (got 'localhost:8000')" in text
+
+
+def test_cross_field_checks() -> None:
+    with pytest.raises(ConfigError, match=r"rank must be < len\(rank_weights\) = 2 \(got 2\)"):
+        validate(composed("rollout_train", [*BASE, "rank=2", "rank_weights=[1,1]"]))
+    with pytest.raises(ConfigError, match="difficulty_ratio must define buckets"):
+        validate(composed("rollout_train", [*BASE, "env_config.train_tasks_sampler=ratio"]))
+
+
+@pytest.mark.parametrize("name", ["rollout_train", "rollout_test"])
+@pytest.mark.parametrize("env", sorted(p.stem for p in (CONFIGS / "env").glob("*.yaml")))
+def test_every_env_yaml_composes_and_instantiates(name: str, env: str) -> None:
+    built = build_env(validate(composed(name, [*BASE, f"env={env}"])))
+    assert built.name == env
+
+
+def test_unknown_env_parameter_and_target_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'answer_rul'"):
+        build_env(validate(composed("rollout_test", [*BASE, "+env.answer_rul=tag"])))
+    with pytest.raises(ConfigError, match=r"env\._target_ cannot be loaded \(got 'nowhere\.Env'"):
+        build_env(validate(composed("rollout_test", [*BASE, "env._target_=nowhere.Env"])))
+    with pytest.raises(ConfigError, match=r"env\.answer_rule must be one of .* \(got 'middle'\)"):
+        build_env(validate(composed("rollout_test", [*BASE, "env.answer_rule=middle"])))

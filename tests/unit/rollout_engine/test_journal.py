@@ -1,0 +1,62 @@
+"""Journal: torn last line dropped and truncated, corruption refused, old journals moved aside, manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rollout_engine.errors import ConfigError
+from rollout_engine.journal import Journal, read_journal
+from rollout_engine.types import Trajectory, Turn
+
+
+def traj(i: int) -> Trajectory:
+    return Trajectory(episode_id=f"t{i}#0", task_id=f"t{i}", sample_index=0, split="train", iteration=0, rank=0,
+                      env="e", family="f", difficulty=1, turns=[Turn(index=0, messages=[], response=str(i))])
+
+
+def test_torn_last_line_is_dropped_and_truncated_on_resume(tmp_path: Path) -> None:
+    path = tmp_path / "rank_0.jsonl"
+    journal = Journal(path, resume=False)
+    journal.append(traj(1))
+    journal.append(traj(2))
+    with path.open("a") as handle:
+        handle.write(json.dumps(traj(3).to_json())[:40])  # crash mid-write
+    done, _ = read_journal(path)
+    assert [t.episode_id for t in done] == ["t1#0", "t2#0"]
+    resumed = Journal(path, resume=True)
+    assert resumed.done_ids == {"t1#0", "t2#0"}
+    resumed.append(traj(3))
+    assert [t.episode_id for t in read_journal(path)[0]] == ["t1#0", "t2#0", "t3#0"]
+
+
+def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "rank_0.jsonl"
+    path.write_text(json.dumps(traj(1).to_json()) + "\nnot json\n" + json.dumps(traj(2).to_json()) + "\n")
+    with pytest.raises(ConfigError, match=r"rank_0\.jsonl:2 is corrupt"):
+        read_journal(path)
+
+
+def test_without_resume_old_journal_is_moved_aside_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "rank_0.jsonl"
+    Journal(path, resume=False).append(traj(1))
+    original = path.read_bytes()
+    fresh = Journal(path, resume=False)
+    assert fresh.done == [] and not path.exists()
+    (aside,) = tmp_path.glob("rank_0.jsonl.aside-*")
+    assert aside.read_bytes() == original
+
+
+def test_seal_writes_counts_and_checksum(tmp_path: Path) -> None:
+    import hashlib
+
+    path = tmp_path / "rank_0.jsonl"
+    journal = Journal(path, resume=False)
+    journal.append(traj(1))
+    manifest = journal.seal(planned=2)
+    on_disk = json.loads((tmp_path / "rank_0.manifest.json").read_text())
+    assert on_disk == manifest
+    assert manifest["episodes"] == 1 and manifest["complete"] is False and manifest["by_status"] == {"ok": 1}
+    assert manifest["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

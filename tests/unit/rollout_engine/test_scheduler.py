@@ -1,0 +1,125 @@
+"""Scheduler logic around the environment: failure kinds, infra retries, deadlines, slots, cancellation.
+
+Uses a tiny fake environment and a scripted policy (the real ones are covered by e2e tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from rollout_engine.envs.base import Env, EpisodeState, Score, StepResult
+from rollout_engine.errors import EnvError, JudgeError, ModelError
+from rollout_engine.journal import Journal, read_journal
+from rollout_engine.progress import Progress
+from rollout_engine.scheduler import Scheduler, SchedulerSettings
+from rollout_engine.tasks import EpisodeSpec
+from rollout_engine.types import Completion, Failure, Task
+
+
+class EchoPolicy:
+    async def chat(self, messages):
+        await asyncio.sleep(0)
+        return Completion(text="ok", completion_tokens=1)
+
+
+class FakeEnv(Env):
+    """Behaviour per task id: 'ok', 'flaky' (first attempt fails), 'broken', 'slow', 'judge', 'model'."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, int] = {}
+        self.live = 0
+        self.max_live = 0
+        self.torn_down = 0
+
+    async def setup_state(self, task: Task, slot: int) -> EpisodeState:
+        self.attempts[task.task_id] = self.attempts.get(task.task_id, 0) + 1
+        self.live += 1
+        self.max_live = max(self.max_live, self.live)
+        if task.task_id.startswith("flaky") and self.attempts[task.task_id] == 1:
+            self.live -= 1
+            raise EnvError("browser crashed")
+        return EpisodeState(task=task, slot=slot, max_steps=3)
+
+    def initial_messages(self, state):
+        return [{"role": "user", "content": state.task.task_name}]
+
+    async def env_response(self, state, reply):
+        kind = state.task.task_id.split("-")[0]
+        if kind == "broken":
+            raise RuntimeError("game over")
+        if kind == "model":
+            raise ModelError("server gone")
+        if kind == "slow" and state.turns:
+            await asyncio.sleep(60)
+        await asyncio.sleep(0.01)
+        return StepResult(observation="next", done=kind != "slow" or len(state.turns) > 5)
+
+    async def score(self, state):
+        if state.task.task_id.startswith("judge"):
+            raise JudgeError("no verdict")
+        return Score(reward=1.0, success=True)
+
+    async def teardown_state(self, state):
+        self.live -= 1
+        self.torn_down += 1
+
+
+def settings(**kw) -> SchedulerSettings:
+    base = dict(server_size=2, episode_timeout_s=0.5, infra_retries=1, infra_retry_budget=10, split="train",
+                iteration=0, rank=0, policy_model="p")
+    return SchedulerSettings(**{**base, **kw})
+
+
+def specs(*ids: str) -> list[EpisodeSpec]:
+    return [EpisodeSpec(Task(task_id=i, task_name=i), 0) for i in ids]
+
+
+async def run(tmp_path: Path, ids: tuple[str, ...], **kw):
+    env = FakeEnv()
+    journal = Journal(tmp_path / "rank_0.jsonl", resume=False)
+    sched = Scheduler(env, EchoPolicy(), journal, settings(**kw), Progress())
+    result = {t.task_id: t for t in await sched.run(specs(*ids))}
+    return env, result
+
+
+async def test_failure_kinds_and_retries(tmp_path: Path) -> None:
+    env, result = await run(tmp_path, ("ok-1", "flaky-1", "broken-1", "slow-1", "judge-1", "model-1"))
+    assert result["ok-1"].status is Failure.OK and result["ok-1"].success
+    assert result["flaky-1"].status is Failure.OK and result["flaky-1"].attempts == 2
+    assert result["broken-1"].status is Failure.ENV_ERROR and "game over" in result["broken-1"].error
+    assert result["broken-1"].attempts == 2 and env.attempts["broken-1"] == 2
+    assert result["slow-1"].status is Failure.TIMEOUT and len(result["slow-1"].turns) == 1  # turns kept
+    assert result["judge-1"].status is Failure.JUDGE_ERROR and result["judge-1"].attempts == 1  # not re-run
+    assert result["model-1"].status is Failure.MODEL_ERROR
+    assert not any(t.success for t in result.values() if t.status is not Failure.OK)
+    assert env.live == 0  # every episode torn down, timeouts included
+    assert {t.episode_id for t in read_journal(tmp_path / "rank_0.jsonl")[0]} == {f"{i}#0" for i in result}
+
+
+async def test_retry_budget_is_shared(tmp_path: Path) -> None:
+    env, result = await run(tmp_path, ("broken-1", "broken-2", "broken-3"), infra_retries=5, infra_retry_budget=2)
+    assert sum(env.attempts.values()) == 3 + 2
+    assert all(t.status is Failure.ENV_ERROR for t in result.values())
+
+
+async def test_server_size_limits_live_episodes(tmp_path: Path) -> None:
+    env, result = await run(tmp_path, tuple(f"ok-{i}" for i in range(12)), server_size=3)
+    assert env.max_live == 3 and len(result) == 12
+
+
+async def test_cancel_journals_only_finished_and_tears_down(tmp_path: Path) -> None:
+    env = FakeEnv()
+    journal = Journal(tmp_path / "rank_0.jsonl", resume=False)
+    sched = Scheduler(env, EchoPolicy(), journal, settings(episode_timeout_s=100), Progress())
+    work = asyncio.create_task(sched.run(specs("ok-1", "slow-1", "slow-2", "ok-2")))
+    while len(sched.finished) < 1:
+        await asyncio.sleep(0.01)
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    journaled = read_journal(tmp_path / "rank_0.jsonl")[0]
+    assert {t.episode_id for t in journaled} == {t.episode_id for t in sched.finished}
+    assert all(t.status is not Failure.CANCELLED for t in journaled)
+    assert env.live == 0

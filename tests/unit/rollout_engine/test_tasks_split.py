@@ -1,0 +1,104 @@
+"""Task loading, samplers and the rank split: disjoint, complete, deterministic, proportional."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from rollout_engine.config import DifficultyBucket, EnvConfig
+from rollout_engine.errors import ConfigError
+from rollout_engine.tasks import (
+    derive_seed,
+    largest_remainder,
+    load_tasks,
+    plan_episodes,
+    sample_tasks,
+    scale_limit,
+    split_for_rank,
+)
+from rollout_engine.types import Task
+
+
+def make_tasks(n: int) -> list[Task]:
+    return [Task(task_id=f"t{i}", task_name=f"q{i}", difficulty=1 + i % 9) for i in range(n)]
+
+
+@pytest.mark.parametrize("weights", [[1.0], [1, 1], [1, 2, 3], [0.5, 0.0, 2.5], [3, 1, 1, 1, 7]])
+@pytest.mark.parametrize("n", [0, 1, 7, 50, 101])
+def test_split_is_disjoint_complete_deterministic_proportional(weights: list[float], n: int) -> None:
+    tasks = make_tasks(n)
+    shares = [split_for_rank(tasks, weights, r) for r in range(len(weights))]
+    ids = [t.task_id for share in shares for t in share]
+    assert sorted(ids) == sorted(t.task_id for t in tasks)  # complete
+    assert len(ids) == len(set(ids))  # disjoint
+    assert shares == [split_for_rank(tasks, weights, r) for r in range(len(weights))]  # deterministic
+    for share, w in zip(shares, weights, strict=True):
+        assert abs(len(share) - n * w / sum(weights)) < 1  # proportional within one task
+
+
+def test_largest_remainder_sums_exactly() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        weights = [rng.random() for _ in range(rng.randint(1, 6))]
+        total = rng.randint(0, 500)
+        assert sum(largest_remainder(total, weights)) == total
+
+
+def test_train_sampling_reproducible_per_iteration_and_split() -> None:
+    tasks, cfg = make_tasks(100), EnvConfig(train_tasks_rollout_size=10)
+    first = sample_tasks(tasks, cfg, "train", derive_seed(0, 3, "train"))
+    assert first == sample_tasks(tasks, cfg, "train", derive_seed(0, 3, "train"))
+    assert first != sample_tasks(tasks, cfg, "train", derive_seed(0, 4, "train"))
+    assert len({t.task_id for t in first}) == 10
+
+
+def test_ratio_sampler_follows_bucket_weights() -> None:
+    cfg = EnvConfig(train_tasks_rollout_size=30, train_tasks_sampler="ratio",
+                    difficulty_ratio={"easy": DifficultyBucket(1, 3, 2.0), "hard": DifficultyBucket(7, 9, 1.0)})
+    chosen = sample_tasks(make_tasks(300), cfg, "train", 7)
+    assert sum(t.difficulty <= 3 for t in chosen) == 20
+    assert sum(t.difficulty >= 7 for t in chosen) == 10
+
+
+def test_test_split_takes_first_n_and_repeats() -> None:
+    cfg = EnvConfig(test_tasks_rollout_size=3, test_tasks_repeat_times=2, hardest_first=False)
+    chosen = sample_tasks(make_tasks(10), cfg, "test", 0)
+    assert [t.task_id for t in chosen] == ["t0", "t1", "t2"]
+    episodes = plan_episodes(chosen, cfg, "test")
+    assert [e.episode_id for e in episodes] == ["t0#0", "t0#1", "t1#0", "t1#1", "t2#0", "t2#1"]
+
+
+def test_hardest_first_orders_by_difficulty() -> None:
+    episodes = plan_episodes(make_tasks(9), EnvConfig(hardest_first=True), "train")
+    assert [e.task.difficulty for e in episodes] == sorted((e.task.difficulty for e in episodes), reverse=True)
+
+
+def test_limits_scale_with_weight() -> None:
+    assert [scale_limit(16, [1, 3], r) for r in (0, 1)] == [4, 12]
+    assert scale_limit(2, [1, 100], 0) == 1
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_load_tasks_names_file_and_line(tmp_path: Path) -> None:
+    good = json.dumps({"task_id": "a", "task_name": "x"})
+    with pytest.raises(ConfigError, match=r"t\.jsonl:3 is not valid JSON"):
+        load_tasks(write(tmp_path / "t.jsonl", [good, "", "{broken"]))
+    with pytest.raises(ConfigError, match=r"t2\.jsonl:2 lacks the required field task_name"):
+        load_tasks(write(tmp_path / "t2.jsonl", [good, json.dumps({"task_id": "b"})]))
+    with pytest.raises(ConfigError, match=r"repeats task_id 'a'"):
+        load_tasks(write(tmp_path / "t3.jsonl", [good, good]))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_tasks(tmp_path / "missing.jsonl")
+
+
+def test_webgym_columns_kept_under_metadata(tmp_path: Path) -> None:
+    row = {"task_id": 5, "task_name": "find", "website": "w.org", "evaluator_reference": ["f"], "difficulty": 4}
+    (task,) = load_tasks(write(tmp_path / "w.jsonl", [json.dumps(row)]))
+    assert task.task_id == "5" and task.metadata["website"] == "w.org" and task.difficulty == 4
