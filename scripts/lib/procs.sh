@@ -25,9 +25,10 @@ procs_pgid() {
   [[ -f $file ]] && cat "$file"
 }
 
-# procs_group_alive <pgid>: true while any process of the group exists.
+# procs_group_alive <pgid>: true while a process of the group runs (zombies,
+# which only wait for their parent to reap them, do not count).
 procs_group_alive() {
-  kill -0 -- "-$1" 2>/dev/null
+  ps -e -o pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
 }
 
 # procs_stop <run_dir> <name> [grace_s]: SIGTERM the recorded group, wait up to
@@ -46,6 +47,7 @@ procs_stop() {
       kill -KILL -- "-$pgid" 2>/dev/null || true
       sleep 0.2
     fi
+    wait "$pgid" 2>/dev/null || true # reap it when it is our child
   fi
   rm -f "$run_dir/pids/$name.pgid"
 }

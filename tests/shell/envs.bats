@@ -1,0 +1,122 @@
+#!/usr/bin/env bats
+# setup.sh's detection helpers: device, interpreter, environment paths, system packages.
+
+bats_require_minimum_version 1.5.0
+
+setup() {
+  ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
+  source "$ROOT/scripts/lib/common.sh"
+  source "$ROOT/scripts/lib/envs.sh"
+  source "$ROOT/scripts/lib/sysdeps.sh"
+  FAKEBIN="$BATS_TEST_TMPDIR/bin"
+  mkdir -p "$FAKEBIN"
+  unset BATON_DEVICE BATON_PYTHON
+}
+
+fake_nvidia_smi() {
+  printf '#!/bin/sh\n%s\n' "$1" >"$FAKEBIN/nvidia-smi"
+  chmod +x "$FAKEBIN/nvidia-smi"
+}
+
+@test "envs_device: cpu when nvidia-smi is absent" {
+  PATH="$FAKEBIN:/usr/bin:/bin" run -0 envs_device
+  [ "$output" = cpu ]
+}
+
+@test "envs_device: cuda when nvidia-smi lists GPUs, and counts them" {
+  fake_nvidia_smi 'printf "GPU 0: NVIDIA H100 (UUID: a)\nGPU 1: NVIDIA H100 (UUID: b)\n"'
+  PATH="$FAKEBIN:$PATH" run -0 envs_device
+  [ "$output" = cuda ]
+  PATH="$FAKEBIN:$PATH" run -0 envs_gpu_count
+  [ "$output" = 2 ]
+  PATH="$FAKEBIN:$PATH" run -0 envs_recipe_name serve
+  [ "$output" = serve-cuda ]
+}
+
+@test "envs_device: cpu when nvidia-smi exists but finds no GPU" {
+  fake_nvidia_smi 'echo "No devices were found"; exit 6'
+  PATH="$FAKEBIN:$PATH" run -0 envs_device
+  [ "$output" = cpu ]
+  PATH="$FAKEBIN:$PATH" run -0 envs_gpu_count
+  [ "$output" = 0 ]
+}
+
+@test "envs_device: BATON_DEVICE overrides detection; a bad value is exit 2 naming it" {
+  BATON_DEVICE=cuda run -0 envs_device
+  [ "$output" = cuda ]
+  BATON_DEVICE=tpu run -2 envs_device
+  [[ $output == *"BATON_DEVICE must be cpu or cuda (got 'tpu')"* ]]
+}
+
+@test "envs_recipe_name: app and train as is, serve by device, others rejected" {
+  BATON_DEVICE=cpu run -0 envs_recipe_name serve
+  [ "$output" = serve-cpu ]
+  run -0 envs_recipe_name train
+  [ "$output" = train ]
+  run -2 envs_recipe_name gpu
+  [[ $output == *"unknown environment 'gpu'"* ]]
+}
+
+@test "envs_base_python: rejects an interpreter older than 3.11" {
+  printf '#!/bin/sh\nexit 1\n' >"$FAKEBIN/python-old"
+  chmod +x "$FAKEBIN/python-old"
+  PATH="$FAKEBIN" BATON_PYTHON=python-old run -1 envs_base_python
+  [ -z "$output" ]
+}
+
+@test "envs_base_python: accepts a 3.11 interpreter from BATON_PYTHON" {
+  BATON_PYTHON=python3 run -0 envs_base_python
+  [[ $output == */python3* ]]
+}
+
+@test "envs_dir: keyed by recipe and a hash of the pins, under BATON_HOME" {
+  BATON_HOME="$BATS_TEST_TMPDIR/home" BATON_DEVICE=cpu run -0 envs_dir serve
+  [[ $output =~ ^$BATS_TEST_TMPDIR/home/envs/serve-cpu-[0-9a-f]{12}$ ]]
+  BATON_HOME="$BATS_TEST_TMPDIR/home" BATON_DEVICE=cuda run -0 envs_dir serve
+  [[ $output =~ /serve-cuda-[0-9a-f]{12}$ ]]
+}
+
+@test "envs_is_complete: only a verified environment counts" {
+  local dir="$BATS_TEST_TMPDIR/env"
+  python3 -m venv --without-pip "$dir"
+  run -1 envs_is_complete "$dir"
+  date >"$dir/.baton-verified"
+  run -0 envs_is_complete "$dir"
+  rm "$dir/bin/python"
+  run -1 envs_is_complete "$dir"
+}
+
+@test "envs_python: a missing environment fails with the setup hint" {
+  BATON_HOME="$BATS_TEST_TMPDIR/empty" run -1 envs_python train
+  [[ $output == *"the train environment is not set up"*"run: bash scripts/setup.sh"* ]]
+}
+
+@test "sysdeps_missing: names the Debian packages of missing tools" {
+  ln -s "$(command -v bash)" "$FAKEBIN/bash"
+  PATH="$FAKEBIN" BATON_CHROMIUM=/nonexistent run -0 sysdeps_missing
+  [[ $output == *gcc* && $output == *make* && $output == *curl* && $output == *procps* ]]
+}
+
+@test "sysdeps_ensure: without apt it fails with the exact install command" {
+  ln -s "$(command -v bash)" "$FAKEBIN/bash"
+  PATH="$FAKEBIN" run -1 sysdeps_ensure 0
+  [[ $output == *"missing system packages: "*"install them with: sudo apt-get install -y "*gcc* ]]
+}
+
+@test "sysdeps_chromium: BATON_CHROMIUM wins when executable" {
+  printf '#!/bin/sh\n' >"$FAKEBIN/chromium"
+  chmod +x "$FAKEBIN/chromium"
+  BATON_CHROMIUM="$FAKEBIN/chromium" run -0 sysdeps_chromium
+  [ "$output" = "$FAKEBIN/chromium" ]
+}
+
+@test "setup.sh: an unknown --only value is exit 2 naming it, nothing built" {
+  BATON_HOME="$BATS_TEST_TMPDIR/home" run -2 bash "$ROOT/scripts/setup.sh" --only gpu
+  [[ $output == *"--only must be app, serve or train (got 'gpu')"* ]]
+  [ ! -e "$BATS_TEST_TMPDIR/home" ]
+}
+
+@test "setup.sh: unknown flags print usage and exit 2" {
+  run -2 bash "$ROOT/scripts/setup.sh" --frobnicate
+  [[ $output == *"Usage: bash scripts/setup.sh"* && $output == *"unknown argument '--frobnicate'"* ]]
+}

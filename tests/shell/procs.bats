@@ -1,0 +1,42 @@
+#!/usr/bin/env bats
+# procs.sh: tracked process groups are stopped exactly, children included.
+
+bats_require_minimum_version 1.5.0
+
+setup() {
+  ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
+  source "$ROOT/scripts/lib/common.sh"
+  source "$ROOT/scripts/lib/procs.sh"
+  RUN="$BATS_TEST_TMPDIR/run"
+}
+
+@test "procs_start records a group whose children procs_stop ends" {
+  pgid=$(procs_start "$RUN" job "$RUN/job.log" bash -c 'sleep 300 & sleep 300 & wait')
+  [ "$(cat "$RUN/pids/job.pgid")" = "$pgid" ]
+  sleep 0.3
+  [ "$(pgrep -g "$pgid" | wc -l)" -ge 3 ]
+  run -0 procs_stop "$RUN" job 5
+  run -1 procs_group_alive "$pgid"
+  [ ! -e "$RUN/pids/job.pgid" ]
+}
+
+@test "procs_stop escalates to SIGKILL for a group that ignores SIGTERM" {
+  pgid=$(procs_start "$RUN" stubborn "$RUN/s.log" bash -c 'trap "" TERM; sleep 300 & trap "" TERM; wait')
+  sleep 0.3
+  run -0 procs_stop "$RUN" stubborn 1
+  [[ $output == *"ignored SIGTERM for 1s; sending SIGKILL"* ]]
+  run -1 procs_group_alive "$pgid"
+}
+
+@test "procs_stop leaves processes it did not start alone" {
+  sleep 300 &
+  local outsider=$!
+  procs_start "$RUN" job "$RUN/job.log" sleep 300 >/dev/null
+  procs_stop_all "$RUN" 5
+  kill -0 "$outsider"
+  kill "$outsider"
+}
+
+@test "procs_stop of an unknown name is a no-op" {
+  run -0 procs_stop "$RUN" nothing
+}
