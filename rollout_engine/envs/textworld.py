@@ -24,7 +24,8 @@ import random
 import re
 import shutil
 import tempfile
-import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,8 @@ class TextWorldEnv(Env):
         self.show_admissible = show_admissible
         self.max_command_words = max_command_words
         self._locks: dict[str, asyncio.Lock] = {}
-        self._generate_lock = threading.Lock()
+        #: textworld keeps global state (knowledge base, grammar): every call to it runs on this one thread
+        self._worker: ThreadPoolExecutor | None = None
 
     def check_task(self, task: Task) -> str | None:
         try:
@@ -158,7 +160,7 @@ class TextWorldEnv(Env):
         path = await self.ensure_game(spec)
         steps = self.step_limit or self.context.max_steps(task)
         state = TextWorldState(task=task, slot=slot, max_steps=steps)
-        state.game, text, info = await asyncio.to_thread(_open_game, path, steps)
+        state.game, text, info = await self._call(_open_game, path, steps)
         state.intro = clean_feedback(text)
         _remember(state, info)
         return state
@@ -179,7 +181,7 @@ class TextWorldEnv(Env):
             )
         admissible = command in {known.lower() for known in state.admissible}
         before_score, before_facts = state.score, state.facts
-        text, _, done, info = await asyncio.to_thread(state.game.step, command)
+        text, _, done, info = await self._call(state.game.step, command)
         _remember(state, info)
         return StepResult(
             observation=self._observation(state, clean_feedback(text)),
@@ -196,8 +198,18 @@ class TextWorldEnv(Env):
 
     async def teardown_state(self, state: EpisodeState) -> None:
         if isinstance(state, TextWorldState) and state.game is not None:
-            await asyncio.to_thread(state.game.close)
+            await self._call(state.game.close)
             state.game = None
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.shutdown, wait=True, cancel_futures=True)
+            self._worker = None
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="textworld")
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     async def ensure_game(self, spec: GameSpec) -> Path:
         """Path of the compiled game for `spec`, generating it once if it is not cached."""
@@ -205,23 +217,22 @@ class TextWorldEnv(Env):
         async with lock:
             path = self.games_dir / spec.key / "game.z8"
             if not path.exists():
-                await asyncio.to_thread(self._generate, spec)
+                await self._call(self._generate, spec)
             return path
 
     def _generate(self, spec: GameSpec) -> None:
-        with self._generate_lock:
-            log.info("generating TextWorld game %s under %s", spec.key, self.games_dir)
-            self.games_dir.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{spec.key}.", dir=self.games_dir))
-            try:
-                _compile(spec, tmp)
-                os.rename(tmp, self.games_dir / spec.key)
-            except OSError:
-                if not (self.games_dir / spec.key / "game.z8").exists():
-                    raise
-                log.info("game %s was generated concurrently; using that copy", spec.key)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+        log.info("generating TextWorld game %s under %s", spec.key, self.games_dir)
+        self.games_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.key}.", dir=self.games_dir))
+        try:
+            _compile(spec, tmp)
+            os.rename(tmp, self.games_dir / spec.key)
+        except OSError:
+            if not (self.games_dir / spec.key / "game.z8").exists():
+                raise
+            log.info("game %s was generated concurrently; using that copy", spec.key)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _observation(self, state: TextWorldState, text: str) -> str:
         if not self.show_admissible or not state.admissible:

@@ -77,7 +77,10 @@ async def test_walkthrough_wins_with_score_delta_rewards(tmp_path: Path) -> None
     walkthrough = json.loads((path.parent / "spec.json").read_text())["walkthrough"]
     assert len(walkthrough) == 2
 
-    state, score = await env.run_episode(task, 0, ScriptedPolicy(["look", "", *walkthrough]))
+    try:
+        state, score = await env.run_episode(task, 0, ScriptedPolicy(["look", "", *walkthrough]))
+    finally:
+        await env.close()
 
     assert score.success and score.reward == 1.0 and score.info["won"]
     look, empty, *steps = state.turns
@@ -96,8 +99,13 @@ async def test_walkthrough_wins_with_score_delta_rewards(tmp_path: Path) -> None
 async def test_cached_game_is_reused_and_no_temp_dirs_remain(tmp_path: Path) -> None:
     env = TextWorldEnv(context=_context(tmp_path), games_dir=str(tmp_path / "abs"))
     spec = GameSpec(seed=5, nb_rooms=2, nb_objects=3, quest_length=1)
-    first = await env.ensure_game(spec)
-    stamp = first.stat().st_mtime_ns
-    again = await TextWorldEnv(context=_context(tmp_path), games_dir=str(tmp_path / "abs")).ensure_game(spec)
+    other = TextWorldEnv(context=_context(tmp_path), games_dir=str(tmp_path / "abs"))
+    try:
+        first = await env.ensure_game(spec)
+        stamp = first.stat().st_mtime_ns
+        again = await other.ensure_game(spec)
+    finally:
+        await env.close()
+        await other.close()
     assert again == first and again.stat().st_mtime_ns == stamp
     assert [p.name for p in (tmp_path / "abs").iterdir()] == [spec.key]
