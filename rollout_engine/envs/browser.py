@@ -38,9 +38,13 @@ CLOSE_TIMEOUT_S = 10.0
 
 
 def find_chromium(explicit: str = "") -> str | None:
-    """The Chromium binary to launch: `explicit`, `$BATON_CHROMIUM`, then the Debian paths."""
-    for candidate in (explicit, os.environ.get("BATON_CHROMIUM", ""), *CHROMIUM_CANDIDATES):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+    """The Chromium binary: `explicit` if given, else `$BATON_CHROMIUM` if set, else the Debian paths.
+
+    A binary named explicitly (argument or variable) that is not executable gives None, never a fallback.
+    """
+    named = explicit or os.environ.get("BATON_CHROMIUM", "")
+    for candidate in (named,) if named else CHROMIUM_CANDIDATES:
+        if Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
 

@@ -45,10 +45,17 @@ def test_check_task_names_the_bad_field(tmp_path: Path) -> None:
 
 
 def test_missing_chromium_is_a_config_error_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("rollout_engine.envs.browser.CHROMIUM_CANDIDATES", ())
-    monkeypatch.setenv("BATON_CHROMIUM", str(tmp_path / "nothing"))
+    monkeypatch.delenv("BATON_CHROMIUM", raising=False)
     with pytest.raises(ConfigError, match=r"env\.chromium: no Chromium binary found .*set BATON_CHROMIUM"):
         MiniWobEnv(context=_context(tmp_path), chromium=str(tmp_path / "missing"))
+    monkeypatch.setattr("rollout_engine.envs.browser.CHROMIUM_CANDIDATES", ())
+    with pytest.raises(ConfigError, match=r"env\.chromium"):
+        MiniWobEnv(context=_context(tmp_path))
+
+
+def test_a_named_binary_that_is_missing_never_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATON_CHROMIUM", str(tmp_path / "nothing"))
+    assert find_chromium() is None
 
 
 def test_chromium_comes_from_the_variable_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
