@@ -103,9 +103,13 @@ def prepare(data_path: Path, seed: int = 0, test_fraction: float = 0.2) -> Path:
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
         files = manifest.get("files", {})
-        if manifest.get("settings") == settings and files and all(
-            (out / name).is_file() and hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
-            for name, digest in files.items()
+        if (
+            manifest.get("settings") == settings
+            and files
+            and all(
+                (out / name).is_file() and hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
+                for name, digest in files.items()
+            )
         ):
             return out
     train, test = build_tasks(seed, test_fraction)

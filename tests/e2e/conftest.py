@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO, env_python
 
-LIBS = "source scripts/lib/common.sh; source scripts/lib/envs.sh; source scripts/lib/procs.sh; source scripts/lib/vllm.sh"
+LIBS = "; ".join(f"source scripts/lib/{lib}.sh" for lib in ("common", "envs", "procs", "vllm"))
 
 
 def free_port() -> int:

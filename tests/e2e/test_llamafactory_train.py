@@ -81,7 +81,11 @@ def test_two_steps_of_full_finetuning(model_dir: Path, tmp_path: Path) -> None:
     env.pop("PYTHONPATH", None)
     result = subprocess.run(
         [str(Path(train_py).parent / "llamafactory-cli"), "train", str(cfg)],
-        env=env, capture_output=True, text=True, timeout=900, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (out_dir / "model.safetensors").is_file()
@@ -91,7 +95,10 @@ def test_two_steps_of_full_finetuning(model_dir: Path, tmp_path: Path) -> None:
 
     check = subprocess.run(
         [train_py, "-c", LOAD_AND_GENERATE, str(out_dir), str(model_dir)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert check.returncode == 0, check.stderr[-3000:]
     stats = dict(item.split("=") for item in check.stdout.split() if "=" in item)
