@@ -178,10 +178,11 @@ def _load(recipe: dict[str, Any], name: str) -> tuple[_Encoder, list[dict[str, A
     tokenizer_module = load_tokenizer(model_args)
     tokenizer = tokenizer_module["tokenizer"]
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
-    dataset = _get_merged_dataset([name], model_args, data_args, training_args, finetuning_args.stage)
+    stage = finetuning_args.stage
+    # LLaMA-Factory's dpo workflow loads its pairwise data as stage "rm"
+    dataset = _get_merged_dataset([name], model_args, data_args, training_args, "rm" if stage == "dpo" else stage)
     processor = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer,
                                            processor=tokenizer_module["processor"], data_args=data_args)
-    stage = "sft" if finetuning_args.stage == "sft" else finetuning_args.stage
     return _Encoder(tokenizer, template, processor, stage), list(dataset)
 
 

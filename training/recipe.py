@@ -70,6 +70,8 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
         "bf16": alg.bf16 if alg.bf16 is not None else device.kind == "cuda",
     }
     recipe |= {key: getattr(alg, key) for key in HYPERPARAMETERS if getattr(alg, key) is not None}
+    if alg.stage != "sft":  # LLaMA-Factory refuses mask_history outside sft (kto/dpo train the reply only)
+        recipe.pop("mask_history")
     if alg.finetuning_type == "lora":
         recipe |= {key: getattr(alg, key) for key in LORA_KEYS}
     recipe |= {key: getattr(alg, key) for key in PREF_KEYS.get(alg.stage, ())}

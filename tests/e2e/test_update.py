@@ -1,0 +1,102 @@
+"""The update phase end to end: real rollouts -> LLaMA-Factory -> promoted policy served by vLLM.
+
+The rollout engine writes a real train journal of the default model (token ids
+from vLLM). `python -m training` (train environment) selects, writes and checks
+the dataset, trains one optimizer step of a full fine-tune and promotes it;
+a second vLLM serves `policy/current` and its logprobs differ from the base
+model's. The fidelity check passes on those rollouts and fails loudly, before
+anything is written, with a template that renders the prompt differently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, env_python
+from tests.e2e.conftest import start_vllm, stop_vllm
+from tests.e2e.rollout_cli import rollout_cmd, run_rollout
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = [{"role": "user", "content": "What is 3 + 4?\nAnswer with only the final number."}]
+
+
+@pytest.fixture(scope="module")
+def journal_log(vllm_server, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log path holding one real train rollout (iteration 0) of the default model."""
+    log = tmp_path_factory.mktemp("update") / "log"
+    out = run_rollout(rollout_cmd("rollout_train", data_dir, log, vllm_server.base_url, "iteration=0",
+                                  "env_config.train_tasks_rollout_size=24", "env_config.n_samples_per_task=4",
+                                  "policy_config.max_new_tokens=24"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return log
+
+
+def run_update(log: Path, model: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    cmd = [env_python("train"), "-m", "training", "--config-name", "update", f"log_path={log}", "iteration=0",
+           f"model_path={model}", *overrides]
+    return subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=900, check=False)
+
+
+def first_logprobs(base_url: str) -> list[float]:
+    """Greedy logprobs of the first reply tokens to a fixed prompt."""
+    body = {"model": "policy", "messages": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": True}
+    request = urllib.request.Request(f"{base_url}/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        reply = json.loads(response.read())
+    return [t["logprob"] for t in reply["choices"][0]["logprobs"]["content"]]
+
+
+def test_wrong_template_fails_fidelity_before_anything_is_written(journal_log: Path, model_dir: Path) -> None:
+    # chatml renders no system prompt where SmolLM2's own template inserts one
+    out = run_update(journal_log, model_dir, "template=chatml", "default_system=null",
+                     "algorithm.selection.positive_samples_to_train=4", "algorithm.per_device_train_batch_size=1",
+                     "algorithm.gradient_accumulation_steps=1")
+    assert out.returncode == 2, out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    assert "token fidelity: dataset row" in text and "differs from the sampled ids at position" in text
+    assert "sampled by the policy: id" in text and "LLaMA-Factory trains:  id" in text
+    run_dir = journal_log / "training" / "iter_0000"
+    assert not (run_dir / "data").exists() and not (run_dir / "train_config.yaml").exists()
+    assert not (journal_log / "policy").exists()
+
+
+def test_update_trains_promotes_and_vllm_serves_the_new_policy(vllm_server, journal_log: Path, model_dir: Path,
+                                                               tmp_path: Path) -> None:
+    out = run_update(journal_log, model_dir, "algorithm.max_steps=1", "algorithm.per_device_train_batch_size=2",
+                     "algorithm.gradient_accumulation_steps=1", "algorithm.learning_rate=1e-4",
+                     "algorithm.warmup_steps=0", "algorithm.cutoff_len=512")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "token fidelity (train, template smollm2)" in out.stdout + out.stderr
+    run_dir = journal_log / "training" / "iter_0000"
+    selection = json.loads((run_dir / "selection.json").read_text())
+    rows = json.loads((run_dir / "data" / "train.json").read_text())
+    assert selection["train_rows"] == len(rows) >= 2 and rows[0]["conversations"][-1]["from"] == "gpt"
+    assert "not_successful" in selection["filtered"]
+    assert (run_dir / "train_config.yaml").exists() and (run_dir / "train.log").exists()
+
+    policy = journal_log / "policy"
+    assert os.readlink(policy / "current") == "v0001"
+    record = json.loads((policy / "v0001" / "baton_policy.json").read_text())
+    assert record["version"] == 1 and record["iteration"] == 0 and record["parent"] is None
+    assert not (policy / "v0001" / "training_args.bin").exists()  # no pickles in a policy
+    metrics = [json.loads(line) for line in (journal_log / "metrics.jsonl").read_text().splitlines()]
+    training = next(m for m in metrics if m.get("kind") == "training")
+    assert training["steps"] == 1 and len(training["losses"]) == 1 and training["train_samples_per_second"] > 0
+    assert metrics[-1] == {**metrics[-1], "kind": "promotion", "policy_version": 1}
+
+    base = first_logprobs(vllm_server.base_url)
+    promoted_server = start_vllm(tmp_path / "vllm-promoted", policy / "current")
+    try:
+        promoted = first_logprobs(promoted_server.base_url)
+    finally:
+        stop_vllm(promoted_server)
+    assert max(abs(a - b) for a, b in zip(base, promoted, strict=False)) > 1e-3, (base, promoted)

@@ -1,0 +1,65 @@
+"""configs/update.yaml composes with each algorithm; validate() reports every problem at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from rollout_engine.errors import ConfigError
+from training.config import UpdateConfig, register_configs, validate
+from training.recipe import Device, build_recipe, deepspeed_file
+from training.selection import DPOSelector, KTOSelector, RFTSelector
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+def load(tmp_path: Path, *overrides: str) -> UpdateConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("update", overrides=[f"log_path={tmp_path}", "iteration=0", f"model_path={tmp_path}",
+                                           *overrides])
+    return OmegaConf.to_object(cfg)
+
+
+@pytest.mark.parametrize(("algorithm", "stage", "selector"),
+                         [("rft", "sft", RFTSelector), ("kto", "kto", KTOSelector), ("dpo", "dpo", DPOSelector)])
+def test_each_algorithm_composes_and_instantiates(tmp_path: Path, algorithm: str, stage: str, selector) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    cfg = load(tmp_path, f"algorithm={algorithm}")
+    validate(cfg)
+    assert cfg.algorithm.stage == stage
+    assert isinstance(instantiate(OmegaConf.structured(cfg.algorithm.selection)), selector)
+
+
+def test_validate_lists_every_problem(tmp_path: Path) -> None:
+    cfg = load(tmp_path, "algorithm.per_device_train_batch_size=0", "algorithm.warmup_ratio=0.1",
+               "launch.node_rank=2", "promotion.keep_optimizer=true")
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    text = str(err.value)
+    for needle in ("config.json missing", "per_device_train_batch_size must be >= 1 (got 0)",
+                   "warmup_steps and algorithm.warmup_ratio", "launch.node_rank must be in [0, launch.nnodes=1)",
+                   "keep_optimizer needs algorithm.save_only_model=false"):
+        assert needle in text
+
+
+def test_unknown_choice_is_rejected_by_the_schema(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="launch.deepspeed must be one of"):
+        load(tmp_path, "launch.deepspeed=zero9")
+
+
+def test_recipe_cpu_defaults_and_deepspeed_presets(tmp_path: Path) -> None:
+    from training.dataset import DatasetFiles
+
+    cfg = load(tmp_path, "algorithm=dpo", "algorithm.finetuning_type=lora")
+    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1))
+    assert recipe["bf16"] is False and "deepspeed" not in recipe and recipe["stage"] == "dpo"
+    assert "mask_history" not in recipe  # sft only
+    assert recipe["lora_rank"] == 8 and recipe["pref_beta"] == 0.1 and recipe["dataset"] == "baton_train"
+    assert deepspeed_file("auto", Device("cuda", 8)).name == "zero1.json"
+    for preset in ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"):
+        assert deepspeed_file(preset, Device("cpu", 1)).is_file()

@@ -1,0 +1,66 @@
+"""Sharegpt rows and dataset files written from selected samples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rollout_engine.errors import ConfigError
+from tests.unit.training.trajectories import traj, turn
+from training.dataset import convert_messages, drop_rows, save_dataset, to_row
+from training.selection import DPOSelector, KTOSelector, RFTSelector
+
+
+def multi_turn_sample():
+    first = turn(0, response="look")
+    second = turn(1, response="7")
+    second.messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "2+5?"},
+                       {"role": "assistant", "content": "look"}, {"role": "tool", "content": "obs"}]
+    return RFTSelector().select([traj("a", 0, True, turns=[first, second])], 0, 2048).samples[1]
+
+
+def test_sft_row_holds_history_and_the_sampled_reply_last() -> None:
+    row = to_row(multi_turn_sample(), "sft")
+    assert row["system"] == "sys" and row["images"] == []
+    assert row["conversations"] == [{"from": "human", "value": "2+5?"}, {"from": "gpt", "value": "look"},
+                                    {"from": "observation", "value": "obs"}, {"from": "gpt", "value": "7"}]
+
+
+def test_image_parts_become_placeholders_and_paths() -> None:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Screen: "},
+                                             {"type": "image_url", "image_url": {"url": "file:///l/s.png"}}]}]
+    assert convert_messages(messages, "x") == ("", [{"from": "human", "value": "Screen: <image>"}], ["/l/s.png"])
+    with pytest.raises(ConfigError, match="inline"):
+        convert_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:a"}}]}], "x")
+    with pytest.raises(ConfigError, match="role 'critic'"):
+        convert_messages([{"role": "critic", "content": "?"}], "x")
+
+
+def test_files_kto_and_dpo_columns(tmp_path: Path) -> None:
+    trajectories = [traj("a", 0, True, turns=[turn(response="7")]), traj("a", 1, False, turns=[turn(response="8")])]
+    kto = save_dataset(KTOSelector().select(trajectories, 0, 2048).samples, tmp_path / "kto", "kto")
+    rows = json.loads((kto.directory / "train.json").read_text())
+    assert sorted(r["kto_tag"] for r in rows) == [False, True]
+    assert json.loads((kto.directory / "dataset_info.json").read_text())["baton_train"]["columns"]["kto_tag"]
+    dpo = save_dataset(DPOSelector().select(trajectories, 0, 2048).samples, tmp_path / "dpo", "dpo")
+    (row,) = json.loads((dpo.directory / "train.json").read_text())
+    assert row["conversations"] == [{"from": "human", "value": "2+5?"}]
+    assert row["chosen"] == {"from": "gpt", "value": "7"} and row["rejected"] == {"from": "gpt", "value": "8"}
+    info = json.loads((dpo.directory / "dataset_info.json").read_text())["baton_train"]
+    assert info["ranking"] is True and info["columns"]["rejected"] == "rejected"
+    (ids,) = [json.loads(line) for line in (dpo.directory / "train.token_ids.jsonl").read_text().splitlines()]
+    assert ids["rejected_source"] == "a#1@0" and ids["completion_token_ids"] == [4, 5]
+
+
+def test_validation_split_and_dropping_rows(tmp_path: Path) -> None:
+    samples = RFTSelector().select([traj(f"t{i}", 0, True) for i in range(10)], 0, 2048).samples
+    files = save_dataset(samples, tmp_path, "sft", val_split_ratio=0.2, seed=1)
+    assert (files.train_rows, files.val_rows) == (8, 2) and files.names == ("baton_train", "baton_val")
+    assert set(json.loads((tmp_path / "dataset_info.json").read_text())) == {"baton_train", "baton_val"}
+    sources = [json.loads(line)["source"] for line in (tmp_path / "train.token_ids.jsonl").read_text().splitlines()]
+    drop_rows(files, "train", [0, 3])
+    left = [json.loads(line)["source"] for line in (tmp_path / "train.token_ids.jsonl").read_text().splitlines()]
+    assert left == [s for i, s in enumerate(sources) if i not in (0, 3)] and files.train_rows == 6
+    assert len(json.loads((tmp_path / "train.json").read_text())) == 6

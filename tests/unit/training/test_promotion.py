@@ -1,0 +1,61 @@
+"""Promotion: versioned folders, the atomic `current` flip, pruning, failure leaves current alone."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from training import promotion
+from training.promotion import promote
+
+
+def fake_output(path: Path, weights: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_text(weights)
+    (path / "training_args.bin").write_text("pickle")
+    ckpt = path / "checkpoint-2"
+    ckpt.mkdir()
+    (ckpt / "optimizer.pt").write_text("opt")
+    return path
+
+
+def test_versions_current_and_pruning(tmp_path: Path) -> None:
+    root, base = tmp_path / "policy", tmp_path / "base"
+    base.mkdir()
+    for i in range(1, 5):
+        version = promote(fake_output(tmp_path / f"out{i}", f"w{i}"), root, iteration=i - 1,
+                          parent_model=root / "current" if i > 1 else base, keep_last=2)
+        assert version == i and os.readlink(root / "current") == f"v{i:04d}"
+    assert sorted(p.name for p in root.iterdir()) == ["current", "v0003", "v0004"]
+    record = json.loads((root / "current" / "baton_policy.json").read_text())
+    assert (record["version"], record["iteration"], record["parent"]) == (4, 3, 3)
+    assert (root / "current" / "model.safetensors").read_text() == "w4"
+    assert not (root / "v0004" / "training_args.bin").exists() and not (root / "v0004" / "checkpoint-2").exists()
+    assert (tmp_path / "out4" / "model.safetensors").read_text() == "w4"  # output kept for a retry
+
+
+def test_optimizer_state_is_kept_only_when_asked(tmp_path: Path) -> None:
+    root = tmp_path / "policy"
+    promote(fake_output(tmp_path / "out", "w"), root, 0, tmp_path, keep_last=3, keep_optimizer=True)
+    assert (root / "v0001" / "optimizer" / "optimizer.pt").read_text() == "opt"
+
+
+def test_failed_promotion_leaves_current_and_can_be_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "policy"
+    promote(fake_output(tmp_path / "out1", "w1"), root, 0, tmp_path, keep_last=3)
+    out2 = fake_output(tmp_path / "out2", "w2")
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(promotion, "save_json", broken)
+    with pytest.raises(OSError):
+        promote(out2, root, 1, root / "current", keep_last=3)
+    assert os.readlink(root / "current") == "v0001" and (root / "current" / "model.safetensors").read_text() == "w1"
+    monkeypatch.undo()
+    assert promote(out2, root, 1, root / "current", keep_last=3) == 2
+    assert sorted(p.name for p in root.iterdir()) == ["current", "v0001", "v0002"]  # staging left-over removed
