@@ -48,7 +48,7 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
 
 
 def test_unknown_choice_is_rejected_by_the_schema(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="launch.deepspeed must be one of"):
+    with pytest.raises(ConfigError, match=r"launch\.deepspeed must be one of"):
         load(tmp_path, "launch.deepspeed=zero9")
 
 
