@@ -200,6 +200,7 @@ class MiniWobEnv(Env):
         browser_slot = await self.pool.slot(slot)
         url = (self.pages / f"{task.metadata['miniwob_task']}.html").as_uri()
         if browser_slot.url != url:
+            browser_slot.url = ""  # an interrupted navigation must not count as loaded
             await browser_slot.page.goto(url)
             browser_slot.url = url
         page = browser_slot.page
