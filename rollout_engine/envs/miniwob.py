@@ -46,7 +46,11 @@ click(REF) to click an element, for example: click(e4)
 type(REF, "TEXT") to type into a text box, for example: type(e5, "hello")
 answer("TEXT") to finish when the task needs no more page actions."""
 INVALID_FEEDBACK = 'Invalid action ({why}). Reply with one action: click(REF), type(REF, "TEXT") or answer("TEXT").'
-_START_EPISODE = "([seed, ms]) => { Math.seedrandom(seed); core.EPISODE_MAX_TIME = ms; core.startEpisodeReal(); }"
+# focus is blurred so that nothing of the slot's previous episode shows in the snapshot
+_START_EPISODE = """([seed, ms]) => {
+  if (document.activeElement) { document.activeElement.blur(); }
+  Math.seedrandom(seed); core.EPISODE_MAX_TIME = ms; core.startEpisodeReal();
+}"""
 _READ_RESULT = "() => [WOB_RAW_REWARD_GLOBAL, WOB_DONE_GLOBAL]"
 
 
