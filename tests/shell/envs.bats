@@ -120,3 +120,31 @@ fake_nvidia_smi() {
   run -2 bash "$ROOT/scripts/setup.sh" --frobnicate
   [[ $output == *"Usage: bash scripts/setup.sh"* && $output == *"unknown argument '--frobnicate'"* ]]
 }
+
+@test "setup.sh: an unsupported Python is one clear error, nothing created" {
+  ln -s "$(command -v bash)" "$FAKEBIN/bash"
+  ln -s "$(command -v dirname)" "$FAKEBIN/dirname"
+  for py in python3 python3.11 python3.12; do
+    # shellcheck disable=SC2016 # the fake interpreter's own script, expanded when it runs
+    printf '#!/bin/sh\n[ "$1" = --version ] && { echo "Python 3.9.2"; exit 0; }\nexit 1\n' >"$FAKEBIN/$py"
+    chmod +x "$FAKEBIN/$py"
+  done
+  PATH="$FAKEBIN" BATON_HOME="$BATS_TEST_TMPDIR/home" run -1 "$FAKEBIN/bash" "$ROOT/scripts/setup.sh"
+  [[ $output == *"Baton needs Python 3.11 or 3.12 (found: Python 3.9.2)"*"BATON_PYTHON"* ]]
+  [ ! -e "$BATS_TEST_TMPDIR/home" ]
+}
+
+@test "sysdeps_can_apt: false when not root" {
+  printf '#!/bin/sh\necho 1000\n' >"$FAKEBIN/id"
+  chmod +x "$FAKEBIN/id"
+  PATH="$FAKEBIN:$PATH" run -1 sysdeps_can_apt
+}
+
+@test "setup.sh: no route to the package index fails clearly and leaves no half-built env" {
+  local home="$BATS_TEST_TMPDIR/home"
+  PIP_INDEX_URL=http://127.0.0.1:9/simple PIP_EXTRA_INDEX_URL="" PIP_FIND_LINKS="" PIP_RETRIES=0 PIP_TIMEOUT=5 \
+    BATON_HOME="$home" run -1 bash "$ROOT/scripts/setup.sh" --only app
+  [[ $output == *"app: install failed"*"check that pip reaches the package index"* ]]
+  run -0 find "$home/envs" -mindepth 1 -maxdepth 1
+  [ -z "$output" ]
+}
