@@ -1,0 +1,1 @@
+"""Benchmarks of the rollout engine (see bench/README.md and docs/benchmarks.md)."""

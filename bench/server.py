@@ -1,0 +1,91 @@
+"""The model server of a benchmark: a running one (--base-url) or our own vLLM.
+
+`serve(args)` is a context manager yielding the OpenAI base URL. Without
+`--base-url` it prepares the data path with `scripts/prepare.sh` (default
+model under `<data>/models/SmolLM2-135M-Instruct`), starts vLLM through the
+product's shell library (`scripts/lib/vllm.sh`: `vllm_start` records the
+server's process group under a run directory) and stops exactly that group on
+exit, SIGINT and SIGTERM included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LIBS = "; ".join(f"source scripts/lib/{lib}.sh" for lib in ("common", "envs", "procs", "vllm"))
+MODEL = "models/SmolLM2-135M-Instruct"
+
+logger = logging.getLogger(__name__)
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default="", help="use this running OpenAI server (…/v1) instead of starting vLLM")
+    parser.add_argument("--model", default="policy", help="served model name (default: policy)")
+    parser.add_argument(
+        "--data-path",
+        type=Path,
+        default=Path.home() / ".cache" / "baton" / "bench-data",
+        help="data path prepared with scripts/prepare.sh (default: ~/.cache/baton/bench-data)",
+    )
+    parser.add_argument("--run-dir", type=Path, default=None, help="where vLLM's log and pid go (default: a temp dir)")
+
+
+def _bash(command: str) -> subprocess.CompletedProcess[str]:
+    script = f"set -Eeuo pipefail; {LIBS}; envs_export; {command}"
+    return subprocess.run(["bash", "-c", script], cwd=REPO, text=True, check=False, stdout=subprocess.PIPE)
+
+
+def prepare_data(data_path: Path) -> Path:
+    """Run scripts/prepare.sh (skips what is present); return the default model's folder."""
+    data_path = data_path.resolve()
+    logger.info("preparing %s (scripts/prepare.sh)", data_path)
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts/prepare.sh"), "--data-path", str(data_path)],
+        cwd=REPO,
+        check=False,
+        stdout=subprocess.DEVNULL,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"scripts/prepare.sh --data-path {data_path} failed (exit {out.returncode}); see above")
+    return data_path / MODEL
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def serve(args: argparse.Namespace) -> Iterator[str]:
+    """Yield the base URL of the server to benchmark; stop the one we started, whatever happens."""
+    if args.base_url:
+        yield args.base_url.rstrip("/")
+        return
+    model_dir = prepare_data(args.data_path)
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="baton-bench-"))
+    port = free_port()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        logger.info("starting vLLM on port %d (log: %s/logs/vllm.log)", port, run_dir)
+        out = _bash(f'vllm_start "{run_dir}" "{model_dir}" {port} "{args.model}" 600')
+        if out.returncode != 0:
+            raise SystemExit(f"vLLM did not start (exit {out.returncode}); see {run_dir}/logs/vllm.log")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        logger.info("stopping the vLLM we started (process group in %s/pids)", run_dir)
+        _bash(f'vllm_stop "{run_dir}"')
+        signal.signal(signal.SIGTERM, previous)
