@@ -245,6 +245,7 @@ def validate(cfg: UpdateConfig) -> None:
             f"({alg.num_train_epochs}) > 0"
         )
     problems += _check_stage(alg)
+    problems += _check_template(cfg.template)
     if not 0 <= cfg.data.val_split_ratio < 1:
         problems.append(f"data.val_split_ratio must be in [0, 1) (got {cfg.data.val_split_ratio})")
     if not 0 <= launch.node_rank < launch.nnodes:
@@ -260,6 +261,19 @@ def validate(cfg: UpdateConfig) -> None:
         problems.append("promotion.keep_optimizer needs algorithm.save_only_model=false (no optimizer state is saved)")
     if problems:
         raise ConfigError(problems)
+
+
+def _check_template(name: str) -> list[str]:
+    """The template must be one LLaMA-Factory knows (checked where LLaMA-Factory is installed)."""
+    try:
+        from llamafactory.data.template import TEMPLATES
+    except ImportError:
+        return []
+    if name in TEMPLATES:
+        return []
+    close = sorted(t for t in TEMPLATES if t.startswith(name[:3]))[:8]
+    return [f"template {name!r} is not a LLaMA-Factory template (similar: {', '.join(close) or 'none'}); "
+            "use smollm2 for the default model"]
 
 
 def _check_stage(alg: AlgorithmConfig) -> list[str]:
