@@ -83,3 +83,73 @@ vllm_start() {
 vllm_stop() {
   procs_stop "$1" vllm "${2:-30}"
 }
+
+# vllm_post <port> <path> [json]: POST to the server's dev endpoint <path>.
+vllm_post() {
+  local port=$1 path=$2 body=${3:-}
+  if [[ -n $body ]]; then
+    curl -fsS --max-time 600 -X POST -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$port$path"
+  else
+    curl -fsS --max-time 600 -X POST "http://127.0.0.1:$port$path"
+  fi
+}
+
+# vllm_fingerprint <port> <served_name>: print the greedy tokens and logprobs of a
+# fixed prompt (they identify the served weights). Needs BATON_APP_PY.
+vllm_fingerprint() {
+  PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m orchestrator fingerprint \
+    --base-url "http://127.0.0.1:$1/v1" --model "$2"
+}
+
+# vllm_reload <port> <model_dir>: load <model_dir>'s weights into the running
+# server without a restart (needs VLLM_SERVER_DEV_MODE=1, which vllm_start sets),
+# then drop the prefix cache computed with the old weights.
+vllm_reload() {
+  local port=$1 model=$2 body
+  body=$(printf '{"method":"reload_weights","kwargs":{"weights_path":"%s"}}' "$model")
+  vllm_post "$port" /collective_rpc "$body" >/dev/null && vllm_post "$port" /reset_prefix_cache >/dev/null
+}
+
+# vllm_sleep <port>: free the accelerator's memory for a colocated training
+# (GPU servers started with --enable-sleep-mode; a no-op on CPU).
+vllm_sleep() {
+  [[ $(envs_device) == cuda ]] || return 0
+  vllm_post "$1" '/sleep?level=1' >/dev/null
+}
+
+# vllm_wake <port>: undo vllm_sleep (a no-op on CPU).
+vllm_wake() {
+  [[ $(envs_device) == cuda ]] || return 0
+  vllm_post "$1" /wake_up >/dev/null
+}
+
+# vllm_serve_new <run_dir> <port> <served_name> <model_dir>: serve <model_dir>
+# in place of the current weights: in-place reload when the fingerprint changes,
+# else (reload refused, or no visible change) a restart on <model_dir>. Sets
+# VLLM_SERVED_HOW: "reload", "restart", or "unchanged" when even a restart
+# serves the same outputs (the update did not move the weights at served precision).
+# shellcheck disable=SC2034 # VLLM_SERVED_HOW is this function's result, read by the caller
+vllm_serve_new() {
+  local run_dir=$1 port=$2 name=$3 model=$4 before after start=$SECONDS
+  before=$(vllm_fingerprint "$port" "$name") || before=""
+  if vllm_reload "$port" "$model"; then
+    after=$(vllm_fingerprint "$port" "$name") || after=""
+    if [[ -n $after && $after != "$before" ]]; then
+      common_log "vLLM reloaded $model in place in $((SECONDS - start))s (served outputs changed)"
+      VLLM_SERVED_HOW=reload
+      return 0
+    fi
+    common_warn "in-place reload left the served outputs unchanged; restarting vLLM on $model to make sure"
+  else
+    common_warn "in-place reload is unavailable on port $port; restarting vLLM on $model"
+  fi
+  vllm_stop "$run_dir"
+  vllm_start "$run_dir" "$model" "$port" "$name" 600
+  after=$(vllm_fingerprint "$port" "$name") || after=""
+  if [[ -n $before && $after == "$before" ]]; then
+    common_warn "the new policy $model gives the same greedy outputs as the old one (an update too small to show)"
+    VLLM_SERVED_HOW=unchanged
+    return 0
+  fi
+  VLLM_SERVED_HOW=restart
+}

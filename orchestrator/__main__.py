@@ -1,0 +1,123 @@
+"""Entry point of run.sh's helpers (see the package docstring for the subcommands).
+
+Exit codes: 0 done, 2 bad input (the problems on stderr, nothing written),
+1 anything else (a server that does not answer, a missing file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import urllib.request
+from pathlib import Path
+
+from rollout_engine.errors import ConfigError
+
+log = logging.getLogger("orchestrator")
+#: a fixed greedy probe whose logprobs identify the served weights
+PROBE = [{"role": "user", "content": "What is 3 + 4?\nAnswer with only the final number."}]
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    """Validate the overrides by composing every config; print the routing; save the resolved configs."""
+    from orchestrator.overrides import Request, route_and_compose
+
+    req = Request(args.data_path, args.log_path, args.base_model, list(args.overrides), args.debug_mode)
+    try:
+        routed = route_and_compose(req)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"[baton] error: {problem}", file=sys.stderr)
+        return 2
+    if args.save:
+        from omegaconf import OmegaConf
+
+        from training.files import save_text
+
+        save_text(args.save, OmegaConf.to_yaml(OmegaConf.create(routed.resolved)))
+    for target in ("rollout", "update"):
+        for override in getattr(routed, target):
+            print(f"{target}\t{override}")
+    print(f"policy\t{routed.policy_base_url}\t{routed.policy_model}")
+    return 0
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from orchestrator.summary import summarize
+
+    served = None if args.served_version in (None, "", "base") else int(args.served_version)
+    print(json.dumps(summarize(Path(args.log_path), args.iteration, served)))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from orchestrator.plot import save_plot
+
+    print(save_plot(Path(args.log_path)))
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from orchestrator.plot import format_table
+
+    print(format_table(Path(args.log_path)))
+    return 0
+
+
+def cmd_fingerprint(args: argparse.Namespace) -> int:
+    """Print the greedy tokens and logprobs of a fixed prompt (they change when the weights do)."""
+    body = {"model": args.model, "messages": PROBE, "max_tokens": 6, "temperature": 0, "logprobs": True}
+    request = urllib.request.Request(
+        f"{args.base_url.rstrip('/')}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout) as response:
+            reply = json.loads(response.read())
+    except OSError as exc:
+        print(f"[baton] error: no fingerprint from {args.base_url}: {exc}", file=sys.stderr)
+        return 1
+    tokens = reply["choices"][0]["logprobs"]["content"]
+    print(json.dumps([[t["token"], round(t["logprob"], 5)] for t in tokens]))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    compose = sub.add_parser("compose")
+    compose.add_argument("--data-path", required=True)
+    compose.add_argument("--log-path", required=True)
+    compose.add_argument("--base-model", required=True)
+    compose.add_argument("--debug-mode", action="store_true")
+    compose.add_argument("--save", default="")
+    compose.add_argument("overrides", nargs="*")
+    compose.set_defaults(func=cmd_compose)
+    summarize = sub.add_parser("summarize")
+    summarize.add_argument("--log-path", required=True)
+    summarize.add_argument("--iteration", type=int, required=True)
+    summarize.add_argument("--served-version", default=None)
+    summarize.set_defaults(func=cmd_summarize)
+    for name, func in (("plot", cmd_plot), ("table", cmd_table)):
+        command = sub.add_parser(name)
+        command.add_argument("--log-path", required=True)
+        command.set_defaults(func=func)
+    fingerprint = sub.add_parser("fingerprint")
+    fingerprint.add_argument("--base-url", required=True)
+    fingerprint.add_argument("--model", required=True)
+    fingerprint.add_argument("--timeout", type=float, default=60.0)
+    fingerprint.set_defaults(func=cmd_fingerprint)
+    return parser
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="[baton] %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args()
+    sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Route run.sh's Hydra overrides to the rollout and update configs, and validate them by composing once.
+
+    routed = route_and_compose(Request(data_path, log_path, base_model, overrides, debug_mode))
+    routed.rollout, routed.update      # the overrides each config receives
+    routed.resolved                    # {"rollout_train": ..., "rollout_test": ..., "update": ...}
+
+An override goes to every config that has its key (`env_config.*` to the
+rollouts, `algorithm.*` to the update, a key both have to both); a key neither
+has is tried on each and must be accepted by one. Keys that run.sh sets itself
+are refused, as is an external `policy_config.base_url` without --debug-mode.
+Every problem is collected into one `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rollout_engine.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+#: keys run.sh sets for each phase, with the flag that sets them
+RESERVED = {
+    "data_path": "--data-path",
+    "log_path": "--log-path",
+    "iteration": "the iteration counter",
+    "split": "--rollout-split",
+    "rank": "--master/--worker",
+    "rank_weights": "--rank-weights",
+    "resume": "--resume",
+    "policy_version": "the promoted policy",
+    "model_path": "the served policy",
+    "phase": "--rl-phase",
+    "launch.nnodes": "--num-nodes",
+    "launch.node_rank": "--master/--worker",
+}
+DEBUG_ONLY = ("policy_config.base_url",)
+_MISSING = object()
+
+
+@dataclass
+class Request:
+    """What run.sh knows before composing."""
+
+    data_path: str
+    log_path: str
+    base_model: str
+    overrides: list[str]
+    debug_mode: bool = False
+
+
+@dataclass
+class Routed:
+    """The overrides of each config and the resolved configs."""
+
+    rollout: list[str] = field(default_factory=list)
+    update: list[str] = field(default_factory=list)
+    resolved: dict[str, Any] = field(default_factory=dict)
+    policy_base_url: str = ""
+    policy_model: str = ""
+
+
+def override_key(override: str) -> str:
+    """`+a.b=1` -> `a.b`; `~a.b` -> `a.b`; `env=textworld` -> `env`."""
+    return override.lstrip("+~").split("=", 1)[0].strip()
+
+
+def _compose(name: str, overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name=name, overrides=overrides)
+
+
+def _base(req: Request) -> dict[str, list[str]]:
+    rollout = [f"data_path={req.data_path}", f"log_path={req.log_path}", "iteration=1"]
+    return {"rollout": rollout, "update": [f"log_path={req.log_path}", "iteration=1", f"model_path={req.base_model}"]}
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    return OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False) is not _MISSING
+
+
+def _accepts(name: str, base: list[str], override: str) -> bool:
+    try:
+        _compose(name, [*base, override])
+    except Exception:  # any composition error means: not this config
+        return False
+    return True
+
+
+def route(req: Request) -> tuple[Routed, list[str]]:
+    """Assign each override to the configs that take it; return the problems found."""
+    base = _base(req)
+    plain = {"rollout": _compose("rollout_train", base["rollout"]), "update": _compose("update", base["update"])}
+    routed, problems = Routed(), []
+    for override in req.overrides:
+        key = override_key(override)
+        if key in RESERVED:
+            problems.append(f"override {override!r}: {key} is set by run.sh ({RESERVED[key]}); drop the override")
+            continue
+        if key in DEBUG_ONLY and not req.debug_mode:
+            problems.append(
+                f"override {override!r}: run.sh serves the policy itself; add --debug-mode to use an "
+                "external server at that URL, or drop the override"
+            )
+            continue
+        targets = [t for t, cfg in plain.items() if _has_key(cfg, key)]
+        if not targets:
+            names = {"rollout": "rollout_train", "update": "update"}
+            targets = [t for t in plain if _accepts(names[t], base[t], override)]
+        if not targets:
+            problems.append(
+                f"override {override!r}: no key {key!r} in the rollout config (configs/rollout_*.yaml) "
+                "or the update config (configs/update.yaml); check the spelling, or use +key=value "
+                "to add a key"
+            )
+        for target in targets:
+            getattr(routed, target).append(override)
+    return routed, problems
+
+
+def route_and_compose(req: Request) -> Routed:
+    """Route, then compose and validate each config once; raise one ConfigError listing every problem."""
+    from rollout_engine.config import register_configs as register_rollout
+    from rollout_engine.config import validate as validate_rollout
+    from training.config import register_configs as register_update
+    from training.config import validate as validate_update
+
+    register_rollout()
+    register_update()
+    routed, problems = route(req)
+    if problems:
+        raise ConfigError(problems)
+    base = _base(req)
+    for name in ("rollout_train", "rollout_test", "update"):
+        target = "update" if name == "update" else "rollout"
+        try:
+            cfg = _compose(name, [*base[target], *getattr(routed, target)])
+            if target == "rollout":
+                run = validate_rollout(cfg)
+                routed.policy_base_url, routed.policy_model = run.policy_config.base_url, run.policy_config.model
+            else:
+                validate_update(OmegaConf.to_object(cfg))
+            routed.resolved[name] = OmegaConf.to_container(cfg, resolve=True)
+        except ConfigError as exc:
+            problems += [f"{name}: {p}" for p in exc.problems]
+        except Exception as exc:  # Hydra/OmegaConf composition errors are bad input here
+            problems.append(f"{name}: {type(exc).__name__}: {exc}".strip())
+    if problems:
+        raise ConfigError(problems)
+    return routed

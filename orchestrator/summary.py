@@ -1,0 +1,109 @@
+"""One `"kind": "iteration"` record per RL iteration in `<log>/metrics.jsonl`.
+
+    record = summarize(log_path, iteration=3, served_version=2)   # appended, and returned
+
+It gathers what the phases already wrote for that iteration (the train and
+test rollouts' `kind: rollout` lines, the update's `kind: training` and
+`kind: promotion` lines), the update's outcome and the seconds of each phase
+(both from `<log>/run/state/iter_<NNNN>/`). Readers take the last record of
+an iteration (a restarted iteration appends a new one).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.files import append_jsonl
+
+
+@dataclass
+class IterationRecord:
+    """The summary line of one iteration."""
+
+    iteration: int
+    kind: str = "iteration"
+    served_version: int | None = None
+    train_success_rate: float | None = None
+    train_episodes: int | None = None
+    eval_success_rate: float | None = None
+    eval_episodes: int | None = None
+    train_loss: float | None = None
+    training_steps: int | None = None
+    update: str | None = None
+    promoted_version: int | None = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    time: float = 0.0
+
+
+def load_metrics(log_path: Path) -> list[dict[str, Any]]:
+    """Every parseable line of `<log>/metrics.jsonl` (a torn last line is skipped)."""
+    path = Path(log_path) / "metrics.jsonl"
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def _last(rows: list[dict], **match: Any) -> dict | None:
+    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    return found[-1] if found else None
+
+
+def _state_dir(log_path: Path, iteration: int) -> Path:
+    return Path(log_path) / "run" / "state" / f"iter_{iteration:04d}"
+
+
+def _phase_times(state: Path) -> dict[str, float]:
+    times: dict[str, float] = {}
+    if (state / "times").exists():
+        for line in (state / "times").read_text().splitlines():
+            name, _, seconds = line.partition(" ")
+            try:
+                times[name] = times.get(name, 0.0) + float(seconds)
+            except ValueError:
+                continue
+    return times
+
+
+def build_record(log_path: Path, iteration: int, served_version: int | None) -> IterationRecord:
+    """The iteration's summary from metrics.jsonl and the run state."""
+    rows = load_metrics(log_path)
+    record = IterationRecord(iteration=iteration, served_version=served_version, time=time.time())
+    train = _last(rows, kind="rollout", split="train", iteration=iteration)
+    test = _last(rows, kind="rollout", split="test", iteration=iteration)
+    training = _last(rows, kind="training", iteration=iteration)
+    promotion = _last(rows, kind="promotion", iteration=iteration)
+    if train:
+        record.train_success_rate, record.train_episodes = train.get("success_rate"), train.get("ok_episodes")
+    if test:
+        record.eval_success_rate, record.eval_episodes = test.get("success_rate"), test.get("ok_episodes")
+    if training:
+        record.train_loss, record.training_steps = training.get("train_loss"), training.get("steps")
+    if promotion:
+        record.promoted_version = promotion.get("policy_version")
+    state = _state_dir(log_path, iteration)
+    if (state / "update.done").exists():
+        record.update = (state / "update.done").read_text().strip() or None
+    record.phase_s = _phase_times(state)
+    return record
+
+
+def summarize(log_path: Path, iteration: int, served_version: int | None) -> dict[str, Any]:
+    """Append the iteration's record to metrics.jsonl and return it."""
+    record = asdict(build_record(log_path, iteration, served_version))
+    append_jsonl(Path(log_path) / "metrics.jsonl", record)
+    return record
+
+
+def iteration_records(log_path: Path) -> list[dict[str, Any]]:
+    """The last record of each iteration, in iteration order."""
+    by_iteration = {r["iteration"]: r for r in load_metrics(log_path) if r.get("kind") == "iteration"}
+    return [by_iteration[k] for k in sorted(by_iteration)]

@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# run.sh's command line: usage text, the while/case parser and every rule of
+# the argument table (docs/cli.md). Bad input exits 2 with one message on
+# stderr before anything is started or written.
+# Library file: defines functions only. Needs common.sh.
+
+# cli_usage: print run.sh's usage text.
+cli_usage() {
+  cat <<'EOF'
+usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|update|both [options] [overrides...]
+
+  --data-path DIR            shared data (absolute, must exist): models/, tasks/
+  --log-path DIR             this experiment's logs (absolute; created if missing)
+  --rl-phase PHASE           rollout | update | both
+  --eval-interval N          required with both: evaluate when iteration % N == 1 (N = 1: every iteration)
+  --rollout-split SPLIT      required with rollout: train-only | eval-only
+  --num-nodes N              nodes sharing the log path (default 1)
+  --rank-weights W0,W1,...   required when N > 1: one integer load weight >= 1 per node
+  --master | --worker R      this node's rank (0 | 1..N-1); else $RANK, then $NODE_RANK
+  --debug-mode               use the external vLLM at policy_config.base_url; start/stop nothing
+  --resume                   continue the interrupted iteration (single-node)
+  --max-iterations N         stop after N iterations (default: run until stopped)
+  --max-update-failures N    stop after N consecutive failed updates (default 3)
+  --dry-run                  print the commands each phase would run, then exit
+  -h, --help                 this text
+
+overrides: key=value, +key=value, ~key (Hydra); they reach the rollout and the update
+(each goes to the configs that have that key). Reference: docs/cli.md
+EOF
+}
+
+# cli_bad <msg...>: report bad input (with a pointer to --help) and exit 2.
+cli_bad() {
+  printf '[baton] error: %s\n' "$*" >&2
+  printf '[baton] see: bash scripts/run.sh --help\n' >&2
+  exit 2
+}
+
+# cli_need_value <flag> <argc>: fail unless <flag> has a value after it.
+cli_need_value() {
+  [[ $2 -ge 2 ]] || cli_bad "$1 needs a value"
+}
+
+# cli_set_once <var> <flag> <value>: assign a flag's value; a flag given twice is an error.
+cli_set_once() {
+  local -n ref=$1
+  [[ -z $ref ]] || cli_bad "$2 is given twice ('$ref' and '$3'); give it once"
+  ref=$3
+}
+
+# cli_is_int <value> <min>: true when <value> is an integer >= <min>.
+cli_is_int() {
+  [[ $1 =~ ^[0-9]+$ ]] && (($1 >= $2))
+}
+
+# cli_parse <args...>: fill the RUN_* globals from the command line.
+cli_parse() {
+  RUN_DATA="" RUN_LOG="" RUN_PHASE="" RUN_EVAL_INTERVAL="" RUN_SPLIT="" RUN_NUM_NODES=""
+  RUN_RANK_WEIGHTS="" RUN_MASTER="" RUN_WORKER="" RUN_DEBUG=0 RUN_RESUME=0 RUN_MAX_ITER=""
+  RUN_MAX_FAILURES="" RUN_DRY=0 RUN_HELP=0
+  RUN_OVERRIDES=()
+  while (($#)); do
+    case "$1" in
+      --data-path | --log-path | --rl-phase | --eval-interval | --rollout-split | --num-nodes | \
+        --rank-weights | --worker | --max-iterations | --max-update-failures)
+        cli_need_value "$1" $#
+        cli_parse_valued "$1" "$2"
+        shift 2
+        ;;
+      --master) RUN_MASTER=1 && shift ;;
+      --debug-mode)
+        # shellcheck disable=SC2034 # RUN_DEBUG, RUN_DRY and RUN_HELP are read by run.sh and loop.sh
+        RUN_DEBUG=1
+        shift
+        ;;
+      --resume) RUN_RESUME=1 && shift ;;
+      --dry-run)
+        # shellcheck disable=SC2034 # read by run.sh
+        RUN_DRY=1
+        shift
+        ;;
+      -h | --help)
+        # shellcheck disable=SC2034 # read by run.sh
+        RUN_HELP=1
+        shift
+        ;;
+      +* | ~* | *=*)
+        [[ $1 != -* ]] || cli_bad "unknown option '$1'"
+        RUN_OVERRIDES+=("$1")
+        shift
+        ;;
+      *) cli_bad "unknown argument '$1' (flags start with --; overrides look like key=value, +key=value or ~key)" ;;
+    esac
+  done
+}
+
+# cli_parse_valued <flag> <value>: store one flag that takes a value.
+cli_parse_valued() {
+  case "$1" in
+    --data-path) cli_set_once RUN_DATA "$1" "$2" ;;
+    --log-path) cli_set_once RUN_LOG "$1" "$2" ;;
+    --rl-phase) cli_set_once RUN_PHASE "$1" "$2" ;;
+    --eval-interval) cli_set_once RUN_EVAL_INTERVAL "$1" "$2" ;;
+    --rollout-split) cli_set_once RUN_SPLIT "$1" "$2" ;;
+    --num-nodes) cli_set_once RUN_NUM_NODES "$1" "$2" ;;
+    --rank-weights) cli_set_once RUN_RANK_WEIGHTS "$1" "$2" ;;
+    --worker) cli_set_once RUN_WORKER "$1" "$2" ;;
+    --max-iterations) cli_set_once RUN_MAX_ITER "$1" "$2" ;;
+    --max-update-failures) cli_set_once RUN_MAX_FAILURES "$1" "$2" ;;
+  esac
+}
+
+# cli_validate: check every rule of the argument table; set RUN_RANK.
+cli_validate() {
+  cli_validate_paths
+  cli_validate_phase
+  cli_validate_nodes
+  if [[ -n $RUN_MAX_ITER ]] && ! cli_is_int "$RUN_MAX_ITER" 1; then
+    cli_bad "--max-iterations must be an integer >= 1 (got '$RUN_MAX_ITER'); omit it to run until stopped"
+  fi
+  RUN_MAX_FAILURES=${RUN_MAX_FAILURES:-3}
+  cli_is_int "$RUN_MAX_FAILURES" 1 ||
+    cli_bad "--max-update-failures must be an integer >= 1 (got '$RUN_MAX_FAILURES')"
+  if ((RUN_RESUME)) && ((RUN_NUM_NODES > 1)); then
+    cli_bad "--resume is single-node only (got --num-nodes $RUN_NUM_NODES); multi-node iterations restart fresh"
+  fi
+  return 0
+}
+
+# cli_validate_paths: --data-path and --log-path are given, absolute, usable.
+cli_validate_paths() {
+  [[ -n $RUN_DATA ]] || cli_bad "--data-path is required (the shared data directory, e.g. --data-path /data/shared)"
+  [[ -n $RUN_LOG ]] || cli_bad "--log-path is required (this experiment's directory, e.g. --log-path /data/exp1)"
+  [[ $RUN_DATA == /* ]] || cli_bad "--data-path must be an absolute path (got '$RUN_DATA'); use $PWD/$RUN_DATA"
+  [[ $RUN_LOG == /* ]] || cli_bad "--log-path must be an absolute path (got '$RUN_LOG'); use $PWD/$RUN_LOG"
+  [[ $RUN_DATA == / ]] || RUN_DATA=${RUN_DATA%/}
+  [[ $RUN_LOG == / ]] || RUN_LOG=${RUN_LOG%/}
+  [[ -d $RUN_DATA ]] || cli_bad "--data-path $RUN_DATA is not a directory; run: bash scripts/prepare.sh --data-path $RUN_DATA"
+  if [[ -e $RUN_LOG && ! -d $RUN_LOG ]]; then
+    cli_bad "--log-path $RUN_LOG exists and is not a directory; choose another path"
+  fi
+  [[ $RUN_LOG != "$RUN_DATA" ]] || cli_bad "--log-path must differ from --data-path (both are $RUN_LOG)"
+}
+
+# cli_validate_phase: --rl-phase and the flags that depend on it.
+cli_validate_phase() {
+  case "$RUN_PHASE" in
+    rollout | update | both) ;;
+    "") cli_bad "--rl-phase is required: rollout, update or both" ;;
+    *) cli_bad "--rl-phase must be rollout, update or both (got '$RUN_PHASE')" ;;
+  esac
+  if [[ $RUN_PHASE == both ]]; then
+    [[ -n $RUN_EVAL_INTERVAL ]] || cli_bad "--rl-phase both requires --eval-interval N (evaluate when iteration % N == 1; N = 1: every iteration)"
+    cli_is_int "$RUN_EVAL_INTERVAL" 1 || cli_bad "--eval-interval must be an integer >= 1 (got '$RUN_EVAL_INTERVAL')"
+  elif [[ -n $RUN_EVAL_INTERVAL ]]; then
+    cli_bad "--eval-interval applies to --rl-phase both only (got --rl-phase $RUN_PHASE); drop it"
+  fi
+  if [[ $RUN_PHASE == rollout ]]; then
+    [[ -n $RUN_SPLIT ]] || cli_bad "--rl-phase rollout requires --rollout-split train-only or eval-only"
+    [[ $RUN_SPLIT == train-only || $RUN_SPLIT == eval-only ]] ||
+      cli_bad "--rollout-split must be train-only or eval-only (got '$RUN_SPLIT')"
+  elif [[ -n $RUN_SPLIT ]]; then
+    cli_bad "--rollout-split applies to --rl-phase rollout only (got --rl-phase $RUN_PHASE); drop it"
+  fi
+}
+
+# cli_validate_nodes: --num-nodes, --rank-weights and the rank (flags, $RANK, $NODE_RANK).
+cli_validate_nodes() {
+  RUN_NUM_NODES=${RUN_NUM_NODES:-1}
+  cli_is_int "$RUN_NUM_NODES" 1 || cli_bad "--num-nodes must be an integer >= 1 (got '$RUN_NUM_NODES')"
+  if [[ -n $RUN_MASTER && -n $RUN_WORKER ]]; then
+    cli_bad "--master and --worker $RUN_WORKER are exclusive; give --master on node 0, --worker R on the others"
+  fi
+  if ((RUN_NUM_NODES == 1)); then
+    [[ -z $RUN_WORKER ]] || cli_bad "--worker $RUN_WORKER needs --num-nodes > 1 (got 1); drop it for a single node"
+    if [[ -n $RUN_RANK_WEIGHTS && ! $RUN_RANK_WEIGHTS =~ ^[0-9]+$ ]]; then
+      cli_bad "--rank-weights needs exactly 1 value with --num-nodes 1 (got '$RUN_RANK_WEIGHTS'); drop it"
+    fi
+    RUN_RANK=0
+    return 0
+  fi
+  [[ -n $RUN_RANK_WEIGHTS ]] || cli_bad "--num-nodes $RUN_NUM_NODES requires --rank-weights with $RUN_NUM_NODES values, e.g. \"$(cli_ones "$RUN_NUM_NODES")\""
+  local -a weights
+  IFS=, read -r -a weights <<<"$RUN_RANK_WEIGHTS"
+  ((${#weights[@]} == RUN_NUM_NODES)) || cli_bad "--rank-weights needs exactly $RUN_NUM_NODES values for --num-nodes $RUN_NUM_NODES (got '$RUN_RANK_WEIGHTS')"
+  local w
+  for w in "${weights[@]}"; do
+    cli_is_int "$w" 1 || cli_bad "--rank-weights values must be integers >= 1 (got '$w' in '$RUN_RANK_WEIGHTS')"
+  done
+  cli_validate_rank
+}
+
+# cli_validate_rank: the node rank of a multi-node run, in priority order.
+cli_validate_rank() {
+  local source
+  if [[ -n $RUN_MASTER ]]; then
+    RUN_RANK=0 source="--master"
+  elif [[ -n $RUN_WORKER ]]; then
+    { cli_is_int "$RUN_WORKER" 1 && ((RUN_WORKER <= RUN_NUM_NODES - 1)); } ||
+      cli_bad "--worker must be an integer in 1..$((RUN_NUM_NODES - 1)) for --num-nodes $RUN_NUM_NODES (got '$RUN_WORKER'); node 0 uses --master"
+    RUN_RANK=$RUN_WORKER source="--worker"
+  elif [[ -n ${RANK:-} ]]; then
+    RUN_RANK=$RANK source="RANK"
+  elif [[ -n ${NODE_RANK:-} ]]; then
+    RUN_RANK=$NODE_RANK source="NODE_RANK"
+  else
+    cli_bad "--num-nodes $RUN_NUM_NODES needs this node's rank: --master, --worker R, or RANK / NODE_RANK in the environment"
+  fi
+  { cli_is_int "$RUN_RANK" 0 && ((RUN_RANK < RUN_NUM_NODES)); } ||
+    cli_bad "$source must be an integer in 0..$((RUN_NUM_NODES - 1)) for --num-nodes $RUN_NUM_NODES (got '$RUN_RANK')"
+}
+
+# cli_ones <n>: print "1,1,...,1" with <n> ones.
+cli_ones() {
+  local out="1" i
+  for ((i = 1; i < $1; i++)); do out+=",1"; done
+  printf '%s\n' "$out"
+}

@@ -1,0 +1,300 @@
+#!/usr/bin/env bash
+# The single-node RL loop behind run.sh: the commands of each phase, running a
+# phase as a tracked process group, serving the promoted policy, and the
+# rollout / update / both loops. Globals come from cli.sh (RUN_*) and
+# loop_setup (LOOP_*).
+# Library file: defines functions only. Needs common.sh, envs.sh, procs.sh,
+# vllm.sh, iteration.sh.
+
+# loop_setup: derive the run's paths, port and served name (LOOP_* globals).
+loop_setup() {
+  LOOP_ROOT=$(common_repo_root)
+  LOOP_RUN_DIR="$RUN_LOG/run"
+  LOOP_BASE_MODEL=${BATON_BASE_MODEL:-$RUN_DATA/models/SmolLM2-135M-Instruct}
+  LOOP_PORT=${BATON_VLLM_PORT:-8999}
+  LOOP_FAILURES=0
+  LOOP_UPDATE_RUNNING=""
+}
+
+# loop_py <python> <args...>: run a Baton module with the repository on PYTHONPATH.
+loop_py() {
+  local py=$1
+  shift
+  PYTHONPATH="$LOOP_ROOT" "$py" "$@"
+}
+
+# loop_compose [save_file]: validate the overrides by composing every config
+# once; set LOOP_ROLLOUT_OVR, LOOP_UPDATE_OVR, LOOP_BASE_URL, LOOP_MODEL.
+loop_compose() {
+  local save=${1:-} target value rest
+  local -a args=(--data-path "$RUN_DATA" --log-path "$RUN_LOG" --base-model "$LOOP_BASE_MODEL")
+  ((RUN_DEBUG)) && args+=(--debug-mode)
+  [[ -n $save ]] && args+=(--save "$save")
+  local out
+  out=$(loop_py "$BATON_APP_PY" -m orchestrator compose "${args[@]}" -- "${RUN_OVERRIDES[@]}") || exit 2
+  LOOP_ROLLOUT_OVR=() LOOP_UPDATE_OVR=()
+  while IFS=$'\t' read -r target value rest; do
+    case "$target" in
+      rollout) LOOP_ROLLOUT_OVR+=("$value") ;;
+      update) LOOP_UPDATE_OVR+=("$value") ;;
+      policy) LOOP_BASE_URL=$value LOOP_MODEL=$rest ;;
+    esac
+  done <<<"$out"
+  ((RUN_DEBUG)) || LOOP_BASE_URL="http://127.0.0.1:$LOOP_PORT/v1"
+}
+
+# loop_policy_version: print the version policy/current points at ("" for none).
+loop_policy_version() {
+  local link="$RUN_LOG/policy/current" target
+  [[ -L $link ]] || return 0
+  target=$(readlink "$link")
+  [[ $target =~ ^v0*([0-9]+)$ ]] && printf '%s\n' "${BASH_REMATCH[1]}"
+  return 0
+}
+
+# loop_policy_path: print the model to serve and fine-tune: policy/current, else the base model.
+loop_policy_path() {
+  if [[ -n $(loop_policy_version) ]]; then
+    readlink -f "$RUN_LOG/policy/current"
+  else
+    printf '%s\n' "$LOOP_BASE_MODEL"
+  fi
+}
+
+# loop_rollout_cmd <split> <iteration> <resume>: set LOOP_CMD to the rollout command.
+loop_rollout_cmd() {
+  local split=$1 n=$2 resume=$3 version
+  LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m rollout_engine --config-name "rollout_$split"
+    "data_path=$RUN_DATA" "log_path=$RUN_LOG" "iteration=$n" "policy_config.base_url=$LOOP_BASE_URL")
+  ((RUN_DEBUG)) || LOOP_CMD+=("policy_config.model=$LOOP_MODEL")
+  version=$(loop_policy_version)
+  if ((!RUN_DEBUG)) && [[ -n $version ]]; then LOOP_CMD+=("policy_version=$version"); fi
+  ((resume)) && LOOP_CMD+=(resume=true)
+  LOOP_CMD+=("${LOOP_ROLLOUT_OVR[@]}")
+}
+
+# loop_update_cmd <iteration> <phase>: set LOOP_CMD to the update command.
+loop_update_cmd() {
+  LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_TRAIN_PY" -m training --config-name update
+    "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2" "${LOOP_UPDATE_OVR[@]}")
+}
+
+# loop_run <name> <logfile> <cmd...>: run <cmd> as a tracked process group and
+# wait for it; return its exit code. A signal to run.sh interrupts the wait.
+loop_run() {
+  local name=$1 logfile=$2 pgid rc=0 start=$SECONDS
+  shift 2
+  common_log "$name: started (log: $logfile)"
+  procs_start "$LOOP_RUN_DIR" "$name" "$logfile" "$@" >/dev/null
+  pgid=$(procs_pgid "$LOOP_RUN_DIR" "$name")
+  wait "$pgid" || rc=$?
+  rm -f "$LOOP_RUN_DIR/pids/$name.pgid"
+  if ((rc != 0)); then
+    common_warn "$name failed (exit $rc) after $((SECONDS - start))s; last lines of $logfile:"
+    tail -n 15 "$logfile" >&2
+  else
+    common_log "$name: done in $((SECONDS - start))s"
+  fi
+  return "$rc"
+}
+
+# loop_ensure_vllm: serve the current policy (reuse a server that already does).
+loop_ensure_vllm() {
+  ((RUN_DEBUG)) && return 0
+  [[ -f $LOOP_RUN_DIR/pids/vllm.pgid ]] && procs_group_alive "$(procs_pgid "$LOOP_RUN_DIR" vllm)" && return 0
+  vllm_start "$LOOP_RUN_DIR" "$(loop_policy_path)" "$LOOP_PORT" "$LOOP_MODEL" 600
+  LOOP_SERVED_VERSION=$(loop_policy_version)
+}
+
+# loop_serve_current: after a promotion, make vLLM serve policy/current; sets
+# LOOP_SERVE_HOW (reload, restart, unchanged, or "" when nothing was to do).
+loop_serve_current() {
+  local version
+  LOOP_SERVE_HOW=""
+  version=$(loop_policy_version)
+  [[ $version != "${LOOP_SERVED_VERSION:-}" ]] || return 0
+  if ((RUN_DEBUG)); then
+    common_warn "debug mode: the external server keeps its weights; policy v$version is at $RUN_LOG/policy/current"
+    LOOP_SERVED_VERSION=$version LOOP_SERVE_HOW="external server not reloaded"
+    return 0
+  fi
+  vllm_serve_new "$LOOP_RUN_DIR" "$LOOP_PORT" "$LOOP_MODEL" "$(loop_policy_path)"
+  LOOP_SERVED_VERSION=$version LOOP_SERVE_HOW="v$version by $VLLM_SERVED_HOW"
+}
+
+# loop_timed <n> <phase> <fn...>: run <fn...>, recording its seconds for iteration <n>.
+loop_timed() {
+  local n=$1 phase=$2 start=$SECONDS rc=0
+  shift 2
+  "$@" || rc=$?
+  iteration_add_time "$RUN_LOG" "$n" "$phase" $((SECONDS - start))
+  return "$rc"
+}
+
+# loop_rollout <split> <iteration>: one rollout phase (skipped when done; resumed with --resume).
+loop_rollout() {
+  local split=$1 n=$2 phase="${1}_rollout" resume=0
+  iteration_is_done "$RUN_LOG" "$n" "$phase" && return 0
+  ((RUN_RESUME)) && [[ -s $RUN_LOG/trajectories/$split/$(printf 'iter_%04d' "$n")/rank_0.jsonl ]] && resume=1
+  loop_rollout_cmd "$split" "$n" "$resume"
+  loop_timed "$n" "$phase" loop_run "rollout-$split" "$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").$split.log" \
+    "${LOOP_CMD[@]}" || common_die 1 "the $split rollout of iteration $n failed; fix the cause, then rerun with --resume"
+  iteration_mark "$RUN_LOG" "$n" "$phase"
+}
+
+# loop_update_phase <iteration>: the training phase to run for <iteration>
+# ("all", or "promote" when --resume finds a finished training not yet promoted).
+loop_update_phase() {
+  local n=$1
+  if ((RUN_RESUME)) && [[ -f $RUN_LOG/training/$(printf 'iter_%04d' "$n")/output/config.json ]] &&
+    grep -q "\"kind\": \"training\", \"iteration\": $n," "$RUN_LOG/metrics.jsonl" 2>/dev/null; then
+    printf 'promote\n'
+  else
+    printf 'all\n'
+  fi
+}
+
+# loop_update <iteration>: train on the new trajectories and promote; a failure
+# keeps the old policy (and stops the run after --max-update-failures in a row).
+loop_update() {
+  local n=$1 rc=0 log outcome
+  iteration_is_done "$RUN_LOG" "$n" update && return 0
+  log="$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").update.log"
+  loop_update_cmd "$n" "$(loop_update_phase "$n")"
+  ((RUN_DEBUG)) || vllm_sleep "$LOOP_PORT" || common_warn "could not put vLLM to sleep; training beside it"
+  LOOP_UPDATE_RUNNING=$n
+  loop_timed "$n" update loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
+  LOOP_UPDATE_RUNNING=""
+  ((RUN_DEBUG)) || vllm_wake "$LOOP_PORT" || common_warn "could not wake vLLM up"
+  if ((rc == 0)); then
+    LOOP_FAILURES=0
+    outcome="promoted v$(loop_policy_version)"
+  elif ((rc == 2)) && grep -q 'no usable samples\|no train trajectories' "$log"; then
+    outcome="skipped: nothing to train on"
+    common_warn "iteration $n: no usable samples (no successful trajectory?); keeping the served policy"
+  else
+    LOOP_FAILURES=$((LOOP_FAILURES + 1))
+    outcome="failed (exit $rc)"
+    common_warn "iteration $n: update failed ($LOOP_FAILURES in a row); keeping the served policy"
+    ((LOOP_FAILURES < RUN_MAX_FAILURES)) ||
+      common_die 1 "$LOOP_FAILURES updates failed in a row (--max-update-failures $RUN_MAX_FAILURES); see $log"
+  fi
+  iteration_mark "$RUN_LOG" "$n" update "$outcome"
+}
+
+# loop_serve <iteration>: serve the promoted policy before the next iteration.
+loop_serve() {
+  local n=$1
+  iteration_is_done "$RUN_LOG" "$n" serve && return 0
+  loop_timed "$n" serve loop_serve_current
+  iteration_mark "$RUN_LOG" "$n" serve "${LOOP_SERVE_HOW:-no new policy}"
+}
+
+# loop_finish <iteration>: metrics record, plot, and the iteration's end marker.
+loop_finish() {
+  local n=$1 plot
+  loop_py "$BATON_APP_PY" -m orchestrator summarize --log-path "$RUN_LOG" --iteration "$n" \
+    --served-version "${2:-}" >/dev/null || common_warn "could not summarize iteration $n"
+  plot=$(loop_py "$BATON_APP_PY" -m orchestrator plot --log-path "$RUN_LOG") || common_warn "could not draw the plot"
+  iteration_mark "$RUN_LOG" "$n" iteration
+  common_log "iteration $n done; metrics: $RUN_LOG/metrics.jsonl, plot: ${plot:-none}"
+}
+
+# loop_begin <iteration>: create the iteration's state with its resolved config.
+loop_begin() {
+  local n=$1 dir
+  ((RUN_RESUME)) || iteration_restart "$RUN_LOG" "$n"
+  dir=$(iteration_dir "$RUN_LOG" "$n")
+  mkdir -p "$dir"
+  cp -f "$LOOP_RUN_DIR/resolved.yaml" "$dir/config.yaml"
+  common_log "iteration $n ($RUN_PHASE)"
+}
+
+# loop_should_continue <done>: true while fewer than --max-iterations ran (always without it).
+loop_should_continue() {
+  [[ -z $RUN_MAX_ITER ]] || (($1 < RUN_MAX_ITER))
+}
+
+# loop_both: train rollout, eval when due, update, serve the new policy; repeat.
+loop_both() {
+  local n done_count=0 served
+  loop_ensure_vllm
+  while loop_should_continue "$done_count"; do
+    n=$(iteration_next "$RUN_LOG")
+    loop_begin "$n"
+    served=$(loop_policy_version)
+    loop_rollout train "$n"
+    if iteration_eval_due "$n" "$RUN_EVAL_INTERVAL"; then loop_rollout test "$n"; fi
+    loop_update "$n"
+    loop_serve "$n"
+    loop_finish "$n" "$served"
+    done_count=$((done_count + 1))
+  done
+}
+
+# loop_rollouts: rollouts of one split per iteration, serving any newer policy first.
+loop_rollouts() {
+  local n done_count=0 split="train"
+  [[ $RUN_SPLIT == eval-only ]] && split="test"
+  loop_ensure_vllm
+  while loop_should_continue "$done_count"; do
+    n=$(iteration_next "$RUN_LOG")
+    loop_begin "$n"
+    loop_serve_current
+    loop_rollout "$split" "$n"
+    loop_finish "$n" "$(loop_policy_version)"
+    done_count=$((done_count + 1))
+  done
+}
+
+# loop_untrained: print the newest iteration with a finished train rollout and no update yet.
+loop_untrained() {
+  local n
+  for ((n = $(iteration_last "$RUN_LOG"); n >= 1; n--)); do
+    iteration_is_done "$RUN_LOG" "$n" update && return 1
+    iteration_is_done "$RUN_LOG" "$n" train_rollout && printf '%s\n' "$n" && return 0
+  done
+  return 1
+}
+
+# loop_updates: train whenever a newer train rollout is there; never twice on the same data.
+loop_updates() {
+  local n done_count=0 poll=${BATON_UPDATE_POLL_S:-30}
+  while loop_should_continue "$done_count"; do
+    if ! n=$(loop_untrained); then
+      common_log "no new train trajectories; checking again in ${poll}s"
+      sleep "$poll"
+      continue
+    fi
+    loop_update "$n"
+    done_count=$((done_count + 1))
+  done
+}
+
+# loop_stop_update: stop a running update so that its training group ends too
+# (SIGINT lets python -m training stop the llamafactory group it started).
+loop_stop_update() {
+  local pgid waited=0 file
+  pgid=$(procs_pgid "$LOOP_RUN_DIR" update) || return 0
+  kill -INT -- "-$pgid" 2>/dev/null || true
+  while procs_group_alive "$pgid" && ((waited < 100)); do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  procs_stop "$LOOP_RUN_DIR" update 5
+  [[ -n ${LOOP_UPDATE_RUNNING:-} ]] || return 0
+  for file in "$RUN_LOG/training/$(printf 'iter_%04d' "$LOOP_UPDATE_RUNNING")"/*.log.pgid; do
+    [[ -f $file ]] || continue
+    pgid=$(cat "$file")
+    [[ $pgid =~ ^[0-9]+$ ]] && procs_group_alive "$pgid" && kill -KILL -- "-$pgid" 2>/dev/null
+  done
+  return 0
+}
+
+# loop_cleanup: the EXIT trap: stop every group this run started (nothing
+# else; shared data and the log path's files stay).
+loop_cleanup() {
+  [[ -n ${LOOP_RUN_DIR:-} && -d $LOOP_RUN_DIR/pids ]] || return 0
+  loop_stop_update
+  procs_stop_all "$LOOP_RUN_DIR" 10
+}

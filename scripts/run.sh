@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The RL loop: serve the policy with vLLM, roll out, train, serve the new policy.
+#
+#   bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|update|both [options] [overrides...]
+#
+# Reference: docs/cli.md (every flag, the argument table, the files written).
+# Bad input exits 2 before anything starts or is written; Ctrl+C / SIGTERM stop
+# every process group this run started and exit 130 / 143.
+set -Eeuo pipefail
+[[ -n ${BATON_TRACE:-} ]] && set -x
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+# shellcheck source=scripts/lib/common.sh
+source "$ROOT/scripts/lib/common.sh"
+# shellcheck source=scripts/lib/envs.sh
+source "$ROOT/scripts/lib/envs.sh"
+# shellcheck source=scripts/lib/procs.sh
+source "$ROOT/scripts/lib/procs.sh"
+# shellcheck source=scripts/lib/vllm.sh
+source "$ROOT/scripts/lib/vllm.sh"
+# shellcheck source=scripts/lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
+# shellcheck source=scripts/lib/iteration.sh
+source "$ROOT/scripts/lib/iteration.sh"
+# shellcheck source=scripts/lib/loop.sh
+source "$ROOT/scripts/lib/loop.sh"
+
+# run_print_cmd <label>: print LOOP_CMD as one shell-quoted line.
+run_print_cmd() {
+  printf '[%s]' "$1"
+  printf ' %q' "${LOOP_CMD[@]}"
+  printf '\n'
+}
+
+# cmd_dry_run: print the commands the next iteration's phases would run.
+cmd_dry_run() {
+  local n
+  local -a args
+  n=$(iteration_next "$RUN_LOG")
+  printf '# iteration %s, --rl-phase %s (dry run: nothing started or written)\n' "$n" "$RUN_PHASE"
+  if [[ $RUN_PHASE != update ]] && ((!RUN_DEBUG)); then
+    mapfile -t args < <(vllm_args "$(loop_policy_path)" "$LOOP_PORT" "$LOOP_MODEL")
+    LOOP_CMD=(env VLLM_SERVER_DEV_MODE=1 "$BATON_SERVE_PY" "${args[@]}")
+    run_print_cmd serve
+  fi
+  if [[ $RUN_PHASE == both || $RUN_SPLIT == train-only ]]; then
+    loop_rollout_cmd train "$n" "$RUN_RESUME" && run_print_cmd "train rollout"
+  fi
+  if [[ $RUN_SPLIT == eval-only ]] || { [[ $RUN_PHASE == both ]] && iteration_eval_due "$n" "$RUN_EVAL_INTERVAL"; }; then
+    loop_rollout_cmd test "$n" "$RUN_RESUME" && run_print_cmd "eval rollout"
+  fi
+  if [[ $RUN_PHASE != rollout ]]; then
+    loop_update_cmd "$n" all && run_print_cmd update
+  fi
+  if [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)); then
+    printf '[serve new policy] POST http://127.0.0.1:%s/collective_rpc {"method":"reload_weights","kwargs":{"weights_path":"%s"}}; POST /reset_prefix_cache (restart if the outputs do not change)\n' \
+      "$LOOP_PORT" "$RUN_LOG/policy/v<NNNN>"
+  fi
+}
+
+# cmd_run: create the log path, install the traps, run the phase's loop.
+cmd_run() {
+  local resolved
+  resolved=$(mktemp)
+  loop_compose "$resolved"
+  if ((!RUN_DEBUG)) && [[ ! -f $(loop_policy_path)/config.json ]]; then
+    rm -f "$resolved"
+    cli_bad "no model to serve at $(loop_policy_path) (config.json missing); run: bash scripts/prepare.sh --data-path $RUN_DATA"
+  fi
+  mkdir -p "$LOOP_RUN_DIR/logs"
+  mv -f "$resolved" "$LOOP_RUN_DIR/resolved.yaml"
+  trap loop_cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  common_log "run: --rl-phase $RUN_PHASE, log path $RUN_LOG, policy ${LOOP_BASE_URL} (${LOOP_MODEL})"
+  case "$RUN_PHASE" in
+    both) loop_both ;;
+    rollout) loop_rollouts ;;
+    update) loop_updates ;;
+  esac
+  common_log "run finished: $RUN_LOG/metrics.jsonl, $RUN_LOG/plots/success.png"
+}
+
+main() {
+  cli_parse "$@"
+  if ((RUN_HELP)); then
+    cli_usage
+    return 0
+  fi
+  cli_validate
+  if ((RUN_NUM_NODES > 1)) && ((!RUN_DRY)); then
+    cli_bad "--num-nodes $RUN_NUM_NODES: multi-node runs are not available yet in this version; run with --num-nodes 1"
+  fi
+  envs_export
+  loop_setup
+  if ((RUN_DRY)); then
+    loop_compose
+    cmd_dry_run
+    return 0
+  fi
+  cmd_run
+}
+
+main "$@"

@@ -1,0 +1,99 @@
+#!/usr/bin/env bats
+# iteration.sh: the eval schedule, iteration numbers persisted on disk, phase
+# markers; run.sh --dry-run and override routing (needs the app environment).
+
+bats_require_minimum_version 1.5.0
+
+setup() {
+  ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
+  source "$ROOT/scripts/lib/common.sh"
+  source "$ROOT/scripts/lib/iteration.sh"
+  LOG="$BATS_TEST_TMPDIR/log"
+  DATA="$BATS_TEST_TMPDIR/data"
+  mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
+  printf '{}\n' >"$DATA/models/SmolLM2-135M-Instruct/config.json"
+}
+
+@test "eval schedule: iteration % N == 1, and N = 1 evaluates every iteration" {
+  local n due=""
+  for n in 1 2 3 4 5 6 7 8 13; do iteration_eval_due "$n" 6 && due+="$n "; done
+  [ "$due" = "1 7 13 " ]
+  due=""
+  for n in 1 2 3; do iteration_eval_due "$n" 1 && due+="$n "; done
+  [ "$due" = "1 2 3 " ]
+  due=""
+  for n in 1 2 3 4 5; do iteration_eval_due "$n" 2 && due+="$n "; done
+  [ "$due" = "1 3 5 " ]
+}
+
+@test "iteration numbers persist: a finished iteration is followed by the next, an unfinished one is continued" {
+  run -0 iteration_next "$LOG"
+  [ "$output" = 1 ]
+  iteration_mark "$LOG" 1 train_rollout
+  run -0 iteration_next "$LOG"
+  [ "$output" = 1 ]
+  iteration_mark "$LOG" 1 iteration
+  run -0 iteration_next "$LOG"
+  [ "$output" = 2 ]
+  mkdir -p "$LOG/run/state/iter_0010"
+  run -0 iteration_last "$LOG"
+  [ "$output" = 10 ]
+}
+
+@test "markers: atomic files with content; a restart forgets the phases of an interrupted iteration" {
+  iteration_mark "$LOG" 3 update "promoted v2"
+  run -0 cat "$LOG/run/state/iter_0003/update.done"
+  [ "$output" = "promoted v2" ]
+  iteration_is_done "$LOG" 3 update
+  run -1 iteration_is_done "$LOG" 3 serve
+  iteration_add_time "$LOG" 3 update 12
+  run -0 iteration_restart "$LOG" 3
+  [[ $output == *"iteration 3 was interrupted; starting it again (pass --resume to continue it)"* ]]
+  run -1 iteration_is_done "$LOG" 3 update
+  [ ! -e "$LOG/run/state/iter_0003/times" ]
+  [ -z "$(ls "$LOG/run/state/iter_0003"/.*.tmp 2>/dev/null)" ]
+}
+
+@test "--dry-run prints the serve, rollout, eval, update and reload commands and writes nothing" {
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
+    --dry-run env_config.train_tasks_rollout_size=16 algorithm.max_steps=1
+  [[ $output == *"# iteration 1, --rl-phase both"* ]]
+  [[ $output == *"[serve] env VLLM_SERVER_DEV_MODE=1 "*"-m vllm.entrypoints.openai.api_server --model $DATA/models/SmolLM2-135M-Instruct"* ]]
+  [[ $output == *"[train rollout] env PYTHONPATH=$ROOT "*"-m rollout_engine --config-name rollout_train data_path=$DATA log_path=$LOG iteration=1 "*"env_config.train_tasks_rollout_size=16"* ]]
+  [[ $output == *"[eval rollout] "*"--config-name rollout_test "* ]]
+  [[ $output == *"[update] "*"-m training --config-name update log_path=$LOG iteration=1 model_path=$DATA/models/SmolLM2-135M-Instruct phase=all algorithm.max_steps=1"* ]]
+  [[ $output == *"[serve new policy] POST http://127.0.0.1:"*"/collective_rpc"* ]]
+  # overrides reach the configs that have the key: rollout keys not the update, and the reverse
+  [[ $(grep '^\[update\]' <<<"$output") != *train_tasks_rollout_size* ]]
+  [[ $(grep '^\[train rollout\]' <<<"$output") != *max_steps* ]]
+  [ ! -e "$LOG" ]
+}
+
+@test "--dry-run follows the numbering on disk and the eval schedule" {
+  mkdir -p "$LOG"
+  iteration_mark "$LOG" 1 iteration
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 2 --dry-run
+  [[ $output == *"# iteration 2,"* && $output != *"[eval rollout]"* ]]
+  iteration_mark "$LOG" 2 iteration
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 2 --dry-run
+  [[ $output == *"# iteration 3,"* && $output == *"[eval rollout]"* ]]
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split eval-only --dry-run
+  [[ $output == *"[eval rollout]"* && $output != *"[train rollout]"* && $output != *"[update]"* ]]
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --dry-run
+  [[ $output == *"[update]"* && $output != *"[serve]"* && $output != *"rollout]"* ]]
+}
+
+@test "bad overrides exit 2 naming the override and the fix, before anything is written" {
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
+    env_config.server_size=0 nosuch.key=1 log_path=/elsewhere
+  [[ $stderr == *"override 'nosuch.key=1': no key 'nosuch.key' in the rollout config"* ]]
+  [[ $stderr == *"override 'log_path=/elsewhere': log_path is set by run.sh (--log-path); drop the override"* ]]
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
+    env_config.server_size=0 algorithm.cutoff_len=0
+  [[ $stderr == *"env_config.server_size must be >= 1 (got 0)"* ]]
+  [[ $stderr == *"algorithm.cutoff_len must be >= 1 (got 0)"* ]]
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
+    policy_config.base_url=http://10.0.0.1:8000/v1
+  [[ $stderr == *"add --debug-mode to use an external server"* ]]
+  [ ! -e "$LOG" ]
+}
