@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench.async_vs_lockstep", description=__doc__.split("\n\n")[0])
     add_server_args(parser)
     parser.add_argument("--quick", action="store_true", help="small sanity run (16 episodes, 8 slots, <= 4 turns)")
-    parser.add_argument("--episodes", type=int, default=96, help="episodes per side (default 96)")
+    parser.add_argument("--episodes", type=int, default=64, help="episodes per side (default 64)")
     parser.add_argument("--slots", type=int, default=32, help="environment slots, env_config.server_size (32)")
     parser.add_argument("--sessions", type=int, default=32, help="model requests in flight, max_vllm_sessions (32)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")

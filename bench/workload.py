@@ -45,13 +45,13 @@ class Workload:
 
     seed: int = 0
     min_turns: int = 2
-    max_turns: int = 8
-    latency_median_s: float = 0.4
-    latency_sigma: float = 1.2
-    latency_cap_s: float = 12.0
-    reply_median_tokens: int = 12
-    reply_sigma: float = 1.2
-    reply_cap_tokens: int = 160
+    max_turns: int = 10
+    latency_median_s: float = 0.5
+    latency_sigma: float = 1.3
+    latency_cap_s: float = 15.0
+    reply_median_tokens: int = 8
+    reply_sigma: float = 1.0
+    reply_cap_tokens: int = 128
 
 
 @dataclass(frozen=True)
