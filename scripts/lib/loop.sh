@@ -169,9 +169,9 @@ loop_update() {
   if ((rc == 0)); then
     LOOP_FAILURES=0
     outcome="promoted v$(loop_policy_version)"
-  elif ((rc == 2)) && grep -q 'no usable samples\|no train trajectories' "$log"; then
-    outcome="skipped: nothing to train on"
-    common_warn "iteration $n: no usable samples (no successful trajectory?); keeping the served policy"
+  elif ((rc == 2)) && grep -q 'no usable samples\|no train trajectories\|cannot fill one optimizer step' "$log"; then
+    outcome="skipped: too little to train on"
+    common_warn "iteration $n: too few usable samples to train on (see $log); keeping the served policy"
   else
     LOOP_FAILURES=$((LOOP_FAILURES + 1))
     outcome="failed (exit $rc)"
