@@ -1,0 +1,93 @@
+"""The per-iteration record, the success table and the plot built from metrics.jsonl and the run state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.overrides import override_key
+from orchestrator.plot import format_table, save_plot
+from orchestrator.summary import iteration_records, summarize
+
+
+def write_metrics(log: Path, rows: list[dict]) -> None:
+    log.mkdir(parents=True, exist_ok=True)
+    with open(log / "metrics.jsonl", "a") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
+def test_record_gathers_the_phases_of_its_iteration_only(tmp_path: Path) -> None:
+    write_metrics(
+        tmp_path,
+        [
+            {"kind": "rollout", "split": "train", "iteration": 1, "success_rate": 0.1, "ok_episodes": 64},
+            {"kind": "rollout", "split": "train", "iteration": 2, "success_rate": 0.5, "ok_episodes": 64},
+            {"kind": "rollout", "split": "test", "iteration": 1, "success_rate": 0.25, "ok_episodes": 8},
+            {"kind": "training", "iteration": 1, "train_loss": 1.5, "steps": 2},
+            {"kind": "promotion", "iteration": 1, "policy_version": 1},
+        ],
+    )
+    state = tmp_path / "run" / "state" / "iter_0001"
+    state.mkdir(parents=True)
+    (state / "update.done").write_text("promoted v1\n")
+    (state / "times").write_text("train_rollout 11\nupdate 200\nupdate 13\nbroken x\n")
+    record = summarize(tmp_path, 1, None)
+    assert (record["train_success_rate"], record["eval_success_rate"], record["train_loss"]) == (0.1, 0.25, 1.5)
+    assert (record["promoted_version"], record["update"], record["served_version"]) == (1, "promoted v1", None)
+    assert record["phase_s"] == {"train_rollout": 11.0, "update": 213.0}
+    second = summarize(tmp_path, 2, 1)
+    assert second["eval_success_rate"] is None and second["promoted_version"] is None and second["update"] is None
+
+
+def test_the_last_record_of_an_iteration_wins_and_a_torn_line_is_skipped(tmp_path: Path) -> None:
+    write_metrics(
+        tmp_path,
+        [
+            {"kind": "iteration", "iteration": 2, "train_success_rate": 0.1},
+            {"kind": "iteration", "iteration": 1, "train_success_rate": 0.2},
+            {"kind": "iteration", "iteration": 2, "train_success_rate": 0.3},
+        ],
+    )
+    with open(tmp_path / "metrics.jsonl", "a") as handle:
+        handle.write('{"kind": "iter')
+    assert [(r["iteration"], r["train_success_rate"]) for r in iteration_records(tmp_path)] == [(1, 0.2), (2, 0.3)]
+
+
+def test_table_and_plot(tmp_path: Path) -> None:
+    write_metrics(
+        tmp_path,
+        [
+            {
+                "kind": "iteration",
+                "iteration": 1,
+                "served_version": None,
+                "train_success_rate": 0.109,
+                "eval_success_rate": 0.016,
+                "train_loss": None,
+                "update": "failed (exit 2)",
+            },
+            {
+                "kind": "iteration",
+                "iteration": 2,
+                "served_version": 1,
+                "train_success_rate": 0.094,
+                "eval_success_rate": None,
+                "train_loss": 1.714,
+                "update": "promoted v2",
+            },
+        ],
+    )
+    lines = format_table(tmp_path).splitlines()
+    assert lines[1].split() == ["1", "base", "10.9%", "1.6%", "-", "failed", "(exit", "2)"]
+    assert lines[2].split() == ["2", "v1", "9.4%", "-", "1.714", "promoted", "v2"]
+    path = save_plot(tmp_path)
+    assert path == tmp_path / "plots" / "success.png" and path.read_bytes()[:4] == b"\x89PNG"
+    assert not list(path.parent.glob(".success.*"))
+
+
+def test_override_key() -> None:
+    assert override_key("+a.b=1") == "a.b"
+    assert override_key("~env_config.x") == "env_config.x"
+    assert override_key("++x=1") == "x"
+    assert override_key("env=textworld") == "env"
