@@ -16,6 +16,8 @@ an invalid action scoring 0.
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import logging
 from typing import Any
 
@@ -54,12 +56,22 @@ class ReasoningGymEnv(Env):
         self.success_threshold = success_threshold
         self.prompt_suffix = prompt_suffix
         self.system_prompt = system_prompt
+        self._scorer_import: asyncio.Future[Any] | None = None
 
     def check_task(self, task: Task) -> str | None:
         entry = task.metadata.get("entry")
         if not task.metadata.get("dataset") or not isinstance(entry, dict) or "question" not in entry:
             return "reasoning_gym tasks need metadata.dataset and metadata.entry with a question"
         return None
+
+    async def start(self) -> None:
+        # reasoning_gym takes 1-3 s to import; imported lazily inside `score` it froze the event loop (every
+        # episode in flight) at the first score. Import it on a worker thread while the first replies generate.
+        self._scorer_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "reasoning_gym"))
+
+    async def close(self) -> None:
+        if self._scorer_import is not None:
+            await asyncio.gather(self._scorer_import, return_exceptions=True)
 
     async def setup_state(self, task: Task, slot: int) -> EpisodeState:
         return EpisodeState(task=task, slot=slot, max_steps=1)
@@ -77,6 +89,8 @@ class ReasoningGymEnv(Env):
 
     async def score(self, state: EpisodeState) -> Score:
         answer = state.data.get("answer")
+        if self._scorer_import is not None:
+            await self._scorer_import
         reward = 0.0 if answer is None else _dataset_score(state.task.metadata, answer)
         return Score(reward=reward, success=reward >= self.success_threshold, info={"answer": answer})
 
