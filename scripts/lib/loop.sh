@@ -74,9 +74,15 @@ loop_rollout_cmd() {
 }
 
 # loop_update_cmd <iteration> <phase>: set LOOP_CMD to the update command.
+# A single node takes a free torchrun port (29500 may be another job's); an
+# override of launch.master_port, which comes later, still wins.
 loop_update_cmd() {
+  local port=29500
+  ((RUN_NUM_NODES > 1)) || port=$(loop_py "$BATON_APP_PY" -c \
+    'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_TRAIN_PY" -m training --config-name update
-    "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2" "${LOOP_UPDATE_OVR[@]}")
+    "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2" "launch.master_port=$port"
+    "${LOOP_UPDATE_OVR[@]}")
 }
 
 # loop_run <name> <logfile> <cmd...>: run <cmd> as a tracked process group and

@@ -61,7 +61,7 @@ setup() {
   [[ $output == *"[serve] env VLLM_SERVER_DEV_MODE=1 "*"-m vllm.entrypoints.openai.api_server --model $DATA/models/SmolLM2-135M-Instruct"* ]]
   [[ $output == *"[train rollout] env PYTHONPATH=$ROOT "*"-m rollout_engine --config-name rollout_train data_path=$DATA log_path=$LOG iteration=1 "*"env_config.train_tasks_rollout_size=16"* ]]
   [[ $output == *"[eval rollout] "*"--config-name rollout_test "* ]]
-  [[ $output == *"[update] "*"-m training --config-name update log_path=$LOG iteration=1 model_path=$DATA/models/SmolLM2-135M-Instruct phase=all algorithm.max_steps=1"* ]]
+  [[ $output == *"[update] "*"-m training --config-name update log_path=$LOG iteration=1 model_path=$DATA/models/SmolLM2-135M-Instruct phase=all launch.master_port="*" algorithm.max_steps=1"* ]]
   [[ $output == *"[serve new policy] POST http://127.0.0.1:"*"/collective_rpc"* ]]
   # overrides reach the configs that have the key: rollout keys not the update, and the reverse
   [[ $(grep '^\[update\]' <<<"$output") != *train_tasks_rollout_size* ]]
