@@ -34,7 +34,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
     if args.save:
         from omegaconf import OmegaConf
 
-        from training.files import save_text
+        from rollout_engine.files import save_text
 
         save_text(args.save, OmegaConf.to_yaml(OmegaConf.create(routed.resolved)))
     for target in ("rollout", "update"):

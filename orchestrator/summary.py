@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.files import append_jsonl
+from rollout_engine.files import append_jsonl
 
 
 @dataclass

@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from rollout_engine.files import save_bytes
 
 #: reasoning-gym generator settings for each task family
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -85,15 +85,6 @@ def _dump(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
 
 def prepare(data_path: Path, seed: int = 0, test_fraction: float = 0.2) -> Path:
     """Write the default task files under data_path/tasks (skipped if current)."""
@@ -116,13 +107,13 @@ def prepare(data_path: Path, seed: int = 0, test_fraction: float = 0.2) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     blobs = {"train.jsonl": _dump(train), "test.jsonl": _dump(test)}
     for name, blob in blobs.items():
-        _write_atomic(out / name, blob)
+        save_bytes(out / name, blob)
     manifest = {
         "settings": settings,
         "counts": {"train.jsonl": len(train), "test.jsonl": len(test)},
         "files": {name: hashlib.sha256(blob).hexdigest() for name, blob in blobs.items()},
     }
-    _write_atomic(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode())
+    save_bytes(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode())
     return out
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import append_line_durable, save_json_atomic
+from rollout_engine.files import append_line, save_json
 from rollout_engine.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class Journal:
         return {t.episode_id for t in self.done}
 
     def append(self, trajectory: Trajectory) -> None:
-        append_line_durable(self.path, json.dumps(trajectory.to_json(), ensure_ascii=False))
+        append_line(self.path, json.dumps(trajectory.to_json(), ensure_ascii=False))
 
     def seal(self, planned: int) -> dict:
         """Write the manifest atomically; returns it."""
@@ -110,5 +110,5 @@ class Journal:
             "bytes": size,
             "sealed_at": time.time(),
         }
-        save_json_atomic(self.manifest_path, manifest)
+        save_json(self.manifest_path, manifest)
         return manifest

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from rollout_engine.files import save_json_atomic
+from rollout_engine.files import save_json
 from rollout_engine.progress import Progress
 
 _GLYPHS = {"waiting": (".", "dim"), "setup": ("s", "cyan"), "generating": ("g", "yellow"), "env": ("e", "blue"),
@@ -108,11 +108,11 @@ async def run_live(progress: Progress, view: View, status_path: Path, interval_s
     try:
         while True:
             snap = progress.snapshot()
-            await asyncio.to_thread(save_json_atomic, status_path, snap)
+            await asyncio.to_thread(save_json, status_path, snap)
             view.update(snap)
             await asyncio.sleep(interval_s)
     finally:
         snap = progress.snapshot()
-        save_json_atomic(status_path, snap)
+        save_json(status_path, snap)
         view.update(snap)
         view.stop()

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout_engine.files import append_line_durable
+from rollout_engine.files import append_line
 from rollout_engine.types import Failure, Trajectory
 
 
@@ -73,7 +73,7 @@ def compute_metrics(trajectories: list[Trajectory], wall_s: float, planned: int,
 
 def save_metrics(path: Path, metrics: dict[str, Any]) -> None:
     """Append one JSON line to `<log>/metrics.jsonl` (fsynced)."""
-    append_line_durable(path, json.dumps(metrics, sort_keys=True))
+    append_line(path, json.dumps(metrics, sort_keys=True))
 
 
 def print_summary(metrics: dict[str, Any]) -> None:

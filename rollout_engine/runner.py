@@ -26,7 +26,7 @@ from rollout_engine.build import build_env, iteration_dir
 from rollout_engine.config import RolloutConfig
 from rollout_engine.envs.base import Env
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import save_text_atomic
+from rollout_engine.files import save_text
 from rollout_engine.journal import Journal
 from rollout_engine.live import build_view, run_live
 from rollout_engine.metrics import compute_metrics, print_summary, save_metrics
@@ -112,7 +112,7 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
     started = time.time()
     out_dir = iteration_dir(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_text_atomic(out_dir / f"rank_{cfg.rank}.config.yaml", resolved_yaml)
+    save_text(out_dir / f"rank_{cfg.rank}.config.yaml", resolved_yaml)
     journal = Journal(out_dir / f"rank_{cfg.rank}.jsonl", cfg.resume)
     done = journal.done_ids
     todo = [s for s in prepared.specs if s.episode_id not in done]

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
+from rollout_engine.files import save_json, save_jsonl
 from rollout_engine.types import Message
-from training.files import save_json, save_jsonl
 from training.selection import Sample
 
 ROLE_TAGS = {"user": "human", "assistant": "gpt", "tool": "observation"}

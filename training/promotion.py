@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from training.files import fsync_dir, save_json
+from rollout_engine.files import fsync_dir, save_json
 
 log = logging.getLogger(__name__)
 

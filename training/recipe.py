@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollout_engine.files import save_text
 from training.config import AlgorithmConfig, UpdateConfig
 from training.dataset import DatasetFiles
-from training.files import save_text
 
 REPO = Path(__file__).resolve().parent.parent
 DEEPSPEED_DIR = REPO / "configs" / "deepspeed"

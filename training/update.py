@@ -25,10 +25,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rollout_engine.errors import BatonError, ConfigError
+from rollout_engine.files import append_jsonl, save_json, save_text
 from training import config as config_mod
 from training.config import UpdateConfig
 from training.dataset import DatasetFiles, drop_rows, save_dataset
-from training.files import append_jsonl, save_json, save_text
 from training.journal import iteration_dir, load_trajectories
 from training.launch import detect_device, run_group, run_training
 from training.metrics import parse_training

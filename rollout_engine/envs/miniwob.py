@@ -26,7 +26,6 @@ import importlib.util
 import logging
 import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from rollout_engine.envs.actions import WebAction, parse_web_action
 from rollout_engine.envs.base import Env, EpisodeState, Score, StepResult
 from rollout_engine.envs.browser import BrowserPool, find_chromium
 from rollout_engine.errors import ConfigError, EnvError
+from rollout_engine.files import save_bytes
 from rollout_engine.types import Message, Task
 
 log = logging.getLogger(__name__)
@@ -235,23 +235,10 @@ class MiniWobEnv(Env):
     async def _screenshot(self, state: MiniWobState) -> list[str]:
         path = self.context.images_dir(state.episode_id) / f"step_{len(state.turns):03d}.png"
         png = await state.page.locator("#wrap").screenshot(timeout=self.action_timeout_ms)
-        await asyncio.to_thread(_save_bytes_atomic, path, png)
+        await asyncio.to_thread(save_bytes, path, png)
         return [path.relative_to(self.context.log_dir).as_posix()]
 
 
 async def _snapshot(page: Any) -> str:
     return str(await page.locator("#wrap").aria_snapshot(mode="ai"))
 
-
-def _save_bytes_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
