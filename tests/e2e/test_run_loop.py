@@ -1,0 +1,175 @@
+"""scripts/run.sh end to end on the default model: real vLLM, rollout engine, LLaMA-Factory.
+
+- `--rl-phase both --max-iterations 2`: trajectories of both iterations, a
+  promoted policy that serves iteration 2 (its policy version on every
+  trajectory, the in-place reload recorded), metrics and plot, no process left.
+- SIGINT during a rollout: run.sh exits within 30 s with nothing of it left;
+  `--resume` completes the iteration without duplicate episodes.
+- `--debug-mode` against a vLLM started outside the run: used, and still
+  running afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.e2e.conftest import free_port
+
+pytestmark = pytest.mark.e2e
+
+TINY = ["policy_config.max_new_tokens=32", "env_config.live_view=plain"]
+
+
+def run_sh(data: Path, log: Path, *args: str, port: int | None = None, **popen) -> subprocess.Popen:
+    env = {**os.environ, "BATON_VLLM_PORT": str(port or free_port())}
+    cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data), "--log-path", str(log), *args]
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 1500) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def journal(log: Path, split: str, iteration: int) -> list[dict]:
+    path = log / "trajectories" / split / f"iter_{iteration:04d}" / "rank_0.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def processes_mentioning(*needles: str) -> list[str]:
+    """Live (non-zombie) processes whose command line contains one of the needles."""
+    out = subprocess.run(["ps", "-e", "-o", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if not line.startswith("Z") and any(n in line for n in needles)]
+
+
+def serves(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: Path) -> None:
+    log, port = tmp_path / "exp", free_port()
+    proc = run_sh(
+        data_dir,
+        log,
+        "--rl-phase",
+        "both",
+        "--eval-interval",
+        "2",
+        "--max-iterations",
+        "2",
+        *TINY,
+        "env_config.train_tasks_rollout_size=16",
+        "env_config.n_samples_per_task=4",
+        "env_config.test_tasks_rollout_size=8",
+        "algorithm.max_steps=1",
+        "algorithm.learning_rate=1e-4",
+        "algorithm.per_device_train_batch_size=1",
+        "algorithm.gradient_accumulation_steps=1",
+        "algorithm.cutoff_len=512",
+        port=port,
+    )
+    rc, out = finish(proc)
+    assert rc == 0, out[-4000:]
+    first, second = journal(log, "train", 1), journal(log, "train", 2)
+    assert len(first) == len(second) == 64
+    assert journal(log, "test", 1) and not (log / "trajectories" / "test" / "iter_0002").exists()  # 2 % 2 != 1
+    record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
+    assert (record["version"], record["iteration"]) == (1, 1)  # trained on iteration 1, served in iteration 2
+    assert os.readlink(log / "policy" / "current") == "v0002"  # iteration 2's update promoted the next one
+    assert {t["policy_version"] for t in first} == {None} and {t["policy_version"] for t in second} == {1}
+    served = (log / "run" / "state" / "iter_0001" / "serve.done").read_text()
+    assert served.startswith("v1 by ") and served.split()[-1] in ("reload", "restart"), served
+    iterations = {}
+    for line in (log / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("kind") == "iteration":
+            iterations[row["iteration"]] = row
+    assert sorted(iterations) == [1, 2]
+    assert iterations[1]["eval_success_rate"] is not None and iterations[2]["eval_success_rate"] is None
+    assert iterations[1]["promoted_version"] == 1 and iterations[2]["served_version"] == 1
+    assert iterations[1]["update"] == "promoted v1" and iterations[1]["train_loss"] is not None
+    assert {"train_rollout", "update", "serve"} <= set(iterations[1]["phase_s"])
+    assert (log / "plots" / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (log / "run" / "state" / "iter_0002" / "config.yaml").exists()
+    assert not list((log / "run" / "pids").glob("*.pgid"))
+    assert not processes_mentioning(str(log), f"--port {port}") and not serves(port)
+
+
+def test_sigint_during_rollout_stops_everything_then_resume_completes(data_dir: Path, tmp_path: Path) -> None:
+    log, port = tmp_path / "exp", free_port()
+    args = [
+        "--rl-phase",
+        "rollout",
+        "--rollout-split",
+        "eval-only",
+        "--max-iterations",
+        "1",
+        *TINY,
+        "env_config.test_tasks_rollout_size=48",
+        "env_config.server_size=2",
+        "env_config.max_vllm_sessions=2",
+    ]
+    proc = run_sh(data_dir, log, *args, port=port)
+    path = log / "trajectories" / "test" / "iter_0001" / "rank_0.jsonl"
+    deadline = time.monotonic() + 600
+    while not (path.exists() and path.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, "the rollout never journaled an episode"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    stopped = time.monotonic()
+    rc, out = finish(proc, timeout=60)
+    assert time.monotonic() - stopped < 30, out[-3000:]
+    assert rc == 130, out[-3000:]
+    assert not processes_mentioning(str(log), f"--port {port}") and not serves(port)
+    partial = len(journal(log, "test", 1))
+    assert 0 < partial < 48
+
+    rc, out = finish(run_sh(data_dir, log, *args, "--resume", port=port))
+    assert rc == 0, out[-3000:]
+    ids = [t["episode_id"] for t in journal(log, "test", 1)]
+    assert len(ids) == len(set(ids)) == 48
+    manifest = json.loads((log / "trajectories" / "test" / "iter_0001" / "rank_0.manifest.json").read_text())
+    assert manifest["complete"] and manifest["episodes"] == 48
+    assert not (log / "trajectories" / "test" / "iter_0002").exists()
+    assert not processes_mentioning(str(log), f"--port {port}")
+
+
+def test_debug_mode_uses_the_external_server_and_leaves_it_running(vllm_server, data_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "exp"
+    pgid = vllm_server.pgid()
+    rc, out = finish(
+        run_sh(
+            data_dir,
+            log,
+            "--rl-phase",
+            "rollout",
+            "--rollout-split",
+            "eval-only",
+            "--max-iterations",
+            "1",
+            "--debug-mode",
+            f"policy_config.base_url={vllm_server.base_url}",
+            *TINY,
+            "env_config.test_tasks_rollout_size=4",
+        )
+    )
+    assert rc == 0, out[-3000:]
+    assert len(journal(log, "test", 1)) == 4
+    assert not (log / "run" / "logs" / "vllm.log").exists()
+    os.killpg(pgid, 0)  # the external server's group is still there
+    assert serves(vllm_server.port)
