@@ -46,7 +46,7 @@ main() {
     env_config.test_tasks_rollout_size=64 policy_config.max_new_tokens=48 algorithm.learning_rate=1e-5 \
     algorithm.per_device_train_batch_size=4 algorithm.gradient_accumulation_steps=1 algorithm.cutoff_len=512 \
     "${extra[@]}"
-  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m orchestrator table --log-path "$log"
+  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m rollout_engine.loop table --log-path "$log"
   common_log "plot: $log/plots/success.png"
 }
 

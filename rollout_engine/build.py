@@ -52,8 +52,9 @@ def build_env(cfg: RolloutConfig, context: RunContext | None = None) -> Env:
         env = factory(context=context or build_context(cfg))
     except TypeError as exc:
         keys = sorted(k for k in cfg.env if k != "_target_")
-        raise ConfigError(f"env has a parameter {target} does not take ({exc}); got keys {keys}; "
-                          "remove it or fix its spelling") from None
+        raise ConfigError(
+            f"env has a parameter {target} does not take ({exc}); got keys {keys}; remove it or fix its spelling"
+        ) from None
     if not isinstance(env, Env):
         raise ConfigError(f"env._target_ must name an Env subclass (got {target!r}); {fix}")
     return env

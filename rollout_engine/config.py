@@ -77,23 +77,37 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         p: list[str] = []
-        _check(p, self.base_url.startswith(("http://", "https://")),
-               f"policy_config.base_url must start with http:// or https:// (got {self.base_url!r}); "
-               "set it to the server's OpenAI URL, e.g. http://127.0.0.1:8000/v1")
-        _check(p, bool(self.model), "policy_config.model must be the served model name (got ''); "
-               "set it to the server's --served-model-name")
-        _check(p, 0.0 <= self.temperature <= 10.0,
-               f"policy_config.temperature must be in [0, 10] (got {self.temperature})")
+        _check(
+            p,
+            self.base_url.startswith(("http://", "https://")),
+            f"policy_config.base_url must start with http:// or https:// (got {self.base_url!r}); "
+            "set it to the server's OpenAI URL, e.g. http://127.0.0.1:8000/v1",
+        )
+        _check(
+            p,
+            bool(self.model),
+            "policy_config.model must be the served model name (got ''); set it to the server's --served-model-name",
+        )
+        _check(
+            p, 0.0 <= self.temperature <= 10.0, f"policy_config.temperature must be in [0, 10] (got {self.temperature})"
+        )
         _check(p, 0.0 < self.top_p <= 1.0, f"policy_config.top_p must be in (0, 1] (got {self.top_p})")
-        _check(p, self.top_k == -1 or self.top_k >= 1,
-               f"policy_config.top_k must be -1 (off) or >= 1 (got {self.top_k})")
+        _check(
+            p, self.top_k == -1 or self.top_k >= 1, f"policy_config.top_k must be -1 (off) or >= 1 (got {self.top_k})"
+        )
         _check(p, self.max_new_tokens >= 1, f"policy_config.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
-        _check(p, self.request_timeout_s > 0,
-               f"policy_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})")
+        _check(
+            p,
+            self.request_timeout_s > 0,
+            f"policy_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})",
+        )
         _check(p, self.max_retries >= 0, f"policy_config.max_retries must be >= 0 (got {self.max_retries})")
-        _check(p, self.retry_backoff_s >= 0 and self.retry_backoff_max_s >= self.retry_backoff_s,
-               f"policy_config.retry_backoff_s must be >= 0 and <= retry_backoff_max_s "
-               f"(got {self.retry_backoff_s} and {self.retry_backoff_max_s})")
+        _check(
+            p,
+            self.retry_backoff_s >= 0 and self.retry_backoff_max_s >= self.retry_backoff_s,
+            f"policy_config.retry_backoff_s must be >= 0 and <= retry_backoff_max_s "
+            f"(got {self.retry_backoff_s} and {self.retry_backoff_max_s})",
+        )
         _raise(p)
 
 
@@ -159,25 +173,45 @@ class EnvConfig:
         for name in ("infra_retries", "infra_retry_budget", "train_tasks_rollout_size"):
             value = getattr(self, name)
             _check(p, value >= 0, f"env_config.{name} must be >= 0 (got {value})")
-        _check(p, self.test_tasks_rollout_size >= -1,
-               f"env_config.test_tasks_rollout_size must be -1 (all) or >= 0 (got {self.test_tasks_rollout_size})")
-        _check(p, self.train_tasks_sampler in SAMPLERS,
-               f"env_config.train_tasks_sampler must be one of {', '.join(SAMPLERS)} "
-               f"(got {self.train_tasks_sampler!r})")
-        _check(p, self.episode_timeout_s > 0,
-               f"env_config.episode_timeout_s must be > 0 seconds (got {self.episode_timeout_s})")
-        _check(p, self.live_view in LIVE_VIEWS,
-               f"env_config.live_view must be one of {', '.join(LIVE_VIEWS)} (got {self.live_view!r})")
-        _check(p, self.status_interval_s > 0,
-               f"env_config.status_interval_s must be > 0 seconds (got {self.status_interval_s})")
+        _check(
+            p,
+            self.test_tasks_rollout_size >= -1,
+            f"env_config.test_tasks_rollout_size must be -1 (all) or >= 0 (got {self.test_tasks_rollout_size})",
+        )
+        _check(
+            p,
+            self.train_tasks_sampler in SAMPLERS,
+            f"env_config.train_tasks_sampler must be one of {', '.join(SAMPLERS)} (got {self.train_tasks_sampler!r})",
+        )
+        _check(
+            p,
+            self.episode_timeout_s > 0,
+            f"env_config.episode_timeout_s must be > 0 seconds (got {self.episode_timeout_s})",
+        )
+        _check(
+            p,
+            self.live_view in LIVE_VIEWS,
+            f"env_config.live_view must be one of {', '.join(LIVE_VIEWS)} (got {self.live_view!r})",
+        )
+        _check(
+            p,
+            self.status_interval_s > 0,
+            f"env_config.status_interval_s must be > 0 seconds (got {self.status_interval_s})",
+        )
         for name, bucket in self.difficulty_ratio.items():
-            _check(p, 1 <= bucket.low <= bucket.high and bucket.weight >= 0,
-                   f"env_config.difficulty_ratio.{name} needs 1 <= low <= high and weight >= 0 "
-                   f"(got low={bucket.low}, high={bucket.high}, weight={bucket.weight})")
+            _check(
+                p,
+                1 <= bucket.low <= bucket.high and bucket.weight >= 0,
+                f"env_config.difficulty_ratio.{name} needs 1 <= low <= high and weight >= 0 "
+                f"(got low={bucket.low}, high={bucket.high}, weight={bucket.weight})",
+            )
         for split in SPLITS:
             budget = getattr(self, f"{split}_difficulty_max_steps")
-            _check(p, min(budget.easy, budget.medium, budget.hard) >= 1,
-                   f"env_config.{split}_difficulty_max_steps must all be >= 1 (got {budget})")
+            _check(
+                p,
+                min(budget.easy, budget.medium, budget.hard) >= 1,
+                f"env_config.{split}_difficulty_max_steps must all be >= 1 (got {budget})",
+            )
         _raise(p)
 
     def step_budget(self, split: str) -> StepBudget:
@@ -216,13 +250,20 @@ class OpenAIConfig:
     def __post_init__(self) -> None:
         p: list[str] = []
         for key, url in (("base_url", self.base_url), ("evaluation.base_url", self.evaluation.base_url)):
-            _check(p, not url or url.startswith(("http://", "https://")),
-                   f"openai_config.{key} must be empty or start with http:// or https:// (got {url!r})")
-        _check(p, 0.0 <= self.temperature <= 10.0,
-               f"openai_config.temperature must be in [0, 10] (got {self.temperature})")
+            _check(
+                p,
+                not url or url.startswith(("http://", "https://")),
+                f"openai_config.{key} must be empty or start with http:// or https:// (got {url!r})",
+            )
+        _check(
+            p, 0.0 <= self.temperature <= 10.0, f"openai_config.temperature must be in [0, 10] (got {self.temperature})"
+        )
         _check(p, self.max_tokens >= 1, f"openai_config.max_tokens must be >= 1 (got {self.max_tokens})")
-        _check(p, self.request_timeout_s > 0,
-               f"openai_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})")
+        _check(
+            p,
+            self.request_timeout_s > 0,
+            f"openai_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})",
+        )
         _check(p, self.max_retries >= 0, f"openai_config.max_retries must be >= 0 (got {self.max_retries})")
         _raise(p)
 
@@ -254,9 +295,11 @@ class RolloutConfig:
         _check(p, self.split in SPLITS, f"split must be train or test (got {self.split!r})")
         _check(p, self.iteration >= 0, f"iteration must be >= 0 (got {self.iteration})")
         _check(p, self.rank >= 0, f"rank must be >= 0 (got {self.rank})")
-        _check(p, bool(self.rank_weights) and all(w >= 0 for w in self.rank_weights)
-               and sum(self.rank_weights) > 0,
-               f"rank_weights must be non-negative with a positive sum (got {list(self.rank_weights)})")
+        _check(
+            p,
+            bool(self.rank_weights) and all(w >= 0 for w in self.rank_weights) and sum(self.rank_weights) > 0,
+            f"rank_weights must be non-negative with a positive sum (got {list(self.rank_weights)})",
+        )
         _raise(p)
 
 
@@ -274,11 +317,11 @@ def validate(cfg: DictConfig) -> RolloutConfig:
         if OmegaConf.is_missing(cfg, key) or not cfg[key]:
             problems.append(f"{key} is required (got nothing); pass {key}=/path/to/dir")
     if OmegaConf.is_missing(cfg, "env") or not isinstance(cfg.env, DictConfig) or "_target_" not in cfg.env:
-        problems.append("env must name an environment (got nothing); pass env=reasoning_gym or another "
-                        "file of configs/env/")
+        problems.append(
+            "env must name an environment (got nothing); pass env=reasoning_gym or another file of configs/env/"
+        )
     sections: dict[str, Any] = {}
-    for key, schema in (("policy_config", PolicyConfig), ("env_config", EnvConfig),
-                        ("openai_config", OpenAIConfig)):
+    for key, schema in (("policy_config", PolicyConfig), ("env_config", EnvConfig), ("openai_config", OpenAIConfig)):
         try:
             sections[key] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg[key]))
         except ConfigError as exc:
@@ -287,19 +330,34 @@ def validate(cfg: DictConfig) -> RolloutConfig:
         raise ConfigError(problems)
     top = {k: cfg[k] for k in ("split", "iteration", "rank", "resume", "seed", "policy_version")}
     try:
-        run = RolloutConfig(data_path=str(cfg.data_path), log_path=str(cfg.log_path),
-                            rank_weights=[float(w) for w in cfg.rank_weights], env=cfg.env, **top, **sections)
+        run = RolloutConfig(
+            data_path=str(cfg.data_path),
+            log_path=str(cfg.log_path),
+            rank_weights=[float(w) for w in cfg.rank_weights],
+            env=cfg.env,
+            **top,
+            **sections,
+        )
     except ConfigError as exc:
         raise ConfigError(problems + exc.problems) from None
-    _check(problems, run.rank < len(run.rank_weights),
-           f"rank must be < len(rank_weights) = {len(run.rank_weights)} (got {run.rank}); "
-           "pass one weight per rank, e.g. rank_weights=[1,1]")
+    _check(
+        problems,
+        run.rank < len(run.rank_weights),
+        f"rank must be < len(rank_weights) = {len(run.rank_weights)} (got {run.rank}); "
+        "pass one weight per rank, e.g. rank_weights=[1,1]",
+    )
     size_key = f"{run.split}_tasks"
-    _check(problems, bool(getattr(run.env_config, size_key)),
-           f"env_config.{size_key} must name a task file for split={run.split} (got '')")
+    _check(
+        problems,
+        bool(getattr(run.env_config, size_key)),
+        f"env_config.{size_key} must name a task file for split={run.split} (got '')",
+    )
     if run.split == "train" and run.env_config.train_tasks_sampler == "ratio":
-        _check(problems, bool(run.env_config.difficulty_ratio),
-               "env_config.difficulty_ratio must define buckets for train_tasks_sampler=ratio (got {}); "
-               "e.g. env_config.difficulty_ratio={easy:{low:1,high:3,weight:2}}")
+        _check(
+            problems,
+            bool(run.env_config.difficulty_ratio),
+            "env_config.difficulty_ratio must define buckets for train_tasks_sampler=ratio (got {}); "
+            "e.g. env_config.difficulty_ratio={easy:{low:1,high:3,weight:2}}",
+        )
     _raise(problems)
     return run

@@ -85,7 +85,6 @@ def _dump(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
 
 
-
 def prepare(data_path: Path, seed: int = 0, test_fraction: float = 0.2) -> Path:
     """Write the default task files under data_path/tasks (skipped if current)."""
     out = data_path / "tasks"

@@ -54,8 +54,9 @@ def read_journal(path: Path) -> tuple[list[Trajectory], int]:
             if number >= len(lines) - 1 and (is_last or lines[-1] == b""):
                 logger.warning("journal %s: dropping a torn last line (%d bytes): %s", path, len(raw), exc)
                 break
-            raise ConfigError(f"journal {path}:{number} is corrupt ({exc}); "
-                              "move the file aside or fix that line") from None
+            raise ConfigError(
+                f"journal {path}:{number} is corrupt ({exc}); move the file aside or fix that line"
+            ) from None
         good += len(raw) + 1
     return trajectories, good
 
@@ -84,8 +85,9 @@ class Journal:
             if old.exists():
                 target = old.with_name(f"{old.name}.aside-{stamp}")
                 os.replace(old, target)
-                logger.warning("%s exists and resume=false: moved it to %s (pass resume=true to continue it)",
-                               old, target)
+                logger.warning(
+                    "%s exists and resume=false: moved it to %s (pass resume=true to continue it)", old, target
+                )
 
     @property
     def done_ids(self) -> set[str]:

@@ -51,8 +51,10 @@ def resolve_endpoint(cfg: OpenAIConfig, policy: PolicyConfig, purpose: str) -> J
         api_key_env=override.api_key_env if override.api_key_env is not None else cfg.api_key_env,
     )
     if endpoint.api_key_env and not os.environ.get(endpoint.api_key_env):
-        raise ConfigError(f"openai_config.api_key_env names {endpoint.api_key_env!r}, which is not set; export it "
-                          "or set openai_config.api_key_env='' for a server without keys")
+        raise ConfigError(
+            f"openai_config.api_key_env names {endpoint.api_key_env!r}, which is not set; export it "
+            "or set openai_config.api_key_env='' for a server without keys"
+        )
     return endpoint
 
 
@@ -68,13 +70,18 @@ class Judge:
     async def verdict(self, messages: list[Message]) -> tuple[bool, str]:
         """(passed, judge reply); raises JudgeError after retries or on unparseable replies."""
         if self.client is None:
-            self.client = build_openai_client(self.endpoint.base_url, self.endpoint.api_key_env,
-                                              self.cfg.request_timeout_s)
+            self.client = build_openai_client(
+                self.endpoint.base_url, self.endpoint.api_key_env, self.cfg.request_timeout_s
+            )
         last = ""
         for attempt in range(self.cfg.max_retries + 1):
             try:
-                resp = await call_with_retries(lambda: self._create(messages), self.cfg.max_retries, self.backoff,
-                                               f"judge {self.endpoint.base_url}")
+                resp = await call_with_retries(
+                    lambda: self._create(messages),
+                    self.cfg.max_retries,
+                    self.backoff,
+                    f"judge {self.endpoint.base_url}",
+                )
             except ModelError as exc:
                 raise JudgeError(str(exc)) from exc
             last = (resp.choices[0].message.content or "") if resp.choices else ""
@@ -87,8 +94,11 @@ class Judge:
 
     async def _create(self, messages: list[Message]):
         return await self.client.chat.completions.create(
-            model=self.endpoint.model, messages=messages, temperature=self.cfg.temperature,
-            max_tokens=self.cfg.max_tokens)
+            model=self.endpoint.model,
+            messages=messages,
+            temperature=self.cfg.temperature,
+            max_tokens=self.cfg.max_tokens,
+        )
 
     async def close(self) -> None:
         if self.client is not None:

@@ -21,8 +21,14 @@ from typing import Any, Protocol
 from rollout_engine.files import save_json
 from rollout_engine.progress import Progress
 
-_GLYPHS = {"waiting": (".", "dim"), "setup": ("s", "cyan"), "generating": ("g", "yellow"), "env": ("e", "blue"),
-           "scoring": ("j", "magenta"), "failed": ("x", "red")}
+_GLYPHS = {
+    "waiting": (".", "dim"),
+    "setup": ("s", "cyan"),
+    "generating": ("g", "yellow"),
+    "env": ("e", "blue"),
+    "scoring": ("j", "magenta"),
+    "failed": ("x", "red"),
+}
 
 
 class View(Protocol):
@@ -45,9 +51,11 @@ def progress_line(snap: dict[str, Any]) -> str:
     counts = snap["counts"]
     running = sum(counts[s] for s in ("setup", "generating", "env", "scoring"))
     failed = ", ".join(f"{k} {v}" for k, v in sorted(snap["failures"].items())) or "none"
-    return (f"[rollout] {snap['finished']}/{snap['planned'] - snap['skipped_resumed']} finished, "
-            f"{running} running, {counts['waiting']} waiting, {snap['successes']} successes, "
-            f"failures: {failed}, {snap['elapsed_s']:.0f}s")
+    return (
+        f"[rollout] {snap['finished']}/{snap['planned'] - snap['skipped_resumed']} finished, "
+        f"{running} running, {counts['waiting']} waiting, {snap['successes']} successes, "
+        f"failures: {failed}, {snap['elapsed_s']:.0f}s"
+    )
 
 
 class PlainView:

@@ -84,9 +84,21 @@ def print_summary(metrics: dict[str, Any]) -> None:
     table = Table(title=f"rollout {metrics.get('split')} iter {metrics.get('iteration')} rank {metrics.get('rank')}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("success_rate", "task_solved_rate", "mean_reward", "episodes", "ok_episodes", "planned", "cancelled",
-                "mean_steps", "mean_response_tokens", "invalid_action_rate", "wall_s", "episodes_per_s",
-                "tokens_per_s"):
+    for key in (
+        "success_rate",
+        "task_solved_rate",
+        "mean_reward",
+        "episodes",
+        "ok_episodes",
+        "planned",
+        "cancelled",
+        "mean_steps",
+        "mean_response_tokens",
+        "invalid_action_rate",
+        "wall_s",
+        "episodes_per_s",
+        "tokens_per_s",
+    ):
         table.add_row(key, str(metrics.get(key)))
     for kind, count in sorted(metrics.get("failures", {}).items()):
         table.add_row(f"failures.{kind}", str(count))

@@ -133,8 +133,13 @@ class PolicyClient:
 
     async def chat(self, messages: list[Message]) -> Completion:
         args = self.request_args(messages)
-        resp = await call_with_retries(lambda: self._once(args), self.cfg.max_retries, self.backoff,
-                                       f"chat completion at {self.cfg.base_url}", self.sleep)
+        resp = await call_with_retries(
+            lambda: self._once(args),
+            self.cfg.max_retries,
+            self.backoff,
+            f"chat completion at {self.cfg.base_url}",
+            self.sleep,
+        )
         completion = parse_completion(resp)
         self.stats.requests += 1
         self.stats.prompt_tokens += completion.prompt_tokens
@@ -145,15 +150,20 @@ class PolicyClient:
         """Fail fast (ConfigError) when the server is unreachable or does not serve `model`."""
         what = f"policy server {self.cfg.base_url}"
         try:
-            models = await call_with_retries(self.client.models.list, self.cfg.max_retries, self.backoff,
-                                             what, self.sleep)
+            models = await call_with_retries(
+                self.client.models.list, self.cfg.max_retries, self.backoff, what, self.sleep
+            )
         except ModelError as exc:
-            raise ConfigError(f"policy_config.base_url is unreachable (got {self.cfg.base_url!r}: {exc.__cause__}); "
-                              "start the server or fix the URL") from None
+            raise ConfigError(
+                f"policy_config.base_url is unreachable (got {self.cfg.base_url!r}: {exc.__cause__}); "
+                "start the server or fix the URL"
+            ) from None
         served = [m.id for m in models.data]
         if self.cfg.model not in served:
-            raise ConfigError(f"policy_config.model is not served at {self.cfg.base_url} (got {self.cfg.model!r}; "
-                              f"served: {served}); set policy_config.model to one of them")
+            raise ConfigError(
+                f"policy_config.model is not served at {self.cfg.base_url} (got {self.cfg.model!r}; "
+                f"served: {served}); set policy_config.model to one of them"
+            )
 
     async def close(self) -> None:
         await self.client.close()

@@ -118,10 +118,18 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
     todo = [s for s in prepared.specs if s.episode_id not in done]
     progress = Progress(skipped=len(prepared.specs) - len(todo))
     progress.add([s.episode_id for s in todo])
-    logger.info("rollout %s iter %d rank %d: %d episodes (%d already journaled), %d slots", cfg.split,
-                cfg.iteration, cfg.rank, len(todo), progress.skipped, prepared.settings.server_size)
-    live = asyncio.create_task(run_live(progress, build_view(cfg.env_config.live_view), status_path(cfg),
-                                        cfg.env_config.status_interval_s))
+    logger.info(
+        "rollout %s iter %d rank %d: %d episodes (%d already journaled), %d slots",
+        cfg.split,
+        cfg.iteration,
+        cfg.rank,
+        len(todo),
+        progress.skipped,
+        prepared.settings.server_size,
+    )
+    live = asyncio.create_task(
+        run_live(progress, build_view(cfg.env_config.live_view), status_path(cfg), cfg.env_config.status_interval_s)
+    )
     scheduler = Scheduler(prepared.env, prepared.policy, journal, prepared.settings, progress)
     received = await _run_until_signal(prepared, scheduler, todo)
     live.cancel()
@@ -129,22 +137,32 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
     all_done = [t for t in journal.done if t.episode_id in {s.episode_id for s in prepared.specs}]
     all_done += scheduler.finished
     manifest = journal.seal(planned=len(prepared.specs))
-    metrics = compute_metrics(all_done, time.time() - started, len(prepared.specs),
-                              cancelled=len(todo) - len(scheduler.finished))
-    metrics.update(split=cfg.split, iteration=cfg.iteration, rank=cfg.rank, policy_model=cfg.policy_config.model,
-                   policy_version=cfg.policy_version, complete=manifest["complete"],
-                   interrupted=received.name if received else None)
+    metrics = compute_metrics(
+        all_done, time.time() - started, len(prepared.specs), cancelled=len(todo) - len(scheduler.finished)
+    )
+    metrics.update(
+        split=cfg.split,
+        iteration=cfg.iteration,
+        rank=cfg.rank,
+        policy_model=cfg.policy_config.model,
+        policy_version=cfg.policy_version,
+        complete=manifest["complete"],
+        interrupted=received.name if received else None,
+    )
     save_metrics(Path(cfg.log_path) / "metrics.jsonl", metrics)
     print_summary(metrics)
     if received:
-        logger.warning("stopped by %s: %d of %d episodes journaled; rerun with resume=true to finish",
-                       received.name, manifest["episodes"], len(prepared.specs))
+        logger.warning(
+            "stopped by %s: %d of %d episodes journaled; rerun with resume=true to finish",
+            received.name,
+            manifest["episodes"],
+            len(prepared.specs),
+        )
         return SIGNAL_EXIT[received]
     return 0
 
 
-async def _run_until_signal(prepared: Prepared, scheduler: Scheduler,
-                            todo: list[EpisodeSpec]) -> signal.Signals | None:
+async def _run_until_signal(prepared: Prepared, scheduler: Scheduler, todo: list[EpisodeSpec]) -> signal.Signals | None:
     """Run the scheduler with SIGINT/SIGTERM cancelling it; returns the signal received, if any."""
     loop = asyncio.get_running_loop()
     received: list[signal.Signals] = []

@@ -52,8 +52,9 @@ class SchedulerSettings:
 class Scheduler:
     """Runs a list of episodes concurrently and journals each as it finishes."""
 
-    def __init__(self, env: Env, policy: ChatPolicy, journal: Journal, settings: SchedulerSettings,
-                 progress: Progress) -> None:
+    def __init__(
+        self, env: Env, policy: ChatPolicy, journal: Journal, settings: SchedulerSettings, progress: Progress
+    ) -> None:
         self.env = env
         self.policy = policy
         self.journal = journal
@@ -126,8 +127,16 @@ class Scheduler:
             status, error = Failure.ENV_ERROR, f"{type(exc).__name__}: {exc}"
         return self.trajectory(spec, states[0] if states else None, score, status, error, attempt, started)
 
-    def trajectory(self, spec: EpisodeSpec, state: EpisodeState | None, score: Score | None, status: Failure,
-                   error: str | None, attempt: int, started: float) -> Trajectory:
+    def trajectory(
+        self,
+        spec: EpisodeSpec,
+        state: EpisodeState | None,
+        score: Score | None,
+        status: Failure,
+        error: str | None,
+        attempt: int,
+        started: float,
+    ) -> Trajectory:
         ok = status is Failure.OK and score is not None
         info = dict(score.info) if score is not None else {}
         if state is not None:

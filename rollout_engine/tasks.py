@@ -61,8 +61,10 @@ def _task_from_line(path: Path, number: int, line: str) -> Task:
 def load_tasks(path: Path, field_name: str = "task file") -> list[Task]:
     """All tasks of a JSONL file, in file order; blank lines are skipped."""
     if not path.is_file():
-        raise ConfigError(f"{field_name} does not exist (got {str(path)!r}); point it at a JSONL task file "
-                          "(relative paths are under data_path)")
+        raise ConfigError(
+            f"{field_name} does not exist (got {str(path)!r}); point it at a JSONL task file "
+            "(relative paths are under data_path)"
+        )
     tasks: list[Task] = []
     seen: dict[str, int] = {}
     with path.open(encoding="utf-8") as handle:
@@ -71,8 +73,10 @@ def load_tasks(path: Path, field_name: str = "task file") -> list[Task]:
                 continue
             task = _task_from_line(path, number, line)
             if task.task_id in seen:
-                raise ConfigError(f"task file {path}:{number} repeats task_id {task.task_id!r} "
-                                  f"(first on line {seen[task.task_id]}); task ids must be unique")
+                raise ConfigError(
+                    f"task file {path}:{number} repeats task_id {task.task_id!r} "
+                    f"(first on line {seen[task.task_id]}); task ids must be unique"
+                )
             seen[task.task_id] = number
             tasks.append(task)
     if not tasks:

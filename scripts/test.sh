@@ -23,10 +23,10 @@ declare -A STAGE_RESULT=() STAGE_TIME=()
 # test_lint: shellcheck every script and bats file, ruff the Python.
 test_lint() {
   local -a scripts
-  mapfile -t scripts < <(cd "$ROOT" && ls scripts/*.sh scripts/lib/*.sh .ci/run)
+  mapfile -t scripts < <(cd "$ROOT" && ls scripts/*.sh scripts/lib/*.sh bench/*.sh .ci/run)
   (cd "$ROOT" && shellcheck -x "${scripts[@]}") &&
     (cd "$ROOT" && shellcheck -x -s bash tests/shell/*.bats) &&
-    (cd "$ROOT" && ruff check . && ruff format --check --diff rollout_engine training tests >/dev/null)
+    (cd "$ROOT" && ruff check . && ruff format --check rollout_engine training tests bench)
 }
 
 # test_pytest <name> <dir>: run pytest on <dir> with a JUnit report.

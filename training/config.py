@@ -117,9 +117,7 @@ class AlgorithmConfig:
         if self.stage not in STAGES:
             raise ConfigError(f"algorithm.stage must be one of {', '.join(STAGES)} (got {self.stage!r})")
         if self.finetuning_type not in FINETUNING_TYPES:
-            raise ConfigError(
-                f"algorithm.finetuning_type must be full or lora (got {self.finetuning_type!r})"
-            )
+            raise ConfigError(f"algorithm.finetuning_type must be full or lora (got {self.finetuning_type!r})")
 
 
 @dataclass
@@ -134,7 +132,6 @@ class DataConfig:
     noncanonical: str = "drop"
     #: images per sample at most (the most recent ones are kept)
     max_images_per_sample: int = 5
-
 
     def __post_init__(self) -> None:
         if self.noncanonical not in ("drop", "fail"):
@@ -253,8 +250,9 @@ def validate(cfg: UpdateConfig) -> None:
     if launch.nproc_per_node < 0:
         problems.append(f"launch.nproc_per_node must be >= 0, 0 = detect (got {launch.nproc_per_node})")
     if launch.timeout_s <= 0 or launch.grace_s < 0:
-        problems.append(f"launch.timeout_s must be > 0 and launch.grace_s >= 0 (got {launch.timeout_s}, "
-                        f"{launch.grace_s})")
+        problems.append(
+            f"launch.timeout_s must be > 0 and launch.grace_s >= 0 (got {launch.timeout_s}, {launch.grace_s})"
+        )
     if cfg.promotion.keep_last < 1:
         problems.append(f"promotion.keep_last must be >= 1 (got {cfg.promotion.keep_last})")
     if cfg.promotion.keep_optimizer and alg.save_only_model:
@@ -272,8 +270,10 @@ def _check_template(name: str) -> list[str]:
     if name in TEMPLATES:
         return []
     close = sorted(t for t in TEMPLATES if t.startswith(name[:3]))[:8]
-    return [f"template {name!r} is not a LLaMA-Factory template (similar: {', '.join(close) or 'none'}); "
-            "use smollm2 for the default model"]
+    return [
+        f"template {name!r} is not a LLaMA-Factory template (similar: {', '.join(close) or 'none'}); "
+        "use smollm2 for the default model"
+    ]
 
 
 def _check_stage(alg: AlgorithmConfig) -> list[str]:
@@ -281,6 +281,8 @@ def _check_stage(alg: AlgorithmConfig) -> list[str]:
     wanted = {"sft": "RFTSelector", "kto": "KTOSelector", "dpo": "DPOSelector"}[alg.stage]
     target = str(getattr(alg.selection, "_target_", ""))
     if not target.endswith(wanted):
-        return [f"algorithm.selection._target_ {target!r} does not produce {alg.stage} samples; use "
-                f"training.selection.{wanted} (or algorithm={alg.stage if alg.stage != 'sft' else 'rft'})"]
+        return [
+            f"algorithm.selection._target_ {target!r} does not produce {alg.stage} samples; use "
+            f"training.selection.{wanted} (or algorithm={alg.stage if alg.stage != 'sft' else 'rft'})"
+        ]
     return []

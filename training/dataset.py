@@ -74,8 +74,10 @@ def drop_rows(files: DatasetFiles, split: str, indices: list[int]) -> None:
     rows = json.loads((files.directory / f"{split}.json").read_text())
     sidecar = (files.directory / f"{split}.token_ids.jsonl").read_text().splitlines()
     save_json(files.directory / f"{split}.json", [r for i, r in enumerate(rows) if i not in doomed])
-    save_jsonl(files.directory / f"{split}.token_ids.jsonl",
-               [json.loads(line) for i, line in enumerate(sidecar) if i not in doomed])
+    save_jsonl(
+        files.directory / f"{split}.token_ids.jsonl",
+        [json.loads(line) for i, line in enumerate(sidecar) if i not in doomed],
+    )
     if split == "train":
         files.train_rows -= len(doomed)
     else:
@@ -168,8 +170,10 @@ def _content(content: Any, source: str) -> tuple[str, list[str]]:
         elif part.get("type") == "image_url":
             url = part["image_url"]["url"] if isinstance(part.get("image_url"), dict) else part.get("image_url")
             if str(url).startswith("data:"):
-                raise ConfigError(f"{source}: an inline (data:) image cannot go into a dataset; "
-                                  "have the environment store screenshots as files")
+                raise ConfigError(
+                    f"{source}: an inline (data:) image cannot go into a dataset; "
+                    "have the environment store screenshots as files"
+                )
             images.append(str(url).removeprefix("file://"))
             text.append("<image>")
     return "".join(text), images

@@ -86,8 +86,11 @@ def check_fidelity(recipe: dict[str, Any], samples: int, seed: int = 0, split: s
     sampled = [json.loads(line) for line in sidecar.read_text().splitlines() if line.strip()]
     if len(sampled) != len(rows):
         raise ConfigError(f"{sidecar} has {len(sampled)} rows but the dataset {len(rows)}; prepare the data again")
-    picks = range(len(rows)) if samples < 0 else sorted(random.Random(seed).sample(range(len(rows)),
-                                                                                    min(samples, len(rows))))
+    picks = (
+        range(len(rows))
+        if samples < 0
+        else sorted(random.Random(seed).sample(range(len(rows)), min(samples, len(rows))))
+    )
     report = FidelityReport(rows=len(rows), checked=0, without_ids=0)
     eot = encoder.end_of_turn()
     for index in picks:
@@ -103,24 +106,37 @@ def check_fidelity(recipe: dict[str, Any], samples: int, seed: int = 0, split: s
             if _same_text(prompt, reply, got_prompt, got_reply, eot, encoder):
                 report.noncanonical.append(index)
                 break
-            raise ConfigError(describe(position, index, ids["source"], prompt + reply, got_prompt + got_reply,
-                                       encoder, recipe))
+            raise ConfigError(
+                describe(position, index, ids["source"], prompt + reply, got_prompt + got_reply, encoder, recipe)
+            )
         report.checked += 1
     if report.without_ids:
-        log.warning("token fidelity: %d of %d rows have no stored token ids (not checked)",
-                    report.without_ids, len(picks))
-    log.info("token fidelity (%s, template %s): %d rows checked, %d re-tokenize differently (same text)",
-             split, recipe["template"], report.checked, len(report.noncanonical))
+        log.warning(
+            "token fidelity: %d of %d rows have no stored token ids (not checked)", report.without_ids, len(picks)
+        )
+    log.info(
+        "token fidelity (%s, template %s): %d rows checked, %d re-tokenize differently (same text)",
+        split,
+        recipe["template"],
+        report.checked,
+        len(report.noncanonical),
+    )
     return report
 
 
-def _same_text(prompt: list[int], reply: list[int], got_prompt: list[int], got_reply: list[int],
-               end_of_turn: list[int], encoder: _Encoder) -> bool:
+def _same_text(
+    prompt: list[int],
+    reply: list[int],
+    got_prompt: list[int],
+    got_reply: list[int],
+    end_of_turn: list[int],
+    encoder: _Encoder,
+) -> bool:
     """Same prompt ids, and a reply that differs only in how the same text was split into tokens."""
     if prompt != got_prompt:
         return False
     want, got, eot = encoder.decode(reply), encoder.decode(got_reply), encoder.decode(end_of_turn)
-    return got.startswith(want) and eot.endswith(got[len(want):])
+    return got.startswith(want) and eot.endswith(got[len(want) :])
 
 
 def _expected(ids: dict[str, Any]) -> list[tuple[list[int] | None, list[int] | None]]:
@@ -130,8 +146,9 @@ def _expected(ids: dict[str, Any]) -> list[tuple[list[int] | None, list[int] | N
     return out
 
 
-def compare(prompt: list[int], reply: list[int], got_prompt: list[int], got_reply: list[int],
-            end_of_turn: list[int]) -> int | None:
+def compare(
+    prompt: list[int], reply: list[int], got_prompt: list[int], got_reply: list[int], end_of_turn: list[int]
+) -> int | None:
     """First position (in prompt + reply) where LLaMA-Factory's ids leave the sampled ids, or None."""
     want, got = prompt + reply, got_prompt + got_reply
     for position, (a, b) in enumerate(zip(want, got, strict=False)):
@@ -141,14 +158,15 @@ def compare(prompt: list[int], reply: list[int], got_prompt: list[int], got_repl
         return len(got)
     if len(got_prompt) != len(prompt):
         return min(len(prompt), len(got_prompt))
-    extra = got[len(want):]
-    if extra and extra != end_of_turn[len(end_of_turn) - len(extra):]:
+    extra = got[len(want) :]
+    if extra and extra != end_of_turn[len(end_of_turn) - len(extra) :]:
         return len(want)
     return None
 
 
-def describe(position: int, index: int, source: str, want: list[int], got: list[int], encoder: _Encoder,
-             recipe: dict[str, Any]) -> str:
+def describe(
+    position: int, index: int, source: str, want: list[int], got: list[int], encoder: _Encoder, recipe: dict[str, Any]
+) -> str:
     """The mismatch message: where, which ids, both decoded contexts, and what to change."""
     lo, hi = max(0, position - CONTEXT), position + CONTEXT
 
@@ -181,8 +199,9 @@ def _load(recipe: dict[str, Any], name: str) -> tuple[_Encoder, list[dict[str, A
     stage = finetuning_args.stage
     # LLaMA-Factory's dpo workflow loads its pairwise data as stage "rm"
     dataset = _get_merged_dataset([name], model_args, data_args, training_args, "rm" if stage == "dpo" else stage)
-    processor = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer,
-                                           processor=tokenizer_module["processor"], data_args=data_args)
+    processor = SupervisedDatasetProcessor(
+        template=template, tokenizer=tokenizer, processor=tokenizer_module["processor"], data_args=data_args
+    )
     return _Encoder(tokenizer, template, processor, stage), list(dataset)
 
 

@@ -77,8 +77,9 @@ def cli_command() -> list[str]:
 
 def run_training(recipe: Path, log_file: Path, cfg: LaunchConfig, device: Device) -> TrainResult:
     """Run the training to the end or the time limit; never leaves the group running."""
-    return run_group([*cli_command(), "train", str(recipe)], log_file, launch_env(cfg, device),
-                     cfg.timeout_s, cfg.grace_s)
+    return run_group(
+        [*cli_command(), "train", str(recipe)], log_file, launch_env(cfg, device), cfg.timeout_s, cfg.grace_s
+    )
 
 
 def run_group(cmd: list[str], log_file: Path, env: dict[str, str], timeout_s: float, grace_s: float) -> TrainResult:

@@ -28,8 +28,15 @@ log = logging.getLogger(__name__)
 
 VERSION_DIR = re.compile(r"^v(\d{4,})$")
 #: files of a training output that a served policy does not need (pickles among them)
-DROP = ("training_args.bin", "trainer_log.jsonl", "all_results.json", "train_results.json", "eval_results.json",
-        "trainer_state.json", "README.md")
+DROP = (
+    "training_args.bin",
+    "trainer_log.jsonl",
+    "all_results.json",
+    "train_results.json",
+    "eval_results.json",
+    "trainer_state.json",
+    "README.md",
+)
 OPTIMIZER_FILES = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth")
 
 
@@ -87,9 +94,14 @@ def promote(
     staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
     _gather(output_dir, staging, keep_optimizer)
     record = PolicyRecord(
-        version=version, iteration=iteration, parent=parent_version(parent_model),
-        parent_path=str(parent_model.resolve()), created_at=time.time(), source_checkpoint=str(output_dir),
-        finetuning_type=finetuning_type, optimizer_state=keep_optimizer,
+        version=version,
+        iteration=iteration,
+        parent=parent_version(parent_model),
+        parent_path=str(parent_model.resolve()),
+        created_at=time.time(),
+        source_checkpoint=str(output_dir),
+        finetuning_type=finetuning_type,
+        optimizer_state=keep_optimizer,
     )
     save_json(staging / "baton_policy.json", asdict(record))
     final = policy_root / f"v{version:04d}"

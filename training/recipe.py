@@ -24,11 +24,28 @@ DEEPSPEED_DIR = REPO / "configs" / "deepspeed"
 
 #: AlgorithmConfig fields copied verbatim into the YAML
 HYPERPARAMETERS = (
-    "stage", "finetuning_type", "cutoff_len", "per_device_train_batch_size", "per_device_eval_batch_size",
-    "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
-    "num_train_epochs", "max_steps", "weight_decay", "max_grad_norm", "gradient_checkpointing",
-    "save_only_model", "logging_steps", "dataloader_num_workers", "dataloader_pin_memory",
-    "preprocessing_num_workers", "mask_history", "seed",
+    "stage",
+    "finetuning_type",
+    "cutoff_len",
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "warmup_ratio",
+    "num_train_epochs",
+    "max_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "gradient_checkpointing",
+    "save_only_model",
+    "logging_steps",
+    "dataloader_num_workers",
+    "dataloader_pin_memory",
+    "preprocessing_num_workers",
+    "mask_history",
+    "seed",
 )
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_target")
 PREF_KEYS = {"dpo": ("pref_beta", "pref_loss"), "kto": ("pref_beta", "kto_chosen_weight", "kto_rejected_weight")}

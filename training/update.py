@@ -80,8 +80,13 @@ def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
     staging = paths.run_dir / ".data-staging"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        files = save_dataset(selection.samples, staging, cfg.algorithm.stage, cfg.data.val_split_ratio,
-                             cfg.algorithm.selection.seed + cfg.iteration)
+        files = save_dataset(
+            selection.samples,
+            staging,
+            cfg.algorithm.stage,
+            cfg.data.val_split_ratio,
+            cfg.algorithm.selection.seed + cfg.iteration,
+        )
         check_tokens(cfg, files, build_recipe(cfg, files, model, paths.output, device), selection)
         check_batch(cfg, files.train_rows + files.val_rows, selection.describe(), device)
         shutil.rmtree(paths.data, ignore_errors=True)
@@ -92,10 +97,17 @@ def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
     files.directory = paths.data
     save_recipe(paths.recipe, build_recipe(cfg, files, model, paths.output, device))
     save_text(paths.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    save_json(paths.run_dir / "selection.json", {
-        "iteration": cfg.iteration, "trajectories": selection.trajectories, "samples": len(selection.samples),
-        "train_rows": files.train_rows, "val_rows": files.val_rows, "filtered": selection.filtered,
-    })
+    save_json(
+        paths.run_dir / "selection.json",
+        {
+            "iteration": cfg.iteration,
+            "trajectories": selection.trajectories,
+            "samples": len(selection.samples),
+            "train_rows": files.train_rows,
+            "val_rows": files.val_rows,
+            "filtered": selection.filtered,
+        },
+    )
     log.info("prepared %s: %s", paths.data, selection.describe())
 
 
@@ -110,13 +122,16 @@ def check_tokens(cfg: UpdateConfig, files: DatasetFiles, recipe: dict, selection
             continue
         report = check_fidelity(recipe, cfg.data.fidelity_samples, cfg.algorithm.selection.seed, split)
         if report.noncanonical and cfg.data.noncanonical == "fail":
-            raise ConfigError(f"token fidelity: {len(report.noncanonical)} {split} rows (first: row "
-                              f"{report.noncanonical[0]}) re-tokenize differently from the sampled ids; "
-                              "set data.noncanonical=drop to train without them")
+            raise ConfigError(
+                f"token fidelity: {len(report.noncanonical)} {split} rows (first: row "
+                f"{report.noncanonical[0]}) re-tokenize differently from the sampled ids; "
+                "set data.noncanonical=drop to train without them"
+            )
         if report.noncanonical:
             drop_rows(files, split, report.noncanonical)
-            selection.filtered["noncanonical_tokens"] = (selection.filtered.get("noncanonical_tokens", 0)
-                                                         + len(report.noncanonical))
+            selection.filtered["noncanonical_tokens"] = selection.filtered.get("noncanonical_tokens", 0) + len(
+                report.noncanonical
+            )
 
 
 def select(cfg: UpdateConfig) -> Selection:
@@ -128,16 +143,20 @@ def select(cfg: UpdateConfig) -> Selection:
     trajectories = load_trajectories(cfg.log_path, "train", window)
     if not trajectories:
         dirs = f"{iteration_dir(cfg.log_path, 'train', window.start)} .. iter_{cfg.iteration:04d}"
-        raise ConfigError(f"no train trajectories in {dirs} (log_path={cfg.log_path}, iteration={cfg.iteration}); "
-                          "run the rollout first or fix log_path / iteration")
+        raise ConfigError(
+            f"no train trajectories in {dirs} (log_path={cfg.log_path}, iteration={cfg.iteration}); "
+            "run the rollout first or fix log_path / iteration"
+        )
     selector = instantiate(OmegaConf.structured(sel))
     selection = selector.select(trajectories, cfg.iteration, cfg.algorithm.cutoff_len)
     if not selection.samples:
         raise ConfigError(f"no usable samples for algorithm {cfg.algorithm.name}: {selection.describe()}")
     if cfg.algorithm.stage == "kto" and len({s.label for s in selection.samples}) < 2:
         kind = "desirable" if selection.samples[0].label else "undesirable"
-        raise ConfigError(f"kto needs desirable and undesirable samples, all {len(selection.samples)} are {kind}: "
-                          f"{selection.describe()}")
+        raise ConfigError(
+            f"kto needs desirable and undesirable samples, all {len(selection.samples)} are {kind}: "
+            f"{selection.describe()}"
+        )
     return selection
 
 
@@ -165,14 +184,22 @@ def train(cfg: UpdateConfig, paths: RunPaths) -> None:
     result = run_training(paths.recipe, paths.train_log, cfg.launch, detect_device())
     if result.returncode != 0 or result.timed_out:
         why = f"timed out after {cfg.launch.timeout_s:.0f} s" if result.timed_out else f"exit {result.returncode}"
-        raise TrainingError(f"training {why}; see {paths.train_log}. policy/current is unchanged; "
-                            "run the same command again to retry")
+        raise TrainingError(
+            f"training {why}; see {paths.train_log}. policy/current is unchanged; run the same command again to retry"
+        )
     if cfg.launch.node_rank == 0:
         stats = parse_training(paths.output, paths.train_log)
-        append_jsonl(Path(cfg.log_path) / "metrics.jsonl", {
-            "kind": "training", "iteration": cfg.iteration, "time": time.time(), "algorithm": cfg.algorithm.name,
-            "wall_s": round(result.wall_s, 2), **stats,
-        })
+        append_jsonl(
+            Path(cfg.log_path) / "metrics.jsonl",
+            {
+                "kind": "training",
+                "iteration": cfg.iteration,
+                "time": time.time(),
+                "algorithm": cfg.algorithm.name,
+                "wall_s": round(result.wall_s, 2),
+                **stats,
+            },
+        )
         log.info("trained in %.1f s: %s", result.wall_s, stats)
 
 
@@ -183,10 +210,19 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
     source = paths.output
     if cfg.algorithm.finetuning_type == "lora":
         source = merge_lora(cfg, paths)
-    version = promote(source, Path(cfg.log_path) / "policy", cfg.iteration, config_mod.model_path(cfg).resolve(),
-                      cfg.promotion.keep_last, cfg.algorithm.finetuning_type, cfg.promotion.keep_optimizer)
-    append_jsonl(Path(cfg.log_path) / "metrics.jsonl",
-                 {"kind": "promotion", "iteration": cfg.iteration, "time": time.time(), "policy_version": version})
+    version = promote(
+        source,
+        Path(cfg.log_path) / "policy",
+        cfg.iteration,
+        config_mod.model_path(cfg).resolve(),
+        cfg.promotion.keep_last,
+        cfg.algorithm.finetuning_type,
+        cfg.promotion.keep_optimizer,
+    )
+    append_jsonl(
+        Path(cfg.log_path) / "metrics.jsonl",
+        {"kind": "promotion", "iteration": cfg.iteration, "time": time.time(), "policy_version": version},
+    )
     return version
 
 
@@ -195,15 +231,23 @@ def merge_lora(cfg: UpdateConfig, paths: RunPaths) -> Path:
     from training.launch import cli_command, launch_env
 
     export = {
-        "model_name_or_path": str(config_mod.model_path(cfg).resolve()), "adapter_name_or_path": str(paths.output),
-        "template": cfg.template, "finetuning_type": "lora", "export_dir": str(paths.merged),
+        "model_name_or_path": str(config_mod.model_path(cfg).resolve()),
+        "adapter_name_or_path": str(paths.output),
+        "template": cfg.template,
+        "finetuning_type": "lora",
+        "export_dir": str(paths.merged),
         "trust_remote_code": True,
     }
     export_yaml = paths.run_dir / "merge_config.yaml"
     save_recipe(export_yaml, export)
     shutil.rmtree(paths.merged, ignore_errors=True)
-    result = run_group([*cli_command(), "export", str(export_yaml)], paths.run_dir / "merge.log",
-                       launch_env(cfg.launch, Device("cpu", 1)), cfg.launch.timeout_s, cfg.launch.grace_s)
+    result = run_group(
+        [*cli_command(), "export", str(export_yaml)],
+        paths.run_dir / "merge.log",
+        launch_env(cfg.launch, Device("cpu", 1)),
+        cfg.launch.timeout_s,
+        cfg.launch.grace_s,
+    )
     if result.returncode != 0:
         raise TrainingError(f"merging the LoRA failed (exit {result.returncode}); see {paths.run_dir / 'merge.log'}")
     return paths.merged
@@ -211,6 +255,7 @@ def merge_lora(cfg: UpdateConfig, paths: RunPaths) -> Path:
 
 def describe_config(cfg: UpdateConfig) -> str:
     """One log line with what will run."""
-    return (f"update: iteration {cfg.iteration}, algorithm {cfg.algorithm.name} ({cfg.algorithm.stage}, "
-            f"{cfg.algorithm.finetuning_type}), model {config_mod.model_path(cfg)}, phase {cfg.phase}")
-
+    return (
+        f"update: iteration {cfg.iteration}, algorithm {cfg.algorithm.name} ({cfg.algorithm.stage}, "
+        f"{cfg.algorithm.finetuning_type}), model {config_mod.model_path(cfg)}, phase {cfg.phase}"
+    )

@@ -62,8 +62,14 @@ class JudgedEnv(Env):
 
     name = "judged"
 
-    def __init__(self, context: RunContext, max_turns: int = 2, last_reply_as_answer: bool = True,
-                 agent_prompt: str = AGENT_PROMPT, judge_prompt: str = JUDGE_PROMPT) -> None:
+    def __init__(
+        self,
+        context: RunContext,
+        max_turns: int = 2,
+        last_reply_as_answer: bool = True,
+        agent_prompt: str = AGENT_PROMPT,
+        judge_prompt: str = JUDGE_PROMPT,
+    ) -> None:
         if max_turns < 1:
             raise ConfigError(f"env.max_turns must be >= 1 (got {max_turns})")
         self.context = context
@@ -89,8 +95,12 @@ class JudgedEnv(Env):
         if found:
             state.data["answer"] = found[-1].strip()
             return StepResult(observation=None, done=True, action={"answer": state.data["answer"]})
-        return StepResult(observation="Give your final answer on one line: 'ANSWER: <your answer>'.",
-                          invalid_action=True, action=None, state_changed=False)
+        return StepResult(
+            observation="Give your final answer on one line: 'ANSWER: <your answer>'.",
+            invalid_action=True,
+            action=None,
+            state_changed=False,
+        )
 
     async def score(self, state: EpisodeState) -> Score:
         answer = state.data.get("answer")

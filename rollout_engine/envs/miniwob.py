@@ -241,4 +241,3 @@ class MiniWobEnv(Env):
 
 async def _snapshot(page: Any) -> str:
     return str(await page.locator("#wrap").aria_snapshot(mode="ai"))
-

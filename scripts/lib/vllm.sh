@@ -97,7 +97,7 @@ vllm_post() {
 # vllm_fingerprint <port> <served_name>: print the greedy tokens and logprobs of a
 # fixed prompt (they identify the served weights). Needs BATON_APP_PY.
 vllm_fingerprint() {
-  PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m orchestrator fingerprint \
+  PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m rollout_engine.loop fingerprint \
     --base-url "http://127.0.0.1:$1/v1" --model "$2"
 }
 

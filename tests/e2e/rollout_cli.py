@@ -11,9 +11,19 @@ from tests.conftest import REPO, env_python
 
 
 def rollout_cmd(config: str, data: Path, log: Path, base_url: str, *overrides: str) -> list[str]:
-    return [env_python("app"), "-m", "rollout_engine", "--config-name", config, f"data_path={data}",
-            f"log_path={log}", f"policy_config.base_url={base_url}", "policy_config.model=policy",
-            "env_config.live_view=plain", *overrides]
+    return [
+        env_python("app"),
+        "-m",
+        "rollout_engine",
+        "--config-name",
+        config,
+        f"data_path={data}",
+        f"log_path={log}",
+        f"policy_config.base_url={base_url}",
+        "policy_config.model=policy",
+        "env_config.live_view=plain",
+        *overrides,
+    ]
 
 
 def engine_env() -> dict[str, str]:
@@ -21,8 +31,7 @@ def engine_env() -> dict[str, str]:
 
 
 def run_rollout(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def journal_rows(log: Path, split: str = "test", iteration: int = 0, rank: int = 0) -> list[dict]:

@@ -102,10 +102,20 @@ async def test_wrong_answer_ends_the_episode_without_reward(tmp_path: Path) -> N
 
 def engine_command(server: VllmServer, data: Path, log: Path, *overrides: str) -> list[str]:
     return [
-        env_python("app"), "-m", "rollout_engine", "--config-name", "rollout_test", "env=miniwob",
-        f"data_path={data}", f"log_path={log}", "env_config.test_tasks=tasks/miniwob.jsonl",
-        "env_config.live_view=plain", f"policy_config.base_url={server.base_url}",
-        f"policy_config.model={server.model}", "policy_config.max_new_tokens=24", *overrides,
+        env_python("app"),
+        "-m",
+        "rollout_engine",
+        "--config-name",
+        "rollout_test",
+        "env=miniwob",
+        f"data_path={data}",
+        f"log_path={log}",
+        "env_config.test_tasks=tasks/miniwob.jsonl",
+        "env_config.live_view=plain",
+        f"policy_config.base_url={server.base_url}",
+        f"policy_config.model={server.model}",
+        "policy_config.max_new_tokens=24",
+        *overrides,
     ]
 
 
@@ -119,8 +129,9 @@ def write_tasks(data: Path, names: list[str], per_task: int) -> list[dict]:
 def test_engine_rolls_out_miniwob_in_chromium(vllm_server: VllmServer, tmp_path: Path) -> None:
     data, log, tag = tmp_path / "data", tmp_path / "log", uuid.uuid4().hex
     rows = write_tasks(data, ["click-test", "click-button", "enter-text"], 2)
-    command = engine_command(vllm_server, data, log, "env.max_steps=3", "env.screenshots=true",
-                             "env_config.server_size=3")
+    command = engine_command(
+        vllm_server, data, log, "env.max_steps=3", "env.screenshots=true", "env_config.server_size=3"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO), "BATON_TEST_TAG": tag}
 
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -145,8 +156,9 @@ def test_sigint_mid_rollout_leaves_no_browser(vllm_server: VllmServer, tmp_path:
     write_tasks(data, ["enter-text", "login-user"], 8)
     command = engine_command(vllm_server, data, log, "env.max_steps=30", "env_config.server_size=4")
     env = {**os.environ, "PYTHONPATH": str(REPO), "BATON_TEST_TAG": tag}
-    engine = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True)
+    engine = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         status = log / "status.json"
         deadline = time.monotonic() + 300

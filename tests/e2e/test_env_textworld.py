@@ -20,11 +20,23 @@ N_TASKS, N_SAMPLES, MAX_STEPS = 3, 2, 4
 
 def run_engine(server: VllmServer, data: Path, log: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     command = [
-        env_python("app"), "-m", "rollout_engine", "--config-name", "rollout_test", "env=textworld",
-        f"data_path={data}", f"log_path={log}", "env_config.test_tasks=tasks/textworld.jsonl",
-        f"env_config.n_samples_per_task={N_SAMPLES}", "env_config.server_size=4", "env_config.live_view=plain",
-        f"policy_config.base_url={server.base_url}", f"policy_config.model={server.model}",
-        "policy_config.max_new_tokens=24", f"env.max_steps={MAX_STEPS}", *overrides,
+        env_python("app"),
+        "-m",
+        "rollout_engine",
+        "--config-name",
+        "rollout_test",
+        "env=textworld",
+        f"data_path={data}",
+        f"log_path={log}",
+        "env_config.test_tasks=tasks/textworld.jsonl",
+        f"env_config.n_samples_per_task={N_SAMPLES}",
+        "env_config.server_size=4",
+        "env_config.live_view=plain",
+        f"policy_config.base_url={server.base_url}",
+        f"policy_config.model={server.model}",
+        "policy_config.max_new_tokens=24",
+        f"env.max_steps={MAX_STEPS}",
+        *overrides,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)

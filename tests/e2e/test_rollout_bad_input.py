@@ -23,20 +23,26 @@ def closed_port_url() -> str:
 def data(tmp_path: Path) -> Path:
     tasks = tmp_path / "data" / "tasks"
     tasks.mkdir(parents=True)
-    row = {"task_id": "a", "task_name": "Calculate 1 + 1.", "metadata": {
-        "dataset": "chain_sum", "entry": {"question": "Calculate 1 + 1.", "answer": "2", "metadata": {}}}}
+    row = {
+        "task_id": "a",
+        "task_name": "Calculate 1 + 1.",
+        "metadata": {"dataset": "chain_sum", "entry": {"question": "Calculate 1 + 1.", "answer": "2", "metadata": {}}},
+    }
     (tasks / "test.jsonl").write_text(json.dumps(row) + "\n")
     return tmp_path / "data"
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["env_config.server_size=0"], "env_config.server_size must be >= 1 (got 0)"),
-    (["env_config.server_size=many"], "env_config.server_size"),
-    (["env_config.no_such_key=1"], "no_such_key"),
-    (["env=no_such_env"], "no_such_env"),
-    (["env_config.test_tasks=tasks/missing.jsonl"], "env_config.test_tasks does not exist"),
-    (["policy_config.max_retries=1", "policy_config.retry_backoff_s=0.1"], "policy_config.base_url is unreachable"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["env_config.server_size=0"], "env_config.server_size must be >= 1 (got 0)"),
+        (["env_config.server_size=many"], "env_config.server_size"),
+        (["env_config.no_such_key=1"], "no_such_key"),
+        (["env=no_such_env"], "no_such_env"),
+        (["env_config.test_tasks=tasks/missing.jsonl"], "env_config.test_tasks does not exist"),
+        (["policy_config.max_retries=1", "policy_config.retry_backoff_s=0.1"], "policy_config.base_url is unreachable"),
+    ],
+)
 def test_bad_input_exits_2_and_writes_nothing(data: Path, tmp_path: Path, overrides: list[str], message: str) -> None:
     log = tmp_path / "log"
     out = run_rollout(rollout_cmd("rollout_test", data, log, closed_port_url(), *overrides), timeout=120)

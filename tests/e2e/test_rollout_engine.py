@@ -25,8 +25,16 @@ pytestmark = pytest.mark.e2e
 
 def test_reasoning_gym_rollout_writes_journal_manifest_metrics(vllm_server, data_dir: Path, tmp_path: Path) -> None:
     log = tmp_path / "log"
-    out = run_rollout(rollout_cmd("rollout_test", data_dir, log, vllm_server.base_url,
-                                  "env_config.test_tasks_rollout_size=6", "policy_config.max_new_tokens=16"))
+    out = run_rollout(
+        rollout_cmd(
+            "rollout_test",
+            data_dir,
+            log,
+            vllm_server.base_url,
+            "env_config.test_tasks_rollout_size=6",
+            "policy_config.max_new_tokens=16",
+        )
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = journal_rows(log)
     assert len(rows) == 6 and len({r["episode_id"] for r in rows}) == 6
@@ -52,18 +60,41 @@ def test_judged_rollout_with_local_judge(vllm_server, tmp_path: Path) -> None:
     data, log = tmp_path / "data", tmp_path / "log"
     (data / "tasks").mkdir(parents=True)
     tasks = [
-        {"task_id": "w1", "task_name": "What is the capital of France?", "website": "https://en.wikipedia.org",
-         "domain": "reference", "subdomain": "geo", "difficulty": 2,
-         "evaluator_reference": [{"description": "The answer names Paris", "difficulty": 1}],
-         "definite_answer": "Paris"},
-        {"task_id": "w2", "task_name": "How many days are in a week?", "website": "https://www.timeanddate.com",
-         "domain": "reference", "subdomain": "time", "difficulty": 5, "evaluator_reference": "The answer is 7",
-         "definite_answer": "7"},
+        {
+            "task_id": "w1",
+            "task_name": "What is the capital of France?",
+            "website": "https://en.wikipedia.org",
+            "domain": "reference",
+            "subdomain": "geo",
+            "difficulty": 2,
+            "evaluator_reference": [{"description": "The answer names Paris", "difficulty": 1}],
+            "definite_answer": "Paris",
+        },
+        {
+            "task_id": "w2",
+            "task_name": "How many days are in a week?",
+            "website": "https://www.timeanddate.com",
+            "domain": "reference",
+            "subdomain": "time",
+            "difficulty": 5,
+            "evaluator_reference": "The answer is 7",
+            "definite_answer": "7",
+        },
     ]
     (data / "tasks" / "test.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    out = run_rollout(rollout_cmd("rollout_test", data, log, vllm_server.base_url, "env=judged",
-                                  "env_config.n_samples_per_task=2", "policy_config.max_new_tokens=48",
-                                  "openai_config.max_retries=1", "openai_config.max_tokens=48"))
+    out = run_rollout(
+        rollout_cmd(
+            "rollout_test",
+            data,
+            log,
+            vllm_server.base_url,
+            "env=judged",
+            "env_config.n_samples_per_task=2",
+            "policy_config.max_new_tokens=48",
+            "openai_config.max_retries=1",
+            "openai_config.max_tokens=48",
+        )
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = journal_rows(log)
     assert sorted(r["episode_id"] for r in rows) == ["w1#0", "w1#1", "w2#0", "w2#1"]
@@ -103,8 +134,13 @@ def _group_alive(pgid: int) -> list[int]:
     return alive
 
 
-SLOW = ("env_config.server_size=1", "env_config.max_vllm_sessions=1", "policy_config.max_new_tokens=48",
-        "env_config.train_tasks_rollout_size=8", "env_config.n_samples_per_task=2")
+SLOW = (
+    "env_config.server_size=1",
+    "env_config.max_vllm_sessions=1",
+    "policy_config.max_new_tokens=48",
+    "env_config.train_tasks_rollout_size=8",
+    "env_config.n_samples_per_task=2",
+)
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(vllm_server, data_dir: Path, tmp_path: Path) -> None:
@@ -116,8 +152,9 @@ def test_resume_after_sigkill_matches_uninterrupted_run(vllm_server, data_dir: P
 
     log = tmp_path / "log"
     cmd = rollout_cmd("rollout_train", data_dir, log, vllm_server.base_url, *SLOW)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=engine_env(), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=engine_env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     journal = log / "trajectories" / "train" / "iter_0000" / "rank_0.jsonl"
     try:
         _wait_for_lines(journal, 3, proc)
@@ -137,8 +174,15 @@ def test_resume_after_sigkill_matches_uninterrupted_run(vllm_server, data_dir: P
 def test_sigint_stops_seals_and_leaves_no_child(vllm_server, data_dir: Path, tmp_path: Path) -> None:
     log = tmp_path / "log"
     cmd = rollout_cmd("rollout_train", data_dir, log, vllm_server.base_url, *SLOW)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=engine_env(), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=engine_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     journal = log / "trajectories" / "train" / "iter_0000" / "rank_0.jsonl"
     try:
         _wait_for_lines(journal, 1, proc)

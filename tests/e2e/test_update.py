@@ -31,25 +31,51 @@ PROMPT = [{"role": "user", "content": "What is 3 + 4?\nAnswer with only the fina
 def journal_log(vllm_server, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A log path holding one real train rollout (iteration 0) of the default model."""
     log = tmp_path_factory.mktemp("update") / "log"
-    out = run_rollout(rollout_cmd("rollout_train", data_dir, log, vllm_server.base_url, "iteration=0",
-                                  "env_config.train_tasks_rollout_size=24", "env_config.n_samples_per_task=4",
-                                  "policy_config.max_new_tokens=24"))
+    out = run_rollout(
+        rollout_cmd(
+            "rollout_train",
+            data_dir,
+            log,
+            vllm_server.base_url,
+            "iteration=0",
+            "env_config.train_tasks_rollout_size=24",
+            "env_config.n_samples_per_task=4",
+            "policy_config.max_new_tokens=24",
+        )
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return log
 
 
 def run_update(log: Path, model: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    cmd = [env_python("train"), "-m", "training", "--config-name", "update", f"log_path={log}", "iteration=0",
-           f"model_path={model}", *overrides]
-    return subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=900, check=False)
+    cmd = [
+        env_python("train"),
+        "-m",
+        "training",
+        "--config-name",
+        "update",
+        f"log_path={log}",
+        "iteration=0",
+        f"model_path={model}",
+        *overrides,
+    ]
+    return subprocess.run(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 def first_logprobs(base_url: str) -> list[float]:
     """Greedy logprobs of the first reply tokens to a fixed prompt."""
     body = {"model": "policy", "messages": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": True}
-    request = urllib.request.Request(f"{base_url}/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{base_url}/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         reply = json.loads(response.read())
     return [t["logprob"] for t in reply["choices"][0]["logprobs"]["content"]]
@@ -57,9 +83,15 @@ def first_logprobs(base_url: str) -> list[float]:
 
 def test_wrong_template_fails_fidelity_before_anything_is_written(journal_log: Path, model_dir: Path) -> None:
     # chatml renders no system prompt where SmolLM2's own template inserts one
-    out = run_update(journal_log, model_dir, "template=chatml", "default_system=null",
-                     "algorithm.selection.positive_samples_to_train=4", "algorithm.per_device_train_batch_size=1",
-                     "algorithm.gradient_accumulation_steps=1")
+    out = run_update(
+        journal_log,
+        model_dir,
+        "template=chatml",
+        "default_system=null",
+        "algorithm.selection.positive_samples_to_train=4",
+        "algorithm.per_device_train_batch_size=1",
+        "algorithm.gradient_accumulation_steps=1",
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     text = out.stdout + out.stderr
     assert "token fidelity: dataset row" in text and "differs from the sampled ids at position" in text
@@ -69,11 +101,19 @@ def test_wrong_template_fails_fidelity_before_anything_is_written(journal_log: P
     assert not (journal_log / "policy").exists()
 
 
-def test_update_trains_promotes_and_vllm_serves_the_new_policy(vllm_server, journal_log: Path, model_dir: Path,
-                                                               tmp_path: Path) -> None:
-    out = run_update(journal_log, model_dir, "algorithm.max_steps=1", "algorithm.per_device_train_batch_size=2",
-                     "algorithm.gradient_accumulation_steps=1", "algorithm.learning_rate=1e-4",
-                     "algorithm.warmup_steps=0", "algorithm.cutoff_len=512")
+def test_update_trains_promotes_and_vllm_serves_the_new_policy(
+    vllm_server, journal_log: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    out = run_update(
+        journal_log,
+        model_dir,
+        "algorithm.max_steps=1",
+        "algorithm.per_device_train_batch_size=2",
+        "algorithm.gradient_accumulation_steps=1",
+        "algorithm.learning_rate=1e-4",
+        "algorithm.warmup_steps=0",
+        "algorithm.cutoff_len=512",
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert "token fidelity (train, template smollm2)" in out.stdout + out.stderr
     run_dir = journal_log / "training" / "iter_0000"

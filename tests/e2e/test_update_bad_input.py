@@ -16,10 +16,25 @@ pytestmark = pytest.mark.e2e
 
 
 def update(log: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    cmd = [env_python("train"), "-m", "training", "--config-name", "update", f"log_path={log}", "iteration=0",
-           *overrides]
-    return subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=300, check=False)
+    cmd = [
+        env_python("train"),
+        "-m",
+        "training",
+        "--config-name",
+        "update",
+        f"log_path={log}",
+        "iteration=0",
+        *overrides,
+    ]
+    return subprocess.run(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def write_journal(log: Path, trajectories) -> None:
@@ -69,6 +84,11 @@ def test_unknown_algorithm_and_template(tmp_path: Path, model_dir: Path) -> None
     out = update(tmp_path / "log", "algorithm=ppo")
     assert out.returncode == 2 and "algorithm" in out.stderr and "rft" in out.stderr
     write_journal(tmp_path / "log", [traj("a", 0, True)])
-    out = update(tmp_path / "log", f"model_path={model_dir}", "template=nosuch",
-                 "algorithm.gradient_accumulation_steps=1", "algorithm.per_device_train_batch_size=1")
+    out = update(
+        tmp_path / "log",
+        f"model_path={model_dir}",
+        "template=nosuch",
+        "algorithm.gradient_accumulation_steps=1",
+        "algorithm.per_device_train_batch_size=1",
+    )
     assert out.returncode == 2 and "nosuch" in out.stderr + out.stdout, (out.stdout + out.stderr)[-2000:]

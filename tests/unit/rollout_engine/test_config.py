@@ -22,8 +22,10 @@ def composed(name: str, overrides: list[str]):
 
 
 def test_every_problem_reported_at_once_with_field_value_and_fix() -> None:
-    cfg = composed("rollout_train", ["env_config.server_size=0", "policy_config.top_p=2", "rank=3",
-                                     "policy_config.base_url=localhost:8000"])
+    cfg = composed(
+        "rollout_train",
+        ["env_config.server_size=0", "policy_config.top_p=2", "rank=3", "policy_config.base_url=localhost:8000"],
+    )
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     text = str(err.value)

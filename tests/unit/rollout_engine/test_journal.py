@@ -13,8 +13,18 @@ from rollout_engine.types import Trajectory, Turn
 
 
 def traj(i: int) -> Trajectory:
-    return Trajectory(episode_id=f"t{i}#0", task_id=f"t{i}", sample_index=0, split="train", iteration=0, rank=0,
-                      env="e", family="f", difficulty=1, turns=[Turn(index=0, messages=[], response=str(i))])
+    return Trajectory(
+        episode_id=f"t{i}#0",
+        task_id=f"t{i}",
+        sample_index=0,
+        split="train",
+        iteration=0,
+        rank=0,
+        env="e",
+        family="f",
+        difficulty=1,
+        turns=[Turn(index=0, messages=[], response=str(i))],
+    )
 
 
 def test_torn_last_line_is_dropped_and_truncated_on_resume(tmp_path: Path) -> None:

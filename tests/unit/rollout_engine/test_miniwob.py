@@ -28,8 +28,9 @@ def test_build_tasks_is_deterministic_and_names_page_and_seed() -> None:
     assert rows == build_tasks(["click-test", "enter-text"], 3, seed=5)
     assert len(rows) == 6 and len({row["task_id"] for row in rows}) == 6
     assert [row["metadata"]["miniwob_task"] for row in rows] == ["click-test"] * 3 + ["enter-text"] * 3
-    assert all(isinstance(row["metadata"]["seed"], int) and row["family"] == row["metadata"]["miniwob_task"]
-               for row in rows)
+    assert all(
+        isinstance(row["metadata"]["seed"], int) and row["family"] == row["metadata"]["miniwob_task"] for row in rows
+    )
     assert json.loads(json.dumps(rows)) == rows
 
 

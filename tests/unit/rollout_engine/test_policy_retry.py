@@ -21,8 +21,9 @@ def status_error(cls: type, code: int, message: str = "boom") -> Exception:
 
 def reply(text: str = "42") -> SimpleNamespace:
     choice = SimpleNamespace(message=SimpleNamespace(content=text), finish_reason="stop", token_ids=[7, 8])
-    return SimpleNamespace(choices=[choice], usage=SimpleNamespace(prompt_tokens=5, completion_tokens=2),
-                           prompt_token_ids=[1, 2, 3, 4, 5])
+    return SimpleNamespace(
+        choices=[choice], usage=SimpleNamespace(prompt_tokens=5, completion_tokens=2), prompt_token_ids=[1, 2, 3, 4, 5]
+    )
 
 
 class ScriptedClient:
@@ -63,8 +64,12 @@ def client_for(script: list, retries: int = 3) -> tuple[PolicyClient, ScriptedCl
 
 async def test_retries_connection_429_and_5xx_then_succeeds() -> None:
     sleeps.clear()
-    script = [openai.APIConnectionError(request=REQUEST), status_error(openai.RateLimitError, 429),
-              status_error(openai.InternalServerError, 503), reply("7")]
+    script = [
+        openai.APIConnectionError(request=REQUEST),
+        status_error(openai.RateLimitError, 429),
+        status_error(openai.InternalServerError, 503),
+        reply("7"),
+    ]
     policy, fake = client_for(script)
     completion = await policy.chat([{"role": "user", "content": "hi"}])
     assert completion.text == "7" and completion.prompt_token_ids == [1, 2, 3, 4, 5]
@@ -93,7 +98,9 @@ async def test_client_errors_are_not_retried_and_overflow_is_recognised() -> Non
 
 async def test_unreachable_server_is_a_config_error_naming_the_url() -> None:
     policy, _ = client_for([openai.APIConnectionError(request=REQUEST)] * 2, retries=1)
-    with pytest.raises(ConfigError, match=r"policy_config\.base_url is unreachable \(got 'http://127\.0\.0\.1:8000/v1'"):
+    with pytest.raises(
+        ConfigError, match=r"policy_config\.base_url is unreachable \(got 'http://127\.0\.0\.1:8000/v1'"
+    ):
         await policy.check_server()
 
 

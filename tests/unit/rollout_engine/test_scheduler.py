@@ -68,8 +68,16 @@ class FakeEnv(Env):
 
 
 def settings(**kw) -> SchedulerSettings:
-    base = dict(server_size=2, episode_timeout_s=0.5, infra_retries=1, infra_retry_budget=10, split="train",
-                iteration=0, rank=0, policy_model="p")
+    base = dict(
+        server_size=2,
+        episode_timeout_s=0.5,
+        infra_retries=1,
+        infra_retry_budget=10,
+        split="train",
+        iteration=0,
+        rank=0,
+        policy_model="p",
+    )
     return SchedulerSettings(**{**base, **kw})
 
 

@@ -56,8 +56,11 @@ def test_train_sampling_reproducible_per_iteration_and_split() -> None:
 
 
 def test_ratio_sampler_follows_bucket_weights() -> None:
-    cfg = EnvConfig(train_tasks_rollout_size=30, train_tasks_sampler="ratio",
-                    difficulty_ratio={"easy": DifficultyBucket(1, 3, 2.0), "hard": DifficultyBucket(7, 9, 1.0)})
+    cfg = EnvConfig(
+        train_tasks_rollout_size=30,
+        train_tasks_sampler="ratio",
+        difficulty_ratio={"easy": DifficultyBucket(1, 3, 2.0), "hard": DifficultyBucket(7, 9, 1.0)},
+    )
     chosen = sample_tasks(make_tasks(300), cfg, "train", 7)
     assert sum(t.difficulty <= 3 for t in chosen) == 20
     assert sum(t.difficulty >= 7 for t in chosen) == 10

@@ -20,13 +20,14 @@ CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 def load(tmp_path: Path, *overrides: str) -> UpdateConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("update", overrides=[f"log_path={tmp_path}", "iteration=0", f"model_path={tmp_path}",
-                                           *overrides])
+        cfg = compose("update", overrides=[f"log_path={tmp_path}", "iteration=0", f"model_path={tmp_path}", *overrides])
     return OmegaConf.to_object(cfg)
 
 
-@pytest.mark.parametrize(("algorithm", "stage", "selector"),
-                         [("rft", "sft", RFTSelector), ("kto", "kto", KTOSelector), ("dpo", "dpo", DPOSelector)])
+@pytest.mark.parametrize(
+    ("algorithm", "stage", "selector"),
+    [("rft", "sft", RFTSelector), ("kto", "kto", KTOSelector), ("dpo", "dpo", DPOSelector)],
+)
 def test_each_algorithm_composes_and_instantiates(tmp_path: Path, algorithm: str, stage: str, selector) -> None:
     (tmp_path / "config.json").write_text("{}")
     cfg = load(tmp_path, f"algorithm={algorithm}")
@@ -36,14 +37,23 @@ def test_each_algorithm_composes_and_instantiates(tmp_path: Path, algorithm: str
 
 
 def test_validate_lists_every_problem(tmp_path: Path) -> None:
-    cfg = load(tmp_path, "algorithm.per_device_train_batch_size=0", "algorithm.warmup_ratio=0.1",
-               "launch.node_rank=2", "promotion.keep_optimizer=true")
+    cfg = load(
+        tmp_path,
+        "algorithm.per_device_train_batch_size=0",
+        "algorithm.warmup_ratio=0.1",
+        "launch.node_rank=2",
+        "promotion.keep_optimizer=true",
+    )
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     text = str(err.value)
-    for needle in ("config.json missing", "per_device_train_batch_size must be >= 1 (got 0)",
-                   "warmup_steps and algorithm.warmup_ratio", "launch.node_rank must be in [0, launch.nnodes=1)",
-                   "keep_optimizer needs algorithm.save_only_model=false"):
+    for needle in (
+        "config.json missing",
+        "per_device_train_batch_size must be >= 1 (got 0)",
+        "warmup_steps and algorithm.warmup_ratio",
+        "launch.node_rank must be in [0, launch.nnodes=1)",
+        "keep_optimizer needs algorithm.save_only_model=false",
+    ):
         assert needle in text
 
 

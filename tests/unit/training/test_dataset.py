@@ -16,21 +16,36 @@ from training.selection import DPOSelector, KTOSelector, RFTSelector
 def multi_turn_sample():
     first = turn(0, response="look")
     second = turn(1, response="7")
-    second.messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "2+5?"},
-                       {"role": "assistant", "content": "look"}, {"role": "tool", "content": "obs"}]
+    second.messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "2+5?"},
+        {"role": "assistant", "content": "look"},
+        {"role": "tool", "content": "obs"},
+    ]
     return RFTSelector().select([traj("a", 0, True, turns=[first, second])], 0, 2048).samples[1]
 
 
 def test_sft_row_holds_history_and_the_sampled_reply_last() -> None:
     row = to_row(multi_turn_sample(), "sft")
     assert row["system"] == "sys" and row["images"] == []
-    assert row["conversations"] == [{"from": "human", "value": "2+5?"}, {"from": "gpt", "value": "look"},
-                                    {"from": "observation", "value": "obs"}, {"from": "gpt", "value": "7"}]
+    assert row["conversations"] == [
+        {"from": "human", "value": "2+5?"},
+        {"from": "gpt", "value": "look"},
+        {"from": "observation", "value": "obs"},
+        {"from": "gpt", "value": "7"},
+    ]
 
 
 def test_image_parts_become_placeholders_and_paths() -> None:
-    messages = [{"role": "user", "content": [{"type": "text", "text": "Screen: "},
-                                             {"type": "image_url", "image_url": {"url": "file:///l/s.png"}}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Screen: "},
+                {"type": "image_url", "image_url": {"url": "file:///l/s.png"}},
+            ],
+        }
+    ]
     assert convert_messages(messages, "x") == ("", [{"from": "human", "value": "Screen: <image>"}], ["/l/s.png"])
     with pytest.raises(ConfigError, match="inline"):
         convert_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:a"}}]}], "x")

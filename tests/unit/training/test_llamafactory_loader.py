@@ -11,15 +11,24 @@ from tests.conftest import REPO, env_python
 
 
 def test_sft_kto_dpo_files_load_as_written(model_dir: Path, tmp_path: Path) -> None:
-    out = subprocess.run([env_python("train"), "tests/unit/training/load_with_llamafactory.py", str(model_dir),
-                          str(tmp_path)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [env_python("train"), "tests/unit/training/load_with_llamafactory.py", str(model_dir), str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.split("RESULT ", 1)[1])
     user, assistant = "user", "assistant"
     sft = sorted(result["sft"], key=lambda r: len(r["_prompt"]))
     assert [len(sft)] == [2] and sft[1]["_prompt"] == [
-        {"role": user, "content": "2+5?"}, {"role": assistant, "content": "look"}, {"role": user, "content": "obs"}]
+        {"role": user, "content": "2+5?"},
+        {"role": assistant, "content": "look"},
+        {"role": user, "content": "obs"},
+    ]
     assert sft[1]["_response"] == [{"role": assistant, "content": "7"}]
     # kto: LLaMA-Factory pads the reply with an empty one, after it when desirable
     kto = {r["_response"][0]["content"] or r["_response"][1]["content"]: r["_response"] for r in result["kto"]}

@@ -10,19 +10,33 @@ from training.metrics import parse_training
 
 def test_reads_trainer_log_and_results(tmp_path: Path) -> None:
     (tmp_path / "trainer_log.jsonl").write_text(
-        json.dumps({"current_steps": 1, "total_steps": 2, "loss": 1.5}) + "\n"
-        + json.dumps({"current_steps": 2, "total_steps": 2, "loss": 1.25}) + "\n")
-    (tmp_path / "train_results.json").write_text(json.dumps(
-        {"train_loss": 1.375, "train_runtime": 10.0, "train_samples_per_second": 0.8, "train_steps_per_second": 0.2}))
+        json.dumps({"current_steps": 1, "total_steps": 2, "loss": 1.5})
+        + "\n"
+        + json.dumps({"current_steps": 2, "total_steps": 2, "loss": 1.25})
+        + "\n"
+    )
+    (tmp_path / "train_results.json").write_text(
+        json.dumps(
+            {"train_loss": 1.375, "train_runtime": 10.0, "train_samples_per_second": 0.8, "train_steps_per_second": 0.2}
+        )
+    )
     stats = parse_training(tmp_path)
-    assert stats == {"steps": 2, "losses": [1.5, 1.25], "train_loss": 1.375, "train_runtime_s": 10.0,
-                     "train_samples_per_second": 0.8, "train_steps_per_second": 0.2}
+    assert stats == {
+        "steps": 2,
+        "losses": [1.5, 1.25],
+        "train_loss": 1.375,
+        "train_runtime_s": 10.0,
+        "train_samples_per_second": 0.8,
+        "train_steps_per_second": 0.2,
+    }
 
 
 def test_falls_back_to_console_lines(tmp_path: Path) -> None:
     console = tmp_path / "train.log"
-    console.write_text("noise\n{'loss': 2.0, 'grad_norm': 3.1, 'learning_rate': 1e-05, 'epoch': 0.5}\n"
-                       "{'train_runtime': 4.5, 'train_samples_per_second': 1.5, 'train_steps_per_second': 0.4, "
-                       "'train_loss': 2.0, 'epoch': 1.0}\n")
+    console.write_text(
+        "noise\n{'loss': 2.0, 'grad_norm': 3.1, 'learning_rate': 1e-05, 'epoch': 0.5}\n"
+        "{'train_runtime': 4.5, 'train_samples_per_second': 1.5, 'train_steps_per_second': 0.4, "
+        "'train_loss': 2.0, 'epoch': 1.0}\n"
+    )
     stats = parse_training(tmp_path / "missing", console)
     assert stats["losses"] == [2.0] and stats["train_runtime_s"] == 4.5 and stats["train_samples_per_second"] == 1.5

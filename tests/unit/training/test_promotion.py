@@ -27,8 +27,13 @@ def test_versions_current_and_pruning(tmp_path: Path) -> None:
     root, base = tmp_path / "policy", tmp_path / "base"
     base.mkdir()
     for i in range(1, 5):
-        version = promote(fake_output(tmp_path / f"out{i}", f"w{i}"), root, iteration=i - 1,
-                          parent_model=root / "current" if i > 1 else base, keep_last=2)
+        version = promote(
+            fake_output(tmp_path / f"out{i}", f"w{i}"),
+            root,
+            iteration=i - 1,
+            parent_model=root / "current" if i > 1 else base,
+            keep_last=2,
+        )
         assert version == i and os.readlink(root / "current") == f"v{i:04d}"
     assert sorted(p.name for p in root.iterdir()) == ["current", "v0003", "v0004"]
     record = json.loads((root / "current" / "baton_policy.json").read_text())

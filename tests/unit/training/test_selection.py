@@ -19,8 +19,13 @@ def test_rft_keeps_successful_steps_only_and_counts_each_rule() -> None:
     ]
     selection = RFTSelector(positive_samples_to_train=100).select(trajectories, iteration=0, cutoff_len=2048)
     assert [s.source for s in selection.samples] == ["a#0@1"]  # the last step counts even if unchanged
-    assert selection.filtered == {"infra_failed": 1, "empty": 1, "not_successful": 1, "unchanged_state": 1,
-                                  "media_placeholder": 1}
+    assert selection.filtered == {
+        "infra_failed": 1,
+        "empty": 1,
+        "not_successful": 1,
+        "unchanged_state": 1,
+        "media_placeholder": 1,
+    }
     assert "1 samples from 5 trajectories" in selection.describe()
 
 
@@ -43,8 +48,11 @@ def test_rft_draw_prefers_recent_iterations_in_proportion_to_weight() -> None:
     new = [traj(f"n{i}", 0, True, iteration=4) for i in range(400)]
     counts: Counter[int] = Counter()
     for seed in range(20):
-        chosen = RFTSelector(last_k_iterations=2, positive_samples_to_train=40, recency_bias_power=2.0,
-                             seed=seed).select(old + new, iteration=4, cutoff_len=2048).samples
+        chosen = (
+            RFTSelector(last_k_iterations=2, positive_samples_to_train=40, recency_bias_power=2.0, seed=seed)
+            .select(old + new, iteration=4, cutoff_len=2048)
+            .samples
+        )
         assert len(chosen) == 40 and len({s.source for s in chosen}) == 40  # without replacement
         counts.update(s.iteration for s in chosen)
     # weights 1 (iteration 3) and 4 (iteration 4): about 4:1 when the draw is small against the pool
@@ -57,27 +65,40 @@ def test_rft_uses_all_eligible_steps_when_fewer_than_requested() -> None:
 
 
 def test_disagreement_filter_drops_groups_that_all_succeed_or_all_fail() -> None:
-    trajectories = [traj("mixed", 0, True), traj("mixed", 1, False), traj("won", 0, True), traj("won", 1, True),
-                    traj("lost", 0, False), traj("lost", 1, False)]
+    trajectories = [
+        traj("mixed", 0, True),
+        traj("mixed", 1, False),
+        traj("won", 0, True),
+        traj("won", 1, True),
+        traj("lost", 0, False),
+        traj("lost", 1, False),
+    ]
     selection = RFTSelector(disagreement_filter=True).select(trajectories, iteration=0, cutoff_len=2048)
     assert [s.source for s in selection.samples] == ["mixed#0@0"]
     assert selection.filtered == {"no_disagreement": 4, "not_successful": 1}
 
 
 def test_kto_labels_success_desirable_and_failure_undesirable() -> None:
-    selection = KTOSelector().select([traj("a", 0, True), traj("a", 1, False), traj("b", 0, False,
-                                      status=Failure.TIMEOUT)], iteration=0, cutoff_len=2048)
+    selection = KTOSelector().select(
+        [traj("a", 0, True), traj("a", 1, False), traj("b", 0, False, status=Failure.TIMEOUT)],
+        iteration=0,
+        cutoff_len=2048,
+    )
     assert {(s.source, s.label) for s in selection.samples} == {("a#0@0", True), ("a#1@0", False)}
     assert selection.filtered == {"infra_failed": 1}
 
 
 def test_dpo_pairs_success_with_failure_of_the_same_task_and_prompt() -> None:
     trajectories = [
-        traj("a", 0, True, turns=[turn(response="7")]), traj("a", 1, False, turns=[turn(response="8")]),
+        traj("a", 0, True, turns=[turn(response="7")]),
+        traj("a", 1, False, turns=[turn(response="8")]),
         traj("a", 2, False, turns=[turn(response="9")]),
-        traj("b", 0, True), traj("b", 1, True),  # no failure: no pair
-        traj("c", 0, True, turns=[turn(prompt="x")]), traj("c", 1, False, turns=[turn(prompt="y")]),
-        traj("d", 0, True, iteration=1), traj("d", 1, False, iteration=0),  # different iterations
+        traj("b", 0, True),
+        traj("b", 1, True),  # no failure: no pair
+        traj("c", 0, True, turns=[turn(prompt="x")]),
+        traj("c", 1, False, turns=[turn(prompt="y")]),
+        traj("d", 0, True, iteration=1),
+        traj("d", 1, False, iteration=0),  # different iterations
     ]
     selection = DPOSelector().select(trajectories, iteration=1, cutoff_len=2048)
     pairs = [(s.source, s.rejected.source) for s in selection.samples]

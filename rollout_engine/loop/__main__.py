@@ -15,14 +15,14 @@ from pathlib import Path
 
 from rollout_engine.errors import ConfigError
 
-log = logging.getLogger("orchestrator")
+log = logging.getLogger(__name__)
 #: a fixed greedy probe whose logprobs identify the served weights
 PROBE = [{"role": "user", "content": "What is 3 + 4?\nAnswer with only the final number."}]
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
     """Validate the overrides by composing every config; print the routing; save the resolved configs."""
-    from orchestrator.overrides import Request, route_and_compose
+    from rollout_engine.loop.overrides import Request, route_and_compose
 
     req = Request(args.data_path, args.log_path, args.base_model, list(args.overrides), args.debug_mode)
     try:
@@ -45,7 +45,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from orchestrator.summary import summarize
+    from rollout_engine.loop.summary import summarize
 
     served = None if args.served_version in (None, "", "base") else int(args.served_version)
     print(json.dumps(summarize(Path(args.log_path), args.iteration, served)))
@@ -53,14 +53,14 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from orchestrator.plot import save_plot
+    from rollout_engine.loop.plot import save_plot
 
     print(save_plot(Path(args.log_path)))
     return 0
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from orchestrator.plot import format_table
+    from rollout_engine.loop.plot import format_table
 
     print(format_table(Path(args.log_path)))
     return 0
@@ -86,7 +86,7 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rollout_engine.loop", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     compose = sub.add_parser("compose")
     compose.add_argument("--data-path", required=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.overrides import override_key
-from orchestrator.plot import format_table, save_plot
-from orchestrator.summary import iteration_records, summarize
+from rollout_engine.loop.overrides import override_key
+from rollout_engine.loop.plot import format_table, save_plot
+from rollout_engine.loop.summary import iteration_records, summarize
 
 
 def write_metrics(log: Path, rows: list[dict]) -> None:
