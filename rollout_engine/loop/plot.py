@@ -20,6 +20,7 @@ def save_plot(log_path: Path) -> Path:
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     records = iteration_records(log_path)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
@@ -32,6 +33,7 @@ def save_plot(log_path: Path) -> Path:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker=marker, label=label)
     ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("success rate (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
