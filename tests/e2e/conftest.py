@@ -3,6 +3,7 @@ through the product's own shell library (scripts/lib/vllm.sh)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -62,3 +63,17 @@ def vllm_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         yield server
     finally:
         stop_vllm(server)
+
+
+def run_update(log: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    """Run the update phase (`python -m training`) in the train environment for iteration 0."""
+    cmd = [env_python("train"), "-m", "training", "--config-name", "update", f"log_path={log}", "iteration=0"]
+    return subprocess.run(
+        [*cmd, *overrides],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

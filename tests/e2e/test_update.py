@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, env_python
-from tests.e2e.conftest import start_vllm, stop_vllm
+from tests.e2e.conftest import run_update, start_vllm, stop_vllm
 from tests.e2e.rollout_cli import rollout_cmd, run_rollout
 
 pytestmark = pytest.mark.e2e
@@ -47,29 +45,6 @@ def journal_log(vllm_server, data_dir: Path, tmp_path_factory: pytest.TempPathFa
     return log
 
 
-def run_update(log: Path, model: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        env_python("train"),
-        "-m",
-        "training",
-        "--config-name",
-        "update",
-        f"log_path={log}",
-        "iteration=0",
-        f"model_path={model}",
-        *overrides,
-    ]
-    return subprocess.run(
-        cmd,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-
-
 def first_logprobs(base_url: str) -> list[float]:
     """Greedy logprobs of the first reply tokens to a fixed prompt."""
     body = {"model": "policy", "messages": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": True}
@@ -85,7 +60,7 @@ def test_wrong_template_fails_fidelity_before_anything_is_written(journal_log: P
     # chatml renders no system prompt where SmolLM2's own template inserts one
     out = run_update(
         journal_log,
-        model_dir,
+        f"model_path={model_dir}",
         "template=chatml",
         "default_system=null",
         "algorithm.selection.positive_samples_to_train=4",
@@ -106,7 +81,7 @@ def test_update_trains_promotes_and_vllm_serves_the_new_policy(
 ) -> None:
     out = run_update(
         journal_log,
-        model_dir,
+        f"model_path={model_dir}",
         "algorithm.max_steps=1",
         "algorithm.per_device_train_batch_size=2",
         "algorithm.gradient_accumulation_steps=1",

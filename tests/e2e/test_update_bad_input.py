@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, env_python
+from tests.e2e.conftest import run_update
 from tests.unit.training.trajectories import traj
 
 pytestmark = pytest.mark.e2e
-
-
-def update(log: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        env_python("train"),
-        "-m",
-        "training",
-        "--config-name",
-        "update",
-        f"log_path={log}",
-        "iteration=0",
-        *overrides,
-    ]
-    return subprocess.run(
-        cmd,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def write_journal(log: Path, trajectories) -> None:
@@ -48,7 +24,7 @@ def listing(path: Path) -> list[str]:
 
 
 def test_no_trajectories(tmp_path: Path, model_dir: Path) -> None:
-    out = update(tmp_path / "log", f"model_path={model_dir}")
+    out = run_update(tmp_path / "log", f"model_path={model_dir}")
     assert out.returncode == 2 and "no train trajectories in" in out.stderr + out.stdout
     assert not (tmp_path / "log").exists()
 
@@ -57,7 +33,7 @@ def test_no_usable_samples_names_each_rule(tmp_path: Path, model_dir: Path) -> N
     log = tmp_path / "log"
     write_journal(log, [traj("a", 0, False), traj("a", 1, False), traj("b", 0, True, turns=[])])
     before = listing(log)
-    out = update(log, f"model_path={model_dir}")
+    out = run_update(log, f"model_path={model_dir}")
     text = out.stderr + out.stdout
     assert out.returncode == 2, text[-2000:]
     assert "no usable samples for algorithm rft: 0 samples from 3 trajectories" in text
@@ -66,7 +42,7 @@ def test_no_usable_samples_names_each_rule(tmp_path: Path, model_dir: Path) -> N
 
 
 def test_missing_model_and_inconsistent_batch(tmp_path: Path) -> None:
-    out = update(tmp_path / "log", f"model_path={tmp_path / 'nope'}", "algorithm.per_device_train_batch_size=0")
+    out = run_update(tmp_path / "log", f"model_path={tmp_path / 'nope'}", "algorithm.per_device_train_batch_size=0")
     text = out.stderr + out.stdout
     assert out.returncode == 2 and "config.json missing" in text
     assert "algorithm.per_device_train_batch_size must be >= 1 (got 0)" in text
@@ -75,16 +51,16 @@ def test_missing_model_and_inconsistent_batch(tmp_path: Path) -> None:
 def test_batch_larger_than_the_samples(tmp_path: Path, model_dir: Path) -> None:
     log = tmp_path / "log"
     write_journal(log, [traj("a", 0, True)])
-    out = update(log, f"model_path={model_dir}", "algorithm.per_device_train_batch_size=4")
+    out = run_update(log, f"model_path={model_dir}", "algorithm.per_device_train_batch_size=4")
     assert out.returncode == 2 and "1 training rows cannot fill one optimizer step" in out.stderr + out.stdout
     assert not (log / "training").exists()
 
 
 def test_unknown_algorithm_and_template(tmp_path: Path, model_dir: Path) -> None:
-    out = update(tmp_path / "log", "algorithm=ppo")
+    out = run_update(tmp_path / "log", "algorithm=ppo")
     assert out.returncode == 2 and "algorithm" in out.stderr and "rft" in out.stderr
     write_journal(tmp_path / "log", [traj("a", 0, True)])
-    out = update(
+    out = run_update(
         tmp_path / "log",
         f"model_path={model_dir}",
         "template=nosuch",

@@ -34,7 +34,6 @@ def test_build_tasks_is_deterministic_and_names_page_and_seed() -> None:
     assert json.loads(json.dumps(rows)) == rows
 
 
-@pytest.mark.skipif(find_chromium() is None, reason="needs a Chromium binary on this machine")
 def test_check_task_names_the_bad_field(tmp_path: Path) -> None:
     env = MiniWobEnv(context=_context(tmp_path))
     good = Task.from_json(build_tasks(["click-test"], 1, seed=0)[0])
