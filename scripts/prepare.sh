@@ -45,4 +45,5 @@ main() {
   prepare_data "$data"
 }
 
-main "$@"
+# One line: bash parses it whole, so an edit of this file while it runs (git pull) cannot run stray bytes.
+main "$@"; exit

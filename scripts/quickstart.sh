@@ -59,4 +59,5 @@ main() {
   common_log "quickstart finished in $((SECONDS - start)) s; trajectories and metrics under $logs"
 }
 
-main "$@"
+# One line: bash parses it whole, so an edit of this file while it runs (git pull) cannot run stray bytes.
+main "$@"; exit

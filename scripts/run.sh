@@ -62,16 +62,18 @@ cmd_dry_run() {
 cmd_run() {
   local resolved
   resolved=$(mktemp)
+  # shellcheck disable=SC2064 # expand now: the temp file of this call
+  trap "rm -f '$resolved'" EXIT
   loop_compose "$resolved"
   if ((!RUN_DEBUG)) && [[ ! -f $(loop_policy_path)/config.json ]]; then
-    rm -f "$resolved"
     cli_bad "no model to serve at $(loop_policy_path) (config.json missing); run: bash scripts/prepare.sh --data-path $RUN_DATA"
   fi
-  mkdir -p "$LOOP_RUN_DIR/logs"
-  mv -f "$resolved" "$LOOP_RUN_DIR/resolved.yaml"
+  loop_claim
   trap loop_cleanup EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  mkdir -p "$LOOP_RUN_DIR/logs"
+  mv -f "$resolved" "$LOOP_RUN_DIR/resolved.yaml"
   common_log "run: --rl-phase $RUN_PHASE, log path $RUN_LOG, policy ${LOOP_BASE_URL} (${LOOP_MODEL})"
   case "$RUN_PHASE" in
     both) loop_both ;;
@@ -101,4 +103,5 @@ main() {
   cmd_run
 }
 
-main "$@"
+# One line: bash parses it whole, so an edit of this file while it runs (git pull) cannot run stray bytes.
+main "$@"; exit

@@ -147,4 +147,5 @@ main() {
   common_log "setup complete"
 }
 
-main "$@"
+# One line: bash parses it whole, so an edit of this file while it runs (git pull) cannot run stray bytes.
+main "$@"; exit

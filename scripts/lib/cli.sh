@@ -21,6 +21,7 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --resume                   continue the interrupted iteration (single-node)
   --max-iterations N         stop after N iterations (default: run until stopped)
   --max-update-failures N    stop after N consecutive failed updates (default 3)
+  --wait-timeout S           update: stop after S seconds with no new train rollout (default: wait until stopped)
   --dry-run                  print the commands each phase would run, then exit
   -h, --help                 this text
 
@@ -57,12 +58,12 @@ cli_is_int() {
 cli_parse() {
   RUN_DATA="" RUN_LOG="" RUN_PHASE="" RUN_EVAL_INTERVAL="" RUN_SPLIT="" RUN_NUM_NODES=""
   RUN_RANK_WEIGHTS="" RUN_MASTER="" RUN_WORKER="" RUN_DEBUG=0 RUN_RESUME=0 RUN_MAX_ITER=""
-  RUN_MAX_FAILURES="" RUN_DRY=0 RUN_HELP=0
+  RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0
   RUN_OVERRIDES=()
   while (($#)); do
     case "$1" in
       --data-path | --log-path | --rl-phase | --eval-interval | --rollout-split | --num-nodes | \
-        --rank-weights | --worker | --max-iterations | --max-update-failures)
+        --rank-weights | --worker | --max-iterations | --max-update-failures | --wait-timeout)
         cli_need_value "$1" $#
         cli_parse_valued "$1" "$2"
         shift 2
@@ -107,6 +108,7 @@ cli_parse_valued() {
     --worker) cli_set_once RUN_WORKER "$1" "$2" ;;
     --max-iterations) cli_set_once RUN_MAX_ITER "$1" "$2" ;;
     --max-update-failures) cli_set_once RUN_MAX_FAILURES "$1" "$2" ;;
+    --wait-timeout) cli_set_once RUN_WAIT "$1" "$2" ;;
   esac
 }
 
@@ -161,6 +163,10 @@ cli_validate_phase() {
       cli_bad "--rollout-split must be train-only or eval-only (got '$RUN_SPLIT')"
   elif [[ -n $RUN_SPLIT ]]; then
     cli_bad "--rollout-split applies to --rl-phase rollout only (got --rl-phase $RUN_PHASE); drop it"
+  fi
+  if [[ -n $RUN_WAIT ]]; then
+    [[ $RUN_PHASE == update ]] || cli_bad "--wait-timeout applies to --rl-phase update only (got --rl-phase $RUN_PHASE); drop it"
+    cli_is_int "$RUN_WAIT" 0 || cli_bad "--wait-timeout must be a number of seconds >= 0 (got '$RUN_WAIT'); 0 stops at once when there is nothing new"
   fi
 }
 

@@ -14,6 +14,40 @@ loop_setup() {
   LOOP_PORT=${BATON_VLLM_PORT:-8999}
   LOOP_FAILURES=0
   LOOP_UPDATE_RUNNING=""
+  LOOP_SLEEP_PID=""
+  case "$RUN_PHASE" in
+    both) LOOP_ROLES=(rollout update) LOOP_GROUPS=(update rollout-train rollout-test vllm) ;;
+    rollout) LOOP_ROLES=(rollout) LOOP_GROUPS=(rollout-train rollout-test vllm) ;;
+    update) LOOP_ROLES=(update) LOOP_GROUPS=(update) ;;
+  esac
+  LOOP_CLAIMED=()
+}
+
+# loop_claim: own this run's roles (rollout and/or update of this rank) on the
+# log path; exit 2 while another live run.sh owns one. A rollout run and an
+# update run may share a log path; two of the same role may not.
+loop_claim() {
+  local role owner name
+  for role in "${LOOP_ROLES[@]}"; do
+    if ! owner=$(procs_claim "$LOOP_RUN_DIR" "$role-rank$RUN_RANK"); then
+      loop_release
+      cli_bad "another run.sh (pid $owner) is running the $role phase of rank $RUN_RANK on --log-path $RUN_LOG;" \
+        "stop it (kill -INT $owner) or use another --log-path"
+    fi
+    LOOP_CLAIMED+=("$role-rank$RUN_RANK")
+  done
+  # A run of these roles that died (SIGKILL, power loss) may have left its rollout or update running: stop
+  # them before they race the new run's on the same journal. A healthy vLLM of the run is reused instead.
+  for name in "${LOOP_GROUPS[@]}"; do
+    [[ $name == vllm ]] || procs_stop_stale "$LOOP_RUN_DIR" "$name"
+  done
+}
+
+# loop_release: give up the roles this run owns.
+loop_release() {
+  local role
+  for role in "${LOOP_CLAIMED[@]}"; do procs_release "$LOOP_RUN_DIR" "$role"; done
+  LOOP_CLAIMED=()
 }
 
 # loop_py <python> <args...>: run a Baton module with the repository on PYTHONPATH.
@@ -107,7 +141,7 @@ loop_run() {
 # loop_ensure_vllm: serve the current policy (reuse a server that already does).
 loop_ensure_vllm() {
   ((RUN_DEBUG)) && return 0
-  [[ -f $LOOP_RUN_DIR/pids/vllm.pgid ]] && procs_group_alive "$(procs_pgid "$LOOP_RUN_DIR" vllm)" && return 0
+  procs_leader_alive "$LOOP_RUN_DIR" vllm && return 0
   vllm_start "$LOOP_RUN_DIR" "$(loop_policy_path)" "$LOOP_PORT" "$LOOP_MODEL" 600
   LOOP_SERVED_VERSION=$(loop_policy_version)
 }
@@ -167,11 +201,12 @@ loop_update() {
   iteration_is_done "$RUN_LOG" "$n" update && return 0
   log="$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").update.log"
   loop_update_cmd "$n" "$(loop_update_phase "$n")"
-  ((RUN_DEBUG)) || vllm_sleep "$LOOP_PORT" || common_warn "could not put vLLM to sleep; training beside it"
+  # Only a run that serves (both) may put its own vLLM to sleep; an update-only run leaves servers alone.
+  [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)) && { vllm_sleep "$LOOP_PORT" || common_warn "could not put vLLM to sleep; training beside it"; }
   LOOP_UPDATE_RUNNING=$n
   loop_timed "$n" update loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
   LOOP_UPDATE_RUNNING=""
-  ((RUN_DEBUG)) || vllm_wake "$LOOP_PORT" || common_warn "could not wake vLLM up"
+  [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)) && { vllm_wake "$LOOP_PORT" || common_warn "could not wake vLLM up"; }
   if ((rc == 0)); then
     LOOP_FAILURES=0
     outcome="promoted v$(loop_policy_version)"
@@ -263,18 +298,43 @@ loop_untrained() {
   return 1
 }
 
-# loop_updates: train whenever a newer train rollout is there; never twice on the same data.
+# loop_updates: train whenever a newer train rollout is there; never twice on
+# the same data. With nothing new it waits (polling), for at most --wait-timeout.
 loop_updates() {
-  local n done_count=0 poll=${BATON_UPDATE_POLL_S:-30}
+  local n done_count=0 poll=${BATON_UPDATE_POLL_S:-30} since=$SECONDS said=-1 waited
   while loop_should_continue "$done_count"; do
-    if ! n=$(loop_untrained); then
-      common_log "no new train trajectories; checking again in ${poll}s"
-      sleep "$poll"
+    if n=$(loop_untrained); then
+      loop_update "$n"
+      done_count=$((done_count + 1)) since=$SECONDS said=-1
       continue
     fi
-    loop_update "$n"
-    done_count=$((done_count + 1))
+    waited=$((SECONDS - since))
+    if [[ -n $RUN_WAIT ]] && ((waited >= RUN_WAIT)); then
+      loop_wait_expired "$done_count" "$waited"
+      return 0
+    fi
+    if ((said < 0 || waited - said >= 600)); then
+      common_log "waiting for a new train rollout under $RUN_LOG/trajectories/train (from --rl-phase rollout" \
+        "--rollout-split train-only on this log path); checking every ${poll}s, waited ${waited}s${RUN_WAIT:+ of $RUN_WAIT}"
+      said=$waited
+    fi
+    [[ -z $RUN_WAIT ]] || ((poll <= RUN_WAIT - waited)) || poll=$((RUN_WAIT - waited))
+    sleep "$poll" &
+    LOOP_SLEEP_PID=$!
+    wait "$LOOP_SLEEP_PID" || true
+    LOOP_SLEEP_PID=""
   done
+}
+
+# loop_wait_expired <updates_done> <waited_s>: --wait-timeout ran out; fine after
+# at least one update, an error (exit 1) when there was never anything to train on.
+loop_wait_expired() {
+  if (($1 > 0)); then
+    common_log "no new train rollout for ${2}s (--wait-timeout $RUN_WAIT); stopping after $1 update(s)"
+    return 0
+  fi
+  common_die 1 "no train rollout to train on under $RUN_LOG after ${2}s (--wait-timeout $RUN_WAIT);" \
+    "run --rl-phase rollout --rollout-split train-only (or both) on this log path first, or wait longer"
 }
 
 # loop_stop_update: stop a running update so that its training group ends too
@@ -297,10 +357,16 @@ loop_stop_update() {
   return 0
 }
 
-# loop_cleanup: the EXIT trap: stop every group this run started (nothing
-# else; shared data and the log path's files stay).
+# loop_cleanup: the EXIT trap: stop the groups of this run's roles (an update
+# run never stops a rollout run's vLLM), then give up the roles. Shared data and
+# the log path's files stay.
 loop_cleanup() {
-  [[ -n ${LOOP_RUN_DIR:-} && -d $LOOP_RUN_DIR/pids ]] || return 0
-  loop_stop_update
-  procs_stop_all "$LOOP_RUN_DIR" 10
+  local name
+  [[ -n ${LOOP_RUN_DIR:-} && -d $LOOP_RUN_DIR ]] || return 0
+  [[ -z ${LOOP_SLEEP_PID:-} ]] || kill "$LOOP_SLEEP_PID" 2>/dev/null || true
+  if ((${#LOOP_CLAIMED[@]})); then
+    [[ " ${LOOP_GROUPS[*]} " != *" update "* ]] || loop_stop_update
+    for name in "${LOOP_GROUPS[@]}"; do procs_stop "$LOOP_RUN_DIR" "$name" 10; done
+  fi
+  loop_release
 }

@@ -5,7 +5,7 @@
 
 # procs_start <run_dir> <name> <logfile> <cmd...>: start <cmd> in a new session
 # (its own process group) with output appended to <logfile>; record the group
-# id in <run_dir>/pids/<name>.pgid and print it.
+# id and its leader's start time in <run_dir>/pids/<name>.pgid; print the id.
 procs_start() {
   local run_dir=$1 name=$2 logfile=$3 pid
   shift 3
@@ -14,15 +14,37 @@ procs_start() {
   # so the pid is also the process group id of everything it starts.
   setsid "$@" >>"$logfile" 2>&1 </dev/null &
   pid=$!
-  printf '%s\n' "$pid" >"$run_dir/pids/$name.pgid.tmp"
+  printf '%s %s\n' "$pid" "$(procs_start_time "$pid")" >"$run_dir/pids/$name.pgid.tmp"
   mv -f "$run_dir/pids/$name.pgid.tmp" "$run_dir/pids/$name.pgid"
   printf '%s\n' "$pid"
 }
 
 # procs_pgid <run_dir> <name>: print the recorded group id of <name>, if any.
 procs_pgid() {
-  local file="$1/pids/$2.pgid"
-  [[ -f $file ]] && cat "$file"
+  local file="$1/pids/$2.pgid" pgid
+  [[ -f $file ]] && read -r pgid _ <"$file" && printf '%s\n' "$pgid"
+}
+
+# procs_leader_alive <run_dir> <name>: true while the recorded group's leader
+# runs: the same pid with the same start time (so not a reused pid).
+procs_leader_alive() {
+  local file="$1/pids/$2.pgid" pgid start
+  [[ -f $file ]] && read -r pgid start <"$file" && [[ $pgid =~ ^[0-9]+$ && -n $start ]] &&
+    [[ $(procs_start_time "$pgid") == "$start" ]]
+}
+
+# procs_stop_stale <run_dir> <name>: a record left by a run that died: stop its
+# group when the leader is verifiably ours; otherwise only forget the record.
+procs_stop_stale() {
+  local pgid
+  pgid=$(procs_pgid "$1" "$2") || return 0
+  if procs_leader_alive "$1" "$2"; then
+    common_warn "$2 (group $pgid) was left running by an earlier run; stopping it"
+    procs_stop "$1" "$2" 10
+  else
+    procs_group_alive "$pgid" && common_warn "$2: recorded group $pgid outlived its leader; not ours to stop, check it"
+    rm -f "$1/pids/$2.pgid"
+  fi
 }
 
 # procs_group_alive <pgid>: true while a process of the group runs (zombies,
@@ -59,4 +81,43 @@ procs_stop_all() {
     [[ -e $file ]] || continue
     procs_stop "$run_dir" "$(basename "$file" .pgid)" "$grace"
   done
+}
+
+# procs_start_time <pid>: print the start time of <pid> (clock ticks since boot;
+# with the pid it names one process, even after the pid is reused).
+procs_start_time() {
+  local stat
+  local -a fields
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) } # the fields after the command name, which may hold spaces
+  read -r -a fields <<<"$stat"
+  printf '%s\n' "${fields[19]}"
+}
+
+# procs_claim <run_dir> <role>: make this shell the owner of <role> under
+# <run_dir> (owner.<role>: "host pid start_time"). Fails, printing the owner,
+# while another live process on this host owns it. The check and the write are
+# one step under a flock.
+procs_claim() {
+  local run_dir=$1 file="$1/owner.$2" fd host pid start rc=0
+  mkdir -p "$run_dir"
+  exec {fd}>>"$run_dir/owner.lock"
+  flock -w 10 "$fd" || true
+  if [[ -f $file ]] && read -r host pid start <"$file" && [[ $host == "$(hostname)" && $pid =~ ^[0-9]+$ ]] &&
+    [[ $pid != "$$" && $(procs_start_time "$pid") == "$start" ]]; then
+    printf '%s\n' "$pid"
+    rc=1
+  else
+    printf '%s %s %s\n' "$(hostname)" "$$" "$(procs_start_time "$$")" >"$file.tmp"
+    mv -f "$file.tmp" "$file"
+  fi
+  exec {fd}>&-
+  return "$rc"
+}
+
+# procs_release <run_dir> <role>: forget the owner record of <role> if it is this shell's.
+procs_release() {
+  local file="$1/owner.$2" host pid start
+  [[ -f $file ]] && read -r host pid start <"$file" && [[ $host == "$(hostname)" && $pid == "$$" ]] && rm -f "$file"
+  return 0
 }

@@ -50,17 +50,23 @@ vllm_wait() {
 }
 
 # vllm_start <run_dir> <model_dir> <port> <served_name> [deadline_s]: start a
-# server (up to 3 attempts) and wait for it; reuse one already serving the
-# same model on <port>. Logs go to <run_dir>/logs/vllm.log.
+# server (up to 3 attempts) and wait for it; reuse the one this run directory
+# recorded if it still serves the same model on <port>. A server on <port> that
+# this run directory did not start is never reused, reloaded or stopped.
+# Logs go to <run_dir>/logs/vllm.log.
 vllm_start() {
   local run_dir=$1 model=$2 port=$3 name=$4 deadline=${5:-600} attempt log
   local -a args
-  if vllm_serves "$port" "$name" "$model"; then
-    common_log "vLLM on port $port already serves $name from $model; reusing it"
-    return 0
+  if procs_leader_alive "$run_dir" vllm; then
+    if vllm_serves "$port" "$name" "$model"; then
+      common_log "vLLM on port $port (group $(procs_pgid "$run_dir" vllm), started by this run) already serves $name from $model; reusing it"
+      return 0
+    fi
+    procs_stop "$run_dir" vllm 10
   fi
   if curl -fsS --max-time 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
-    common_die 1 "port $port is held by a server that does not serve $name from $model; stop it or choose another port"
+    common_die 1 "port $port is held by a server that this run did not start; stop it or choose another port" \
+      "(BATON_VLLM_PORT), or use it with --debug-mode"
   fi
   mapfile -t args < <(vllm_args "$model" "$port" "$name")
   log="$run_dir/logs/vllm.log"

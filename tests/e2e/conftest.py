@@ -38,7 +38,7 @@ class VllmServer:
     run_dir: Path
 
     def pgid(self) -> int:
-        return int((self.run_dir / "pids" / "vllm.pgid").read_text())
+        return int((self.run_dir / "pids" / "vllm.pgid").read_text().split()[0])
 
 
 def start_vllm(run_dir: Path, model_path: Path, name: str = "policy") -> VllmServer:

@@ -68,8 +68,9 @@ def test_chat_completion_then_clean_stop(model_dir: Path, tmp_path: Path) -> Non
     assert not (tmp_path / "pids" / "vllm.pgid").exists()
 
 
-def test_reuse_refuses_a_server_of_another_model(vllm_server, tmp_path: Path) -> None:
-    out = vllm_shell(f'vllm_start "{tmp_path}" /nonexistent/model {vllm_server.port} {vllm_server.model} 30')
+def test_a_server_this_run_did_not_start_is_never_reused(vllm_server, tmp_path: Path) -> None:
+    # same model, same served name: still another run's server, whose weights a reload would replace
+    out = vllm_shell(f'vllm_start "{tmp_path}" "{vllm_server.model_path}" {vllm_server.port} {vllm_server.model} 30')
     assert out.returncode == 1
-    assert f"port {vllm_server.port} is held by a server that does not serve" in out.stderr
+    assert f"port {vllm_server.port} is held by a server that this run did not start" in out.stderr
     assert not (tmp_path / "pids").exists(), "nothing may be started when the port is taken"

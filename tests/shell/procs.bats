@@ -12,7 +12,8 @@ setup() {
 
 @test "procs_start records a group whose children procs_stop ends" {
   pgid=$(procs_start "$RUN" job "$RUN/job.log" bash -c 'sleep 300 & sleep 300 & wait')
-  [ "$(cat "$RUN/pids/job.pgid")" = "$pgid" ]
+  [ "$(procs_pgid "$RUN" job)" = "$pgid" ]
+  [ "$(cat "$RUN/pids/job.pgid")" = "$pgid $(procs_start_time "$pgid")" ]
   sleep 0.3
   [ "$(pgrep -g "$pgid" | wc -l)" -ge 3 ]
   run -0 procs_stop "$RUN" job 5
@@ -39,4 +40,20 @@ setup() {
 
 @test "procs_stop of an unknown name is a no-op" {
   run -0 procs_stop "$RUN" nothing
+}
+
+@test "procs_stop_stale stops a group whose recorded leader still runs, and only forgets one whose pid was reused" {
+  pgid=$(procs_start "$RUN" left "$RUN/l.log" bash -c 'sleep 300 & wait')
+  sleep 0.3
+  run -0 procs_stop_stale "$RUN" left
+  [[ $output == *"left (group $pgid) was left running by an earlier run; stopping it"* ]]
+  run -1 procs_group_alive "$pgid"
+  # a record whose pid now names another process (another start time): never signalled
+  sleep 300 &
+  local other=$!
+  printf '%s 1\n' "$other" >"$RUN/pids/reused.pgid"
+  run -0 procs_stop_stale "$RUN" reused
+  kill -0 "$other"
+  [ ! -e "$RUN/pids/reused.pgid" ]
+  kill "$other"
 }

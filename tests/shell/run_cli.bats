@@ -87,6 +87,13 @@ run_bad() {
   run_bad "--max-update-failures must be an integer >= 1 (got '-1')" "${base[@]}" --max-update-failures -1
 }
 
+@test "--wait-timeout: update only, whole seconds >= 0" {
+  run_bad "--wait-timeout applies to --rl-phase update only (got --rl-phase both)" \
+    --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 --wait-timeout 10
+  run_bad "--wait-timeout must be a number of seconds >= 0 (got '1.5')" \
+    --data-path "$DATA" --log-path "$LOG" --rl-phase update --wait-timeout 1.5
+}
+
 @test "unknown arguments, flags without values and repeated flags are refused" {
   run_bad "unknown argument 'foo'" --data-path "$DATA" --log-path "$LOG" --rl-phase update foo
   run_bad "unknown option '--bogus=1'" --data-path "$DATA" --log-path "$LOG" --rl-phase update --bogus=1

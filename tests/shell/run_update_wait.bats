@@ -1,0 +1,99 @@
+#!/usr/bin/env bats
+# run.sh --rl-phase update with nothing to train on: it waits for a train
+# rollout, --wait-timeout bounds the wait, SIGTERM ends the wait at once, and
+# two runs of the same role on one log path are refused (needs the app
+# environment; no training starts, so the model folder only needs config.json).
+
+bats_require_minimum_version 1.5.0
+
+setup() {
+  ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
+  source "$ROOT/scripts/lib/common.sh"
+  source "$ROOT/scripts/lib/procs.sh"
+  LOG="$BATS_TEST_TMPDIR/log"
+  DATA="$BATS_TEST_TMPDIR/data"
+  mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
+  printf '{}\n' >"$DATA/models/SmolLM2-135M-Instruct/config.json"
+  unset RANK NODE_RANK
+}
+
+teardown() {
+  # the background run started by a test, by the pid it recorded: nothing else
+  [[ -z ${BG:-} ]] || kill -KILL "$BG" 2>/dev/null || true
+}
+
+# wait_for <seconds> <cmd...>: poll until <cmd> succeeds.
+wait_for() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+@test "with no train rollout, --wait-timeout 0 stops at once: exit 1 naming the log path and what to run" {
+  run -1 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
+    --wait-timeout 0
+  [[ $stderr == *"no train rollout to train on under $LOG after 0s (--wait-timeout 0)"* ]]
+  [[ $stderr == *"run --rl-phase rollout --rollout-split train-only"* ]]
+  [ ! -e "$LOG/training" ]
+  [ ! -e "$LOG/policy" ]
+  # the run released its role: the next one may start
+  [ ! -e "$LOG/run/owner.update-rank0" ]
+}
+
+@test "the wait polls until --wait-timeout, saying what it waits for" {
+  BATON_UPDATE_POLL_S=1 run -1 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase update --wait-timeout 3
+  [[ $stderr == *"waiting for a new train rollout under $LOG/trajectories/train"*"checking every 1s"* ]]
+  [[ $stderr == *"after 3s (--wait-timeout 3)"* ]]
+}
+
+@test "a waiting update stops on SIGTERM (exit 143) and a second update run on the same log path is refused" {
+  BATON_UPDATE_POLL_S=600 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
+    >"$BATS_TEST_TMPDIR/bg.log" 2>&1 &
+  BG=$!
+  wait_for 60 grep -q "waiting for a new train rollout" "$BATS_TEST_TMPDIR/bg.log"
+  read -r _ owner _ <"$LOG/run/owner.update-rank0"
+  [ "$owner" = "$BG" ]
+
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
+    --wait-timeout 0
+  [[ $stderr == *"another run.sh (pid $BG) is running the update phase of rank 0 on --log-path $LOG"* ]]
+  [[ $stderr == *"kill -INT $BG"* ]]
+  [ -e "$LOG/run/owner.update-rank0" ]
+
+  local kids rc=0 start=$SECONDS
+  kids=$(ps -o pid= --ppid "$BG" | tr -d ' ')
+  [ -n "$kids" ]
+  kill -TERM "$BG"
+  wait "$BG" || rc=$?
+  [ "$rc" -eq 143 ]
+  # within the 30 s any stop must take (not after its 600 s poll), no child left, role released
+  ((SECONDS - start < 30))
+  for pid in $kids; do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid"
+      return 1
+    fi
+  done
+  [ ! -e "$LOG/run/owner.update-rank0" ]
+  BG=""
+}
+
+@test "procs_claim: a dead owner's record is taken over; a live owner keeps it" {
+  local dir="$BATS_TEST_TMPDIR/run"
+  mkdir -p "$dir"
+  printf '%s 999999999 1\n' "$(hostname)" >"$dir/owner.update-rank0"
+  run -0 procs_claim "$dir" update-rank0
+  sleep 600 &
+  local live=$!
+  printf '%s %s %s\n' "$(hostname)" "$live" "$(procs_start_time "$live")" >"$dir/owner.update-rank0"
+  run -1 procs_claim "$dir" update-rank0
+  [ "$output" = "$live" ]
+  # the same pid with another start time is a reused pid, not the owner
+  printf '%s %s 1\n' "$(hostname)" "$live" >"$dir/owner.update-rank0"
+  run -0 procs_claim "$dir" update-rank0
+  kill "$live"
+}
