@@ -3,7 +3,8 @@
     python -m training --config-name update log_path=L iteration=N [model_path=M] [algorithm=rft|kto|dpo] ...
 
 Exit codes: 0 done, 2 bad input (nothing written, nothing launched), 1 the
-training failed (policy/current unchanged; run again to retry).
+training failed (policy/current unchanged; run again to retry), 130 / 143
+stopped by SIGINT / SIGTERM (the LLaMA-Factory group is stopped first).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def main() -> None:
     import hydra
 
     from training.config import register_configs
+    from training.launch import exit_on_sigterm
 
+    exit_on_sigterm()
     register_configs()
     entered: list[bool] = []
 

@@ -9,7 +9,9 @@ local GPUs, 1 on CPU, unless configured), and NNODES / NODE_RANK / MASTER_ADDR
 / MASTER_PORT. The train environment's bin/ goes first on PATH so that
 `torchrun` resolves. After `timeout_s` the group gets SIGTERM, after `grace_s`
 more SIGKILL; on any exception here (Ctrl-C included) the group is stopped the
-same way. Output goes to `log_file`.
+same way. Output goes to `log_file`. `exit_on_sigterm()` turns SIGTERM into
+that same path (the entry point installs it), so `kill <pid>` stops the
+training group too.
 """
 
 from __future__ import annotations
@@ -73,6 +75,15 @@ def cli_command() -> list[str]:
     if not found:
         raise FileNotFoundError("llamafactory-cli is not installed in this environment; run in the train environment")
     return [found]
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise SystemExit(143), so `finally` blocks stop the training group."""
+
+    def _exit(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
 
 
 def run_training(recipe: Path, log_file: Path, cfg: LaunchConfig, device: Device) -> TrainResult:
