@@ -152,7 +152,7 @@ class LaunchConfig:
     master_port: int = 29500
     #: seconds before the training is stopped (SIGTERM), then `grace_s` more before SIGKILL
     timeout_s: float = 3600.0
-    grace_s: float = 30.0
+    grace_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.deepspeed not in DEEPSPEED_PRESETS:

@@ -3,20 +3,20 @@
     device = detect_device()
     result = run_training(recipe_path, log_file, launch_cfg, device)
 
-The command runs in its own session (its process group id is its pid, written
-to `<log_file>.pgid` while it runs) with FORCE_TORCHRUN=1, NPROC_PER_NODE (the
+The command runs in its own session (its process group id is its pid; that
+group and those of torchrun's workers, which start sessions of their own, are
+listed in `<log_file>.pgid` while it runs) with FORCE_TORCHRUN=1, NPROC_PER_NODE (the
 local GPUs, 1 on CPU, unless configured), and NNODES / NODE_RANK / MASTER_ADDR
 / MASTER_PORT. The train environment's bin/ goes first on PATH so that
-`torchrun` resolves. After `timeout_s` the group gets SIGTERM, after `grace_s`
-more SIGKILL; on any exception here (Ctrl-C included) the group is stopped the
-same way. Output goes to `log_file`. `exit_on_sigterm()` turns SIGTERM into
+`torchrun` resolves. After `timeout_s` the groups get SIGTERM, after `grace_s`
+more SIGKILL; on any exception here (Ctrl-C included) they are stopped the
+same way (training/groups.py). Output goes to `log_file`. `exit_on_sigterm()` turns SIGTERM into
 that same path (the entry point installs it), so `kill <pid>` stops the
 training group too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -27,10 +27,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollout_engine.files import save_text
 from training.config import LaunchConfig
+from training.groups import become_subreaper, descendant_groups, groups_alive, reap_adopted, stop_groups
 from training.recipe import Device
 
 log = logging.getLogger(__name__)
+_POLL_S = 1.0
 
 
 @dataclass
@@ -94,46 +97,41 @@ def run_training(recipe: Path, log_file: Path, cfg: LaunchConfig, device: Device
 
 
 def run_group(cmd: list[str], log_file: Path, env: dict[str, str], timeout_s: float, grace_s: float) -> TrainResult:
-    """Start `cmd` as a new process group, wait, stop it on timeout or error."""
+    """Start `cmd` in a new session, wait, and stop every group it made (torchrun workers included) on
+    timeout, error or signal. The groups are listed in `<log_file>.pgid`, one per line, while it runs."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     pgid_file = log_file.with_name(log_file.name + ".pgid")
+    become_subreaper()
     started = time.monotonic()
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    pgid_file.write_text(f"{proc.pid}\n")
+    groups = {proc.pid}
+    save_text(pgid_file, f"{proc.pid}\n")
     log.info("started %s (pgid %d), log %s", " ".join(cmd), proc.pid, log_file)
     timed_out = False
     try:
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            log.error("training exceeded %.0f s; stopping process group %d", timeout_s, proc.pid)
-            stop_group(proc, grace_s)
+        while proc.poll() is None:
+            if time.monotonic() - started > timeout_s:
+                timed_out = True
+                log.error("training exceeded %.0f s; stopping process groups %s", timeout_s, sorted(groups))
+                break
+            groups = _track(groups, pgid_file)
+            reap_adopted(keep=frozenset({proc.pid}))
+            time.sleep(_POLL_S)
     finally:
-        if proc.poll() is None:
-            stop_group(proc, grace_s)
-        stop_group_leftovers(proc.pid)
+        groups |= descendant_groups(os.getpid())
+        if groups_alive(groups):
+            stop_groups(groups, grace_s)
+        proc.wait()
         pgid_file.unlink(missing_ok=True)
     return TrainResult(proc.returncode, timed_out, time.monotonic() - started)
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the group, wait `grace_s`, then SIGKILL it."""
-    _signal_group(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        log.warning("process group %d ignored SIGTERM for %.0f s; sending SIGKILL", proc.pid, grace_s)
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def stop_group_leftovers(pgid: int) -> None:
-    """Kill members of our group that outlived its leader (torchrun workers)."""
-    _signal_group(pgid, signal.SIGKILL)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
+def _track(groups: set[int], pgid_file: Path) -> set[int]:
+    """Add the groups our descendants run in (torchrun workers start sessions of their own) to the record."""
+    found = descendant_groups(os.getpid())
+    if found <= groups:
+        return groups
+    groups = groups | found
+    save_text(pgid_file, "".join(f"{pgid}\n" for pgid in sorted(groups)))
+    return groups

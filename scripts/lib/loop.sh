@@ -337,13 +337,15 @@ loop_wait_expired() {
     "run --rl-phase rollout --rollout-split train-only (or both) on this log path first, or wait longer"
 }
 
-# loop_stop_update: stop a running update so that its training group ends too
-# (SIGINT lets python -m training stop the llamafactory group it started).
+# loop_stop_update: stop a running update so that its training groups end too
+# (SIGINT lets python -m training stop the LLaMA-Factory and torchrun worker
+# groups it started, within launch.grace_s = 10 s); as a last resort SIGKILL
+# the groups it listed in training/iter_<N>/*.log.pgid.
 loop_stop_update() {
   local pgid waited=0 file
   pgid=$(procs_pgid "$LOOP_RUN_DIR" update) || return 0
   kill -INT -- "-$pgid" 2>/dev/null || true
-  while procs_group_alive "$pgid" && ((waited < 100)); do
+  while procs_group_alive "$pgid" && ((waited < 150)); do
     sleep 0.1
     waited=$((waited + 1))
   done
@@ -351,8 +353,9 @@ loop_stop_update() {
   [[ -n ${LOOP_UPDATE_RUNNING:-} ]] || return 0
   for file in "$RUN_LOG/training/$(printf 'iter_%04d' "$LOOP_UPDATE_RUNNING")"/*.log.pgid; do
     [[ -f $file ]] || continue
-    pgid=$(cat "$file")
-    [[ $pgid =~ ^[0-9]+$ ]] && procs_group_alive "$pgid" && kill -KILL -- "-$pgid" 2>/dev/null
+    while read -r pgid; do
+      [[ $pgid =~ ^[0-9]+$ ]] && procs_group_alive "$pgid" && kill -KILL -- "-$pgid" 2>/dev/null
+    done <"$file"
   done
   return 0
 }

@@ -1,7 +1,9 @@
-"""The training launcher stops its process group when the entry point is signalled."""
+"""The training launcher stops every process group its training made, torchrun's
+workers included (they run in sessions of their own), on a signal or the time limit."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,46 +15,87 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# A stand-in for the entry point: the real signal setup and run_group around a
-# group of sleeps (what matters is the launcher's handling, not what it runs).
+# A stand-in for the entry point around a stand-in for torchrun: the real signal setup and run_group; the
+# launched command starts a "worker" in a session of its own (as torchrun does) and records its pid.
 CHILD = """
-import sys
+import json, sys
 from pathlib import Path
 from training.launch import exit_on_sigterm, run_group
 exit_on_sigterm()
-log = Path(sys.argv[1])
-run_group(["bash", "-c", "sleep 300 & sleep 300 & wait"], log, {"PATH": "/usr/bin:/bin"}, 600, 5)
+tmp, timeout_s, parent_exits = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+worker = "setsid sleep 300 & echo $! > " + str(tmp / "worker.pid")
+script = ("sleep 0.3; " + worker) if parent_exits else (worker + "; wait")
+result = run_group(["bash", "-c", script], tmp / "train.log", {"PATH": "/usr/bin:/bin"}, timeout_s, 5)
+print(json.dumps({"returncode": result.returncode, "timed_out": result.timed_out}))
 """
 
 
-def _group_alive(pgid: int) -> bool:
-    out = subprocess.run(["ps", "-e", "-o", "pgid=,stat="], capture_output=True, text=True, check=True).stdout
-    return any(int(f[0]) == pgid and not f[1].startswith("Z") for f in (line.split() for line in out.splitlines()))
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
-def _wait_for(path: Path, timeout_s: float = 30.0) -> str:
+def _wait_for(check, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not path.exists() and time.monotonic() < deadline:
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.05)
-    return path.read_text().strip()
+
+
+def _launch(tmp_path: Path, timeout_s: float = 600, parent_exits: bool = False) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-c", CHILD, str(tmp_path), str(timeout_s), "1" if parent_exits else "0"]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, worker: int) -> tuple[str, str, bool]:
+    out, err = proc.communicate(timeout=30)
+    survived = _alive(worker)
+    if survived:  # the worker this test started, by the pid it recorded
+        os.kill(worker, signal.SIGKILL)
+    return out, err, survived
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, None)])
-def test_a_signalled_launcher_stops_its_training_group(tmp_path: Path, sig: signal.Signals, code: int | None) -> None:
-    log = tmp_path / "train.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(log)], env=env, stderr=subprocess.PIPE, text=True)
-    pgid = int(_wait_for(tmp_path / "train.log.pgid"))
-    time.sleep(0.3)
-    assert _group_alive(pgid)
+def test_a_signalled_launcher_stops_the_workers_in_their_own_sessions(
+    tmp_path: Path, sig: signal.Signals, code: int | None
+) -> None:
+    proc = _launch(tmp_path)
+    _wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip())
+    worker = int((tmp_path / "worker.pid").read_text())
+    assert os.getpgid(worker) == worker, "the stand-in worker runs in a session of its own"
+    # the record lists the launched group and, once seen, the worker's group (for run.sh's last resort)
+    _wait_for(lambda: str(worker) in (tmp_path / "train.log.pgid").read_text().split())
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=30)
-    survived = _group_alive(pgid)
-    if survived:  # the group this test started, by the id it recorded
-        os.killpg(pgid, signal.SIGKILL)
+    _, err, survived = _finish(proc, worker)
     if code is not None:
         assert proc.returncode == code, err
     else:  # KeyboardInterrupt: Python ends by the signal itself
         assert proc.returncode != 0
-    assert not survived, "the training group outlived the launcher"
+    assert not survived, "a worker outlived the launcher"
     assert not (tmp_path / "train.log.pgid").exists()
+
+
+def test_workers_orphaned_by_their_parent_are_adopted_and_stopped_at_the_time_limit(tmp_path: Path) -> None:
+    # the "torchrun" starts its worker and exits at once, between two of the launcher's looks at its
+    # descendants: only as a subreaper does the launcher still find (and stop) the orphan
+    proc = _launch(tmp_path, timeout_s=600, parent_exits=True)
+    _wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip())
+    worker = int((tmp_path / "worker.pid").read_text())
+    out, err, survived = _finish(proc, worker)
+    assert proc.returncode == 0, err
+    assert json.loads(out) == {"returncode": 0, "timed_out": False}
+    assert not survived, "an orphaned worker outlived the launcher"
+
+
+def test_the_time_limit_stops_the_workers(tmp_path: Path) -> None:
+    proc = _launch(tmp_path, timeout_s=2)
+    _wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip())
+    worker = int((tmp_path / "worker.pid").read_text())
+    out, err, survived = _finish(proc, worker)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["timed_out"] is True
+    assert not survived
