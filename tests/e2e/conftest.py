@@ -23,6 +23,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def processes_mentioning(*needles: str) -> list[str]:
+    """Live (non-zombie) processes whose command line contains one of the needles."""
+    out = subprocess.run(["ps", "-e", "-o", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if not line.startswith("Z") and any(n in line for n in needles)]
+
+
 def vllm_shell(command: str) -> subprocess.CompletedProcess[str]:
     """Run one vllm.sh function in bash with the serve interpreter exported."""
     script = f'{LIBS}; export BATON_SERVE_PY="{env_python("serve")}"; {command}'

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import free_port, processes_mentioning
 
 pytestmark = pytest.mark.e2e
 
@@ -45,12 +45,6 @@ def finish(proc: subprocess.Popen, timeout: float = 1500) -> tuple[int, str]:
 def journal(log: Path, split: str, iteration: int) -> list[dict]:
     path = log / "trajectories" / split / f"iter_{iteration:04d}" / "rank_0.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def processes_mentioning(*needles: str) -> list[str]:
-    """Live (non-zombie) processes whose command line contains one of the needles."""
-    out = subprocess.run(["ps", "-e", "-o", "stat=,args="], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if not line.startswith("Z") and any(n in line for n in needles)]
 
 
 def serves(port: int) -> bool:

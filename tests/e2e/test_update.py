@@ -6,18 +6,25 @@ the dataset, trains one optimizer step of a full fine-tune and promotes it;
 a second vLLM serves `policy/current` and its logprobs differ from the base
 model's. The fidelity check passes on those rollouts and fails loudly, before
 anything is written, with a template that renders the prompt differently.
+`run.sh --rl-phase update` on those rollouts stops every training process on
+Ctrl+C (torchrun's workers included), then trains and promotes on the next run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import run_update, start_vllm, stop_vllm
+from tests.conftest import REPO
+from tests.e2e.conftest import processes_mentioning, run_update, start_vllm, stop_vllm
 from tests.e2e.rollout_cli import rollout_cmd, run_rollout
 
 pytestmark = pytest.mark.e2e
@@ -115,3 +122,50 @@ def test_update_trains_promotes_and_vllm_serves_the_new_policy(
     finally:
         stop_vllm(promoted_server)
     assert max(abs(a - b) for a, b in zip(base, promoted, strict=False)) > 1e-3, (base, promoted)
+
+
+def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
+    journal_log: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    """`run.sh --rl-phase update` on a log path where a rollout run finished iteration 1's train rollout:
+    Ctrl+C during the training ends run.sh within 30 s and leaves no process of it (torchrun's workers
+    run in sessions of their own); the next run trains that iteration and promotes it."""
+    log = tmp_path / "log"
+    shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train/iter_0001")
+    state = log / "run/state/iter_0001"
+    state.mkdir(parents=True)
+    (state / "train_rollout.done").write_text("done\n")  # what the rollout run writes when its rollout ends
+    base = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]
+    small = ["algorithm.per_device_train_batch_size=2", "algorithm.gradient_accumulation_steps=1"]
+    small += ["algorithm.cutoff_len=512", "algorithm.warmup_steps=0"]
+
+    proc = subprocess.Popen(
+        [*base, "--rl-phase", "update", "--wait-timeout", "0", "algorithm.max_steps=200", *small],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    groups = log / "training/iter_0001/train.log.pgid"
+    deadline = time.monotonic() + 600
+    while not (groups.exists() and len(groups.read_text().split()) >= 2):  # LLaMA-Factory's group + a worker's
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    stopped = time.monotonic()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert time.monotonic() - stopped < 30, "Ctrl+C must stop the run within 30 s"
+    assert processes_mentioning(str(log)) == []
+    assert not (log / "policy").exists()
+
+    again = subprocess.run(
+        [*base, "--rl-phase", "update", "--wait-timeout", "0", "algorithm.max_steps=1", *small],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert os.readlink(log / "policy/current") == "v0001"
+    assert (state / "update.done").read_text().strip() == "promoted v1"
+    assert processes_mentioning(str(log)) == []
