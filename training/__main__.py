@@ -3,7 +3,8 @@
     python -m training --config-name update log_path=L iteration=N [model_path=M] [algorithm=rft|kto|dpo] ...
 
 Exit codes: 0 done, 2 bad input (nothing written, nothing launched), 1 the
-training failed (policy/current unchanged; run again to retry), 130 / 143
+training failed (policy/current unchanged; run again to retry), 3 too little
+data to fill one optimizer step (nothing written), 130 / 143
 stopped by SIGINT / SIGTERM (the LLaMA-Factory group is stopped first).
 """
 
@@ -47,7 +48,7 @@ def run(dict_cfg) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     from training.config import UpdateConfig, validate
-    from training.update import TrainingError, describe_config, run_update
+    from training.update import NothingToTrain, TrainingError, describe_config, run_update
 
     try:
         cfg: UpdateConfig = OmegaConf.to_object(dict_cfg)
@@ -58,6 +59,9 @@ def run(dict_cfg) -> int:
     log.info(describe_config(cfg))
     try:
         run_update(cfg)
+    except NothingToTrain as exc:
+        log.error("nothing to train on:\n%s", exc)
+        return 3
     except ConfigError as exc:
         log.error("bad input:\n%s", exc)
         return 2

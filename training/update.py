@@ -9,7 +9,8 @@ Everything of one update lives in `<log>/training/iter_<NNNN>/`:
     train.log            llamafactory-cli's output
     output/              its output directory (merged/ for a LoRA)
 
-Bad input raises `ConfigError` before anything is written or launched; a
+Bad input raises `ConfigError` before anything is written or launched (its
+subclass `NothingToTrain` when the data cannot fill one optimizer step); a
 failed training raises `TrainingError` and leaves `policy/current` untouched,
 and running the same command again retries.
 """
@@ -41,6 +42,11 @@ log = logging.getLogger(__name__)
 
 class TrainingError(BatonError):
     """llamafactory-cli failed or timed out; the current policy is unchanged."""
+
+
+class NothingToTrain(ConfigError):
+    """Too little data for one optimizer step (no trajectories, no usable sample, a batch not filled):
+    not a failure of the loop, which keeps the served policy and goes on (exit 3)."""
 
 
 @dataclass(frozen=True)
@@ -143,17 +149,17 @@ def select(cfg: UpdateConfig) -> Selection:
     trajectories = load_trajectories(cfg.log_path, "train", window)
     if not trajectories:
         dirs = f"{iteration_dir(cfg.log_path, 'train', window.start)} .. iter_{cfg.iteration:04d}"
-        raise ConfigError(
+        raise NothingToTrain(
             f"no train trajectories in {dirs} (log_path={cfg.log_path}, iteration={cfg.iteration}); "
             "run the rollout first or fix log_path / iteration"
         )
     selector = instantiate(OmegaConf.structured(sel))
     selection = selector.select(trajectories, cfg.iteration, cfg.algorithm.cutoff_len)
     if not selection.samples:
-        raise ConfigError(f"no usable samples for algorithm {cfg.algorithm.name}: {selection.describe()}")
+        raise NothingToTrain(f"no usable samples for algorithm {cfg.algorithm.name}: {selection.describe()}")
     if cfg.algorithm.stage == "kto" and len({s.label for s in selection.samples}) < 2:
         kind = "desirable" if selection.samples[0].label else "undesirable"
-        raise ConfigError(
+        raise NothingToTrain(
             f"kto needs desirable and undesirable samples, all {len(selection.samples)} are {kind}: "
             f"{selection.describe()}"
         )
@@ -167,7 +173,7 @@ def check_batch(cfg: UpdateConfig, samples: int, described: str, device: Device)
     global_batch = alg.per_device_train_batch_size * alg.gradient_accumulation_steps * procs
     train_rows = samples - int(samples * cfg.data.val_split_ratio)
     if train_rows < global_batch:
-        raise ConfigError(
+        raise NothingToTrain(
             f"{train_rows} training rows cannot fill one optimizer step of algorithm.per_device_train_batch_size="
             f"{alg.per_device_train_batch_size} x algorithm.gradient_accumulation_steps="
             f"{alg.gradient_accumulation_steps} x {procs} processes = {global_batch}; lower them or collect more "

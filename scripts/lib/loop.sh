@@ -210,7 +210,7 @@ loop_update() {
   if ((rc == 0)); then
     LOOP_FAILURES=0
     outcome="promoted v$(loop_policy_version)"
-  elif ((rc == 2)) && grep -q 'no usable samples\|no train trajectories\|cannot fill one optimizer step' "$log"; then
+  elif ((rc == 3)); then # python -m training: too little data for one optimizer step
     outcome="skipped: too little to train on"
     common_warn "iteration $n: too few usable samples to train on (see $log); keeping the served policy"
   else

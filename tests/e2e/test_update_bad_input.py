@@ -1,20 +1,23 @@
-"""Bad input to `python -m training`: one clear error, exit 2, nothing written (train environment)."""
+"""Bad input to `python -m training`: one clear error, exit 2, nothing written; too little data to train
+on: exit 3, nothing written (train environment)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.e2e.conftest import run_update
 from tests.unit.training.trajectories import traj
 
 pytestmark = pytest.mark.e2e
 
 
-def write_journal(log: Path, trajectories) -> None:
-    directory = log / "trajectories" / "train" / "iter_0000"
+def write_journal(log: Path, trajectories, iteration: int = 0) -> None:
+    directory = log / "trajectories" / "train" / f"iter_{iteration:04d}"
     directory.mkdir(parents=True)
     (directory / "rank_0.jsonl").write_text("".join(json.dumps(t.to_json()) + "\n" for t in trajectories))
 
@@ -25,7 +28,7 @@ def listing(path: Path) -> list[str]:
 
 def test_no_trajectories(tmp_path: Path, model_dir: Path) -> None:
     out = run_update(tmp_path / "log", f"model_path={model_dir}")
-    assert out.returncode == 2 and "no train trajectories in" in out.stderr + out.stdout
+    assert out.returncode == 3 and "no train trajectories in" in out.stderr + out.stdout
     assert not (tmp_path / "log").exists()
 
 
@@ -35,7 +38,7 @@ def test_no_usable_samples_names_each_rule(tmp_path: Path, model_dir: Path) -> N
     before = listing(log)
     out = run_update(log, f"model_path={model_dir}")
     text = out.stderr + out.stdout
-    assert out.returncode == 2, text[-2000:]
+    assert out.returncode == 3, text[-2000:]
     assert "no usable samples for algorithm rft: 0 samples from 3 trajectories" in text
     assert "empty: 1" in text and "not_successful: 2" in text
     assert listing(log) == before
@@ -52,7 +55,7 @@ def test_batch_larger_than_the_samples(tmp_path: Path, model_dir: Path) -> None:
     log = tmp_path / "log"
     write_journal(log, [traj("a", 0, True)])
     out = run_update(log, f"model_path={model_dir}", "algorithm.per_device_train_batch_size=4")
-    assert out.returncode == 2 and "1 training rows cannot fill one optimizer step" in out.stderr + out.stdout
+    assert out.returncode == 3 and "1 training rows cannot fill one optimizer step" in out.stderr + out.stdout
     assert not (log / "training").exists()
 
 
@@ -68,3 +71,20 @@ def test_unknown_algorithm_and_template(tmp_path: Path, model_dir: Path) -> None
         "algorithm.per_device_train_batch_size=1",
     )
     assert out.returncode == 2 and "nosuch" in out.stderr + out.stdout, (out.stdout + out.stderr)[-2000:]
+
+
+def test_run_sh_records_an_update_with_nothing_to_train_on_as_skipped(tmp_path: Path, data_dir: Path) -> None:
+    # iteration 1's train rollout finished without a success: run.sh keeps the policy and goes on (exit 0)
+    log = tmp_path / "log"
+    write_journal(log, [traj("a", 0, False, iteration=1), traj("a", 1, False, iteration=1)], iteration=1)
+    state = log / "run" / "state" / "iter_0001"
+    state.mkdir(parents=True)
+    (state / "train_rollout.done").write_text("done\n")
+    cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]
+    out = subprocess.run(
+        [*cmd, "--rl-phase", "update", "--wait-timeout", "0"], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert (state / "update.done").read_text().strip() == "skipped: too little to train on"
+    assert "iteration 1: too few usable samples to train on" in out.stderr
+    assert not (log / "policy").exists() and not (log / "training" / "iter_0001" / "data").exists()
