@@ -44,8 +44,8 @@ main() {
   bash "$ROOT/scripts/run.sh" --data-path "$data" --log-path "$log" --rl-phase both --eval-interval 1 \
     --max-iterations "$iterations" \
     env_config.train_tasks_rollout_size=128 env_config.n_samples_per_task=4 env_config.test_tasks_rollout_size=-1 \
-    policy_config.max_new_tokens=48 algorithm.learning_rate=3e-5 algorithm.warmup_steps=0 \
-    algorithm.num_train_epochs=1 algorithm.per_device_train_batch_size=8 algorithm.gradient_accumulation_steps=1 \
+    policy_config.max_new_tokens=48 algorithm.learning_rate=1e-4 algorithm.warmup_steps=0 \
+    algorithm.num_train_epochs=2 algorithm.per_device_train_batch_size=8 algorithm.gradient_accumulation_steps=1 \
     algorithm.cutoff_len=512 algorithm.selection.positive_samples_to_train=128 \
     "${extra[@]}"
   PYTHONPATH="$ROOT" "$BATON_APP_PY" -m rollout_engine.loop table --log-path "$log"
