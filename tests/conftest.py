@@ -4,6 +4,7 @@ prepared data path (default model + default tasks)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -36,3 +37,9 @@ def data_dir() -> Path:
 @pytest.fixture(scope="session")
 def model_dir(data_dir: Path) -> Path:
     return data_dir / "models" / "SmolLM2-135M-Instruct"
+
+
+def default_sigint() -> None:
+    """Popen preexec_fn: SIGINT as a terminal gives it. A test run started in the background (CI, nohup)
+    inherits SIGINT as ignored, and bash cannot trap a signal ignored at its start."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -81,12 +81,14 @@ def cli_command() -> list[str]:
 
 
 def exit_on_sigterm() -> None:
-    """Make SIGTERM raise SystemExit(143), so `finally` blocks stop the training group."""
+    """Make SIGTERM raise SystemExit(143) and SIGINT KeyboardInterrupt, so `finally` blocks stop the
+    training groups; SIGINT too when it was inherited as ignored (a run started in the background)."""
 
     def _exit(signum: int, _frame) -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_training(recipe: Path, log_file: Path, cfg: LaunchConfig, device: Device) -> TrainResult:

@@ -337,14 +337,15 @@ loop_wait_expired() {
     "run --rl-phase rollout --rollout-split train-only (or both) on this log path first, or wait longer"
 }
 
-# loop_stop_update: stop a running update so that its training groups end too
-# (SIGINT lets python -m training stop the LLaMA-Factory and torchrun worker
-# groups it started, within launch.grace_s = 10 s); as a last resort SIGKILL
-# the groups it listed in training/iter_<N>/*.log.pgid.
+# loop_stop_update: stop a running update so that its training groups end too:
+# SIGTERM makes python -m training stop the LLaMA-Factory and torchrun worker
+# groups it started (within launch.grace_s = 10 s; SIGTERM rather than SIGINT,
+# which a run started in the background inherits as ignored); as a last resort
+# SIGKILL the groups it listed in training/iter_<N>/*.log.pgid.
 loop_stop_update() {
   local pgid waited=0 file
   pgid=$(procs_pgid "$LOOP_RUN_DIR" update) || return 0
-  kill -INT -- "-$pgid" 2>/dev/null || true
+  kill -TERM -- "-$pgid" 2>/dev/null || true
   while procs_group_alive "$pgid" && ((waited < 150)); do
     sleep 0.1
     waited=$((waited + 1))

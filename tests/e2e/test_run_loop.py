@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, default_sigint
 from tests.e2e.conftest import free_port, processes_mentioning
 
 pytestmark = pytest.mark.e2e
@@ -33,7 +33,14 @@ def run_sh(data: Path, log: Path, *args: str, port: int | None = None, **popen) 
     env = {**os.environ, "BATON_VLLM_PORT": str(port or free_port())}
     cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data), "--log-path", str(log), *args]
     return subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,
+        **popen,
     )
 
 
@@ -116,15 +123,16 @@ def test_sigint_during_rollout_stops_everything_then_resume_completes(data_dir: 
         "1",
         *TINY,
         "env_config.test_tasks_rollout_size=48",
-        "env_config.server_size=2",
-        "env_config.max_vllm_sessions=2",
+        # one slot: the 48 episodes take long enough to be interrupted between two of them
+        "env_config.server_size=1",
+        "env_config.max_vllm_sessions=1",
     ]
     proc = run_sh(data_dir, log, *args, port=port)
     path = log / "trajectories" / "test" / "iter_0001" / "rank_0.jsonl"
     deadline = time.monotonic() + 600
-    while not (path.exists() and path.read_text().count("\n") >= 2):
+    while not (path.exists() and path.read_text().count("\n") >= 1):
         assert proc.poll() is None and time.monotonic() < deadline, "the rollout never journaled an episode"
-        time.sleep(0.5)
+        time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     stopped = time.monotonic()
     rc, out = finish(proc, timeout=60)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, default_sigint
 from tests.e2e.conftest import processes_mentioning, run_update, start_vllm, stop_vllm
 from tests.e2e.rollout_cli import rollout_cmd, run_rollout
 
@@ -144,6 +144,7 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=default_sigint,
     )
     groups = log / "training/iter_0001/train.log.pgid"
     deadline = time.monotonic() + 600
