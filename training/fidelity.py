@@ -132,10 +132,13 @@ def _same_text(
     end_of_turn: list[int],
     encoder: _Encoder,
 ) -> bool:
-    """Same prompt ids, and a reply that differs only in how the same text was split into tokens."""
+    """Same prompt ids, and a reply that differs only in how the same text was split into tokens.
+
+    A reply cut at max_new_tokens inside a multi-byte character ends in byte tokens that decode to U+FFFD
+    and that the reply's text (which has no partial character) cannot give back: the same case."""
     if prompt != got_prompt:
         return False
-    want, got, eot = encoder.decode(reply), encoder.decode(got_reply), encoder.decode(end_of_turn)
+    want, got, eot = encoder.decode(reply).rstrip("\ufffd"), encoder.decode(got_reply), encoder.decode(end_of_turn)
     return got.startswith(want) and eot.endswith(got[len(want) :])
 
 
