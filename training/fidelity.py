@@ -71,6 +71,10 @@ class _Encoder:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    def decode_text(self, ids: list[int]) -> str:
+        """The text a server returns for `ids` (special tokens skipped)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
 
 def check_fidelity(recipe: dict[str, Any], samples: int, seed: int = 0, split: str = "train") -> FidelityReport:
     """Compare `samples` rows (-1 = all) of one split; raise ConfigError on a mismatch.
@@ -134,12 +138,15 @@ def _same_text(
 ) -> bool:
     """Same prompt ids, and a reply that differs only in how the same text was split into tokens.
 
-    A reply cut at max_new_tokens inside a multi-byte character ends in byte tokens that decode to U+FFFD
-    and that the reply's text (which has no partial character) cannot give back: the same case."""
+    Two more cases the reply's text cannot give back: a reply cut at max_new_tokens inside a multi-byte
+    character ends in byte tokens that decode to U+FFFD, and special tokens the policy sampled inside its
+    reply (e.g. <|im_start|>) are not in the text the server returned."""
     if prompt != got_prompt:
         return False
     want, got, eot = encoder.decode(reply).rstrip("\ufffd"), encoder.decode(got_reply), encoder.decode(end_of_turn)
-    return got.startswith(want) and eot.endswith(got[len(want) :])
+    if got.startswith(want) and eot.endswith(got[len(want) :]):
+        return True
+    return encoder.decode_text(reply).rstrip("\ufffd").strip() == encoder.decode_text(got_reply).strip()
 
 
 def _expected(ids: dict[str, Any]) -> list[tuple[list[int] | None, list[int] | None]]:

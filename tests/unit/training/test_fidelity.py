@@ -9,9 +9,15 @@ PIECES = {1: "<s>", 2: "<|im_end|>", 3: "\n", 10: "The answer", 11: " is", 12: "
 PIECES |= {20: "\ufffd", 21: "\ufffd"}  # the first two bytes of a three-byte character
 
 
+SPECIAL = {1, 2}
+
+
 class Decoder:
     def decode(self, ids: list[int]) -> str:
         return "".join(PIECES[i] for i in ids)
+
+    def decode_text(self, ids: list[int]) -> str:
+        return "".join(PIECES[i] for i in ids if i not in SPECIAL)
 
 
 EOT = [2, 3]
@@ -27,6 +33,13 @@ def test_a_reply_cut_inside_a_multibyte_character_is_a_token_split_not_a_templat
 
 def test_a_non_canonical_split_is_the_same_text() -> None:
     assert _same_text(PROMPT, [13, 14], PROMPT, [15, *EOT], EOT, Decoder())
+
+
+def test_special_tokens_sampled_inside_a_reply_are_not_in_its_text() -> None:
+    sampled = [11, 12, 1, 2]  # the policy emitted <s> before its end of turn; the server's text skips it
+    trained = [11, 12, *EOT]
+    assert compare(PROMPT, sampled, PROMPT, trained, EOT) == 4
+    assert _same_text(PROMPT, sampled, PROMPT, trained, EOT, Decoder())
 
 
 def test_a_different_prompt_or_reply_text_is_a_real_mismatch() -> None:
