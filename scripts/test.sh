@@ -26,7 +26,7 @@ test_lint() {
   local -a scripts
   mapfile -t scripts < <(cd "$ROOT" && ls scripts/*.sh scripts/lib/*.sh bench/*.sh .ci/run)
   (cd "$ROOT" && shellcheck -x "${scripts[@]}") &&
-    (cd "$ROOT" && shellcheck -x -s bash tests/shell/*.bats) &&
+    (cd "$ROOT" && shellcheck -x -s bash tests/shell/*.bats tests/shell/*.bash) &&
     (cd "$ROOT" && ruff check . && ruff format --check rollout_engine training tests bench)
 }
 

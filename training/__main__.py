@@ -24,9 +24,9 @@ def main() -> None:
     import hydra
 
     from training.config import register_configs
-    from training.launch import exit_on_sigterm
+    from training.launch import exit_on_signals
 
-    exit_on_sigterm()
+    exit_on_signals()
     register_configs()
     entered: list[bool] = []
 

@@ -54,7 +54,7 @@ def descendant_groups(root: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    own = table.get(root, (0, os.getpgid(root) if root == os.getpid() else -1, ""))[1]
+    own = os.getpgid(root)
     groups: set[int] = set()
     stack = list(children.get(root, []))
     while stack:

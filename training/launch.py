@@ -10,9 +10,9 @@ local GPUs, 1 on CPU, unless configured), and NNODES / NODE_RANK / MASTER_ADDR
 / MASTER_PORT. The train environment's bin/ goes first on PATH so that
 `torchrun` resolves. After `timeout_s` the groups get SIGTERM, after `grace_s`
 more SIGKILL; on any exception here (Ctrl-C included) they are stopped the
-same way (training/groups.py). Output goes to `log_file`. `exit_on_sigterm()` turns SIGTERM into
-that same path (the entry point installs it), so `kill <pid>` stops the
-training group too.
+same way (training/groups.py). Output goes to `log_file`. `exit_on_signals()` turns SIGTERM and
+SIGINT into that same path (the entry point installs it), so `kill <pid>` stops
+the training groups too.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def cli_command() -> list[str]:
     return [found]
 
 
-def exit_on_sigterm() -> None:
+def exit_on_signals() -> None:
     """Make SIGTERM raise SystemExit(143) and SIGINT KeyboardInterrupt, so `finally` blocks stop the
     training groups; SIGINT too when it was inherited as ignored (a run started in the background)."""
 

@@ -32,7 +32,7 @@ loop_claim() {
     if ! owner=$(procs_claim "$LOOP_RUN_DIR" "$role-rank$RUN_RANK"); then
       loop_release
       cli_bad "another run.sh (pid $owner) is running the $role phase of rank $RUN_RANK on --log-path $RUN_LOG;" \
-        "stop it (kill -INT $owner) or use another --log-path"
+        "stop it (kill $owner: it cleans up) or use another --log-path"
     fi
     LOOP_CLAIMED+=("$role-rank$RUN_RANK")
   done

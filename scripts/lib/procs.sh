@@ -74,15 +74,6 @@ procs_stop() {
   rm -f "$run_dir/pids/$name.pgid"
 }
 
-# procs_stop_all <run_dir> [grace_s]: stop every group recorded under <run_dir>.
-procs_stop_all() {
-  local run_dir=$1 grace=${2:-20} file
-  for file in "$run_dir"/pids/*.pgid; do
-    [[ -e $file ]] || continue
-    procs_stop "$run_dir" "$(basename "$file" .pgid)" "$grace"
-  done
-}
-
 # procs_start_time <pid>: print the start time of <pid> (clock ticks since boot;
 # with the pid it names one process, even after the pid is reused).
 procs_start_time() {

@@ -32,8 +32,9 @@ setup() {
 @test "procs_stop leaves processes it did not start alone" {
   sleep 300 &
   local outsider=$!
-  procs_start "$RUN" job "$RUN/job.log" sleep 300 >/dev/null
-  procs_stop_all "$RUN" 5
+  pgid=$(procs_start "$RUN" job "$RUN/job.log" sleep 300)
+  procs_stop "$RUN" job 5
+  run -1 procs_group_alive "$pgid"
   kill -0 "$outsider"
   kill "$outsider"
 }

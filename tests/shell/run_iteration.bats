@@ -5,13 +5,9 @@
 bats_require_minimum_version 1.5.0
 
 setup() {
-  ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
-  source "$ROOT/scripts/lib/common.sh"
+  load fake_data
+  fake_data_setup
   source "$ROOT/scripts/lib/iteration.sh"
-  LOG="$BATS_TEST_TMPDIR/log"
-  DATA="$BATS_TEST_TMPDIR/data"
-  mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
-  printf '{}\n' >"$DATA/models/SmolLM2-135M-Instruct/config.json"
 }
 
 @test "eval schedule: iteration % N == 1, and N = 1 evaluates every iteration" {

@@ -7,13 +7,9 @@
 bats_require_minimum_version 1.5.0
 
 setup() {
-  ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
-  source "$ROOT/scripts/lib/common.sh"
+  load fake_data
+  fake_data_setup
   source "$ROOT/scripts/lib/procs.sh"
-  LOG="$BATS_TEST_TMPDIR/log"
-  DATA="$BATS_TEST_TMPDIR/data"
-  mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
-  printf '{}\n' >"$DATA/models/SmolLM2-135M-Instruct/config.json"
   unset RANK NODE_RANK
 }
 
@@ -61,7 +57,7 @@ wait_for() {
   run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
     --wait-timeout 0
   [[ $stderr == *"another run.sh (pid $BG) is running the update phase of rank 0 on --log-path $LOG"* ]]
-  [[ $stderr == *"kill -INT $BG"* ]]
+  [[ $stderr == *"kill $BG: it cleans up"* ]]
   [ -e "$LOG/run/owner.update-rank0" ]
 
   local kids rc=0 start=$SECONDS

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[3]
 CHILD = """
 import json, sys
 from pathlib import Path
-from training.launch import exit_on_sigterm, run_group
-exit_on_sigterm()
+from training.launch import exit_on_signals, run_group
+exit_on_signals()
 tmp, timeout_s, parent_exits = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
 worker = "setsid sleep 300 & echo $! > " + str(tmp / "worker.pid")
 script = ("sleep 0.3; " + worker) if parent_exits else (worker + "; wait")
