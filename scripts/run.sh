@@ -39,8 +39,9 @@ cmd_dry_run() {
   n=$(iteration_next "$RUN_LOG")
   printf '# iteration %s, --rl-phase %s (dry run: nothing started or written)\n' "$n" "$RUN_PHASE"
   if [[ $RUN_PHASE != update ]] && ((!RUN_DEBUG)); then
+    vllm_choose "" "$(loop_policy_path)" || exit
     mapfile -t args < <(vllm_args "$(loop_policy_path)" "$LOOP_PORT" "$LOOP_MODEL")
-    LOOP_CMD=(env VLLM_SERVER_DEV_MODE=1 "$BATON_SERVE_PY" "${args[@]}")
+    LOOP_CMD=(env VLLM_SERVER_DEV_MODE=1 "VLLM_CPU_KVCACHE_SPACE=$VLLM_KV_GIB" "$BATON_SERVE_PY" "${args[@]}")
     run_print_cmd serve
   fi
   if [[ $RUN_PHASE == both || $RUN_SPLIT == train-only ]]; then

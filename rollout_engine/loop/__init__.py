@@ -6,6 +6,7 @@
     python -m rollout_engine.loop plot --log-path L
     python -m rollout_engine.loop table --log-path L
     python -m rollout_engine.loop fingerprint --base-url URL --model NAME
+    python -m rollout_engine.loop serving --device cpu|cuda --model DIR [--sessions N] [--max-model-len L] [--record F]
 
 Importing the package does nothing; run.sh calls the entry point in the app environment.
 """

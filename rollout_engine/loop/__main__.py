@@ -41,6 +41,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
         for override in getattr(routed, target):
             print(f"{target}\t{override}")
     print(f"policy\t{routed.policy_base_url}\t{routed.policy_model}")
+    print(f"sessions\t{routed.max_sessions}")
     return 0
 
 
@@ -85,6 +86,51 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serving(args: argparse.Namespace) -> int:
+    """Print `dtype<TAB>kv_cache_gib<TAB>reason` for a server of args.model; save it to --record."""
+    import os
+    import subprocess
+    import time
+
+    from rollout_engine.files import save_json
+    from rollout_engine.loop.serving import choose_dtype, kv_cache_gib, parse_cpuinfo
+
+    cpuinfo = Path(args.cpuinfo).read_text() if Path(args.cpuinfo).exists() else ""
+    caps: list[str] = []
+    if args.device == "cuda":
+        query = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]
+        caps = subprocess.run(query, capture_output=True, text=True, check=False).stdout.split()
+    try:
+        choice = choose_dtype(args.device, cpuinfo, caps, os.environ.get("BATON_VLLM_DTYPE", ""))
+    except ValueError as exc:
+        print(f"[baton] error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        config = json.loads((Path(args.model) / "config.json").read_text())
+        kv = kv_cache_gib(config, choice.dtype, args.sessions, args.max_model_len)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"[baton] error: cannot size the KV cache from {args.model}/config.json: {exc}", file=sys.stderr)
+        return 1
+    if args.record:
+        info = parse_cpuinfo(cpuinfo)
+        record = {
+            "device": args.device,
+            "dtype": choice.dtype,
+            "reason": choice.reason,
+            "forced": choice.forced,
+            "kv_cache_gib": kv if args.device == "cpu" else None,
+            "sessions": args.sessions,
+            "max_model_len": args.max_model_len,
+            "cpu_model": info.model,
+            "cpu_flags": info.relevant_flags(),
+            "gpu_compute_capabilities": caps,
+            "time": time.time(),
+        }
+        save_json(args.record, record)
+    print(f"{choice.dtype}\t{kv}\t{choice.reason}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rollout_engine.loop", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name)
         command.add_argument("--log-path", required=True)
         command.set_defaults(func=func)
+    serving = sub.add_parser("serving")
+    serving.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    serving.add_argument("--model", required=True)
+    serving.add_argument("--sessions", type=int, default=32)
+    serving.add_argument("--max-model-len", type=int, default=2048)
+    serving.add_argument("--cpuinfo", default="/proc/cpuinfo")
+    serving.add_argument("--record", default="")
+    serving.set_defaults(func=cmd_serving)
     fingerprint = sub.add_parser("fingerprint")
     fingerprint.add_argument("--base-url", required=True)
     fingerprint.add_argument("--model", required=True)

@@ -64,6 +64,8 @@ class Routed:
     resolved: dict[str, Any] = field(default_factory=dict)
     policy_base_url: str = ""
     policy_model: str = ""
+    #: the most model requests a rollout keeps in flight (the server's KV cache is sized for them)
+    max_sessions: int = 0
 
 
 def override_key(override: str) -> str:
@@ -146,6 +148,7 @@ def route_and_compose(req: Request) -> Routed:
             if target == "rollout":
                 run = validate_rollout(cfg)
                 routed.policy_base_url, routed.policy_model = run.policy_config.base_url, run.policy_config.model
+                routed.max_sessions = max(routed.max_sessions, run.env_config.max_vllm_sessions)
             else:
                 validate_update(OmegaConf.to_object(cfg))
             routed.resolved[name] = OmegaConf.to_container(cfg, resolve=True)

@@ -11,6 +11,7 @@ an iteration (a restarted iteration appends a new one).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,8 @@ class IterationRecord:
     training_steps: int | None = None
     update: str | None = None
     promoted_version: int | None = None
+    #: the policy server's dtype this iteration (run/serving.json; None with an external server)
+    serving_dtype: str | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
     time: float = 0.0
 
@@ -89,6 +92,10 @@ def build_record(log_path: Path, iteration: int, served_version: int | None) -> 
         record.train_loss, record.training_steps = training.get("train_loss"), training.get("steps")
     if promotion:
         record.promoted_version = promotion.get("policy_version")
+    serving = Path(log_path) / "run" / "serving.json"
+    if serving.exists():
+        with contextlib.suppress(ValueError):
+            record.serving_dtype = json.loads(serving.read_text()).get("dtype")
     state = _state_dir(log_path, iteration)
     if (state / "update.done").exists():
         record.update = (state / "update.done").read_text().strip() or None

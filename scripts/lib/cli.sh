@@ -123,6 +123,10 @@ cli_validate() {
   RUN_MAX_FAILURES=${RUN_MAX_FAILURES:-3}
   cli_is_int "$RUN_MAX_FAILURES" 1 ||
     cli_bad "--max-update-failures must be an integer >= 1 (got '$RUN_MAX_FAILURES')"
+  case "${BATON_VLLM_DTYPE:-auto}" in
+    auto | float32 | bfloat16 | float16) ;;
+    *) cli_bad "BATON_VLLM_DTYPE must be auto, float32, bfloat16 or float16 (got '$BATON_VLLM_DTYPE'); unset it to detect" ;;
+  esac
   if ((RUN_RESUME)) && ((RUN_NUM_NODES > 1)); then
     cli_bad "--resume is single-node only (got --num-nodes $RUN_NUM_NODES); multi-node iterations restart fresh"
   fi

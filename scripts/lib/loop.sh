@@ -58,7 +58,8 @@ loop_py() {
 }
 
 # loop_compose [save_file]: validate the overrides by composing every config
-# once; set LOOP_ROLLOUT_OVR, LOOP_UPDATE_OVR, LOOP_BASE_URL, LOOP_MODEL.
+# once; set LOOP_ROLLOUT_OVR, LOOP_UPDATE_OVR, LOOP_BASE_URL, LOOP_MODEL and
+# VLLM_MAX_SESSIONS (the rollouts' max_vllm_sessions, which vLLM's KV cache must hold).
 loop_compose() {
   local save=${1:-} target value rest
   local -a args=(--data-path "$RUN_DATA" --log-path "$RUN_LOG" --base-model "$LOOP_BASE_MODEL")
@@ -67,11 +68,13 @@ loop_compose() {
   local out
   out=$(loop_py "$BATON_APP_PY" -m rollout_engine.loop compose "${args[@]}" -- "${RUN_OVERRIDES[@]}") || exit 2
   LOOP_ROLLOUT_OVR=() LOOP_UPDATE_OVR=()
+  # shellcheck disable=SC2034 # VLLM_MAX_SESSIONS is read by vllm_choose (vllm.sh)
   while IFS=$'\t' read -r target value rest; do
     case "$target" in
       rollout) LOOP_ROLLOUT_OVR+=("$value") ;;
       update) LOOP_UPDATE_OVR+=("$value") ;;
       policy) LOOP_BASE_URL=$value LOOP_MODEL=$rest ;;
+      sessions) VLLM_MAX_SESSIONS=$value ;;
     esac
   done <<<"$out"
   ((RUN_DEBUG)) || LOOP_BASE_URL="http://127.0.0.1:$LOOP_PORT/v1"

@@ -4,14 +4,36 @@
 # serves the expected model, stop exactly the group we started.
 # Library file: defines functions only. Needs common.sh, envs.sh, procs.sh.
 
+# vllm_choose <run_dir|""> <model_dir>: pick the serving dtype and the CPU KV-cache
+# size for this machine (rollout_engine/loop/serving.py: float32 on a CPU
+# without native bf16, bf16 with it or on a GPU of compute capability >= 8.0;
+# BATON_VLLM_DTYPE forces one), say so once, and record the choice in
+# <run_dir>/serving.json (when given). Sets VLLM_DTYPE and VLLM_KV_GIB; the KV cache holds
+# VLLM_MAX_SESSIONS (default 32) requests of the full model length at once,
+# unless VLLM_CPU_KVCACHE_SPACE is set. Needs BATON_APP_PY.
+vllm_choose() {
+  local run_dir=$1 model=$2 out reason
+  out=$(PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m rollout_engine.loop serving --device "$(envs_device)" \
+    --model "$model" --sessions "${VLLM_MAX_SESSIONS:-32}" --max-model-len "${VLLM_MAX_MODEL_LEN:-2048}" \
+    --record "${run_dir:+$run_dir/serving.json}") || return
+  IFS=$'\t' read -r VLLM_DTYPE VLLM_KV_GIB reason <<<"$out"
+  VLLM_KV_GIB=${VLLM_CPU_KVCACHE_SPACE:-$VLLM_KV_GIB}
+  if [[ $(envs_device) == cuda ]]; then
+    common_log "serving $VLLM_DTYPE: $reason"
+  else
+    common_log "serving $VLLM_DTYPE: $reason; KV cache ${VLLM_KV_GIB} GiB for ${VLLM_MAX_SESSIONS:-32} requests of ${VLLM_MAX_MODEL_LEN:-2048} tokens"
+  fi
+}
+
 # vllm_args <model_dir> <port> <served_name>: print the server's arguments,
 # one per line, for this machine (CPU: eager mode; GPU: data parallel over the
-# local GPUs). VLLM_MAX_MODEL_LEN and VLLM_GPU_MEMORY_UTILIZATION adjust them.
+# local GPUs) in VLLM_DTYPE (vllm_choose; bfloat16 when unset).
+# VLLM_MAX_MODEL_LEN and VLLM_GPU_MEMORY_UTILIZATION adjust them.
 vllm_args() {
   local model=$1 port=$2 name=$3 gpus
   printf '%s\n' -m vllm.entrypoints.openai.api_server --model "$model" --served-model-name "$name" \
     --host 127.0.0.1 --port "$port" --max-model-len "${VLLM_MAX_MODEL_LEN:-2048}" \
-    --dtype bfloat16 --generation-config vllm
+    --dtype "${VLLM_DTYPE:-bfloat16}" --generation-config vllm
   if [[ $(envs_device) == cuda ]]; then
     gpus=$(envs_gpu_count)
     printf '%s\n' --data-parallel-size "$gpus" --gpu-memory-utilization "${VLLM_GPU_MEMORY_UTILIZATION:-0.85}" \
@@ -68,12 +90,14 @@ vllm_start() {
     common_die 1 "port $port is held by a server that this run did not start; stop it or choose another port" \
       "(BATON_VLLM_PORT), or use it with --debug-mode"
   fi
+  mkdir -p "$run_dir/logs"
+  vllm_choose "$run_dir" "$model" || common_die "$?" "cannot choose how to serve $model (message above)"
   mapfile -t args < <(vllm_args "$model" "$port" "$name")
   log="$run_dir/logs/vllm.log"
   for attempt in 1 2 3; do
     common_log "starting vLLM ($name from $model, port $port, attempt $attempt/3, log: $log)"
     procs_start "$run_dir" vllm "$log" env VLLM_SERVER_DEV_MODE=1 \
-      VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" "$BATON_SERVE_PY" "${args[@]}" >/dev/null
+      VLLM_CPU_KVCACHE_SPACE="$VLLM_KV_GIB" "$BATON_SERVE_PY" "${args[@]}" >/dev/null
     if vllm_wait "$run_dir" "$port" "$name" "$deadline"; then
       common_log "vLLM ready on port $port"
       return 0

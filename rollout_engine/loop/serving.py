@@ -1,0 +1,118 @@
+"""How the policy server runs on this machine: its dtype and its KV-cache size.
+
+    choice = choose_dtype("cpu", Path("/proc/cpuinfo").read_text())      # Precision
+    choice.dtype, choice.reason        # "float32", "this CPU has no native bf16 (...)"
+    kv_cache_gib(model_config, "float32", sessions=32, tokens_per_request=2048)   # 4
+
+On a CPU, bfloat16 is fast only with native bf16 instructions (x86:
+`avx512_bf16` or `amx_bf16`; Arm: `bf16`); without them vLLM's CPU kernels
+emulate it and generate several times slower than in float32 (docs/setup.md,
+"Serving precision"). On an NVIDIA GPU, bfloat16 needs compute capability 8.0
+(Ampere) or newer; older GPUs serve float16. `BATON_VLLM_DTYPE` forces a
+dtype. Standard library only: run.sh calls it before anything else is up.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+DTYPES = ("float32", "bfloat16", "float16")
+#: bytes per element of each dtype
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: /proc/cpuinfo flags that mean native bf16 arithmetic
+X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+ARM_BF16_FLAGS = ("bf16",)
+#: the KV cache is sized with this much room over the exact need (block rounding, the scheduler's watermark)
+KV_HEADROOM = 1.15
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtype the server runs in, and why (one sentence for the start-up log)."""
+
+    dtype: str
+    reason: str
+    forced: bool = False
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """The parts of /proc/cpuinfo that decide the dtype (and that benchmarks record)."""
+
+    model: str
+    flags: frozenset[str]
+
+    def relevant_flags(self) -> list[str]:
+        """The SIMD and bf16 flags worth printing beside a figure."""
+        keep = re.compile(r"^(avx|amx|sse4|fma|f16c|bf16|asimd|sve|neon)")
+        return sorted(f for f in self.flags if keep.match(f))
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+    """Model name and feature flags of the first processor in a /proc/cpuinfo text (x86 or Arm)."""
+    model, flags = "", frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model", "hardware") and not model:
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = frozenset(value.split())
+    return CpuInfo(model=model or "unknown CPU", flags=flags)
+
+
+def cpu_dtype(info: CpuInfo) -> Precision:
+    """float32 unless the CPU has native bf16."""
+    native = [f for f in (*X86_BF16_FLAGS, *ARM_BF16_FLAGS) if f in info.flags]
+    if native:
+        return Precision("bfloat16", f"this CPU has native bf16 ({', '.join(native)})")
+    return Precision("float32", "this CPU has no native bf16 (avx512_bf16/amx_bf16 absent)")
+
+
+def cuda_dtype(compute_capabilities: list[str]) -> Precision:
+    """bfloat16 when every GPU has compute capability >= 8.0, else float16."""
+    caps = [c.strip() for c in compute_capabilities if c.strip()]
+    try:
+        old = [c for c in caps if float(c) < 8.0]
+    except ValueError:
+        return Precision("bfloat16", f"GPU compute capability unreadable ({', '.join(caps)}); assuming bf16 support")
+    if not caps:
+        return Precision("bfloat16", "GPU compute capability unknown; assuming bf16 support")
+    if old:
+        return Precision("float16", f"GPU compute capability {', '.join(old)} < 8.0 has no bf16")
+    return Precision("bfloat16", f"GPU compute capability {', '.join(sorted(set(caps)))} has bf16")
+
+
+def choose_dtype(
+    device: str, cpuinfo: str = "", compute_capabilities: list[str] | None = None, forced: str = ""
+) -> Precision:
+    """The serving dtype for `device` ("cpu" or "cuda"); `forced` (BATON_VLLM_DTYPE) wins when set.
+
+    Raises ValueError naming the variable when `forced` is not a dtype vLLM takes.
+    """
+    if forced and forced != "auto":
+        if forced not in DTYPES:
+            raise ValueError(
+                f"BATON_VLLM_DTYPE must be one of {', '.join(DTYPES)} or auto (got {forced!r}); unset it to detect"
+            )
+        return Precision(forced, "forced by BATON_VLLM_DTYPE", forced=True)
+    if device == "cuda":
+        return cuda_dtype(compute_capabilities or [])
+    return cpu_dtype(parse_cpuinfo(cpuinfo))
+
+
+def kv_bytes_per_token(model_config: dict, dtype: str) -> int:
+    """Bytes of K and V one token takes over every layer of a Hugging Face decoder config."""
+    layers = int(model_config["num_hidden_layers"])
+    heads = int(model_config["num_attention_heads"])
+    kv_heads = int(model_config.get("num_key_value_heads") or heads)
+    head_dim = int(model_config.get("head_dim") or int(model_config["hidden_size"]) // heads)
+    return 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
+
+
+def kv_cache_gib(model_config: dict, dtype: str, sessions: int, tokens_per_request: int) -> int:
+    """Whole GiB of KV cache so that `sessions` requests of `tokens_per_request` tokens fit at once."""
+    need = kv_bytes_per_token(model_config, dtype) * sessions * tokens_per_request * KV_HEADROOM
+    return max(1, math.ceil(need / 2**30))
