@@ -50,6 +50,9 @@ cmd_dry_run() {
   if [[ $RUN_SPLIT == eval-only ]] || { [[ $RUN_PHASE == both ]] && iteration_eval_due "$n" "$RUN_EVAL_INTERVAL"; }; then
     loop_rollout_cmd test "$n" "$RUN_RESUME" && run_print_cmd "eval rollout"
   fi
+  if ((RUN_FINAL_EVAL)); then
+    loop_rollout_cmd test "<last+1>" 0 && run_print_cmd "final eval rollout (after the last iteration)"
+  fi
   if [[ $RUN_PHASE != rollout ]]; then
     loop_update_cmd "$n" all && run_print_cmd update
   fi

@@ -65,4 +65,24 @@ def format_table(log_path: Path) -> str:
             f"{r['iteration']:>4}  {served:>6}  {pct(r.get('train_success_rate')):>7}  "
             f"{pct(r.get('eval_success_rate')):>7}  {loss:>7}  {r.get('update') or '-':<10}"
         )
+    gain = held_out_gain(log_path)
+    if gain:
+        lines.append(gain)
     return "\n".join(lines)
+
+
+def held_out_gain(log_path: Path) -> str:
+    """One line comparing the first and the last held-out evaluation ("" with fewer than two)."""
+    evals = [r for r in iteration_records(log_path) if r.get("eval_success_rate") is not None]
+    if len(evals) < 2:
+        return ""
+    first, last = evals[0], evals[-1]
+
+    def name(r: dict) -> str:
+        return "base" if r.get("served_version") is None else f"v{r['served_version']}"
+
+    points = 100 * (last["eval_success_rate"] - first["eval_success_rate"])
+    return (
+        f"held-out success: {name(first)} {100 * first['eval_success_rate']:.1f}% (iteration {first['iteration']}) -> "
+        f"{name(last)} {100 * last['eval_success_rate']:.1f}% (iteration {last['iteration']}): {points:+.1f} points"
+    )

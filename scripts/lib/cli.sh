@@ -21,6 +21,7 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --resume                   continue the interrupted iteration (single-node)
   --max-iterations N         stop after N iterations (default: run until stopped)
   --max-update-failures N    stop after N consecutive failed updates (default 3)
+  --final-eval               both, with --max-iterations: evaluate the last promoted policy on the held-out tasks at the end
   --wait-timeout S           update: stop after S seconds with no new train rollout (default: wait until stopped)
   --dry-run                  print the commands each phase would run, then exit
   -h, --help                 this text
@@ -58,7 +59,7 @@ cli_is_int() {
 cli_parse() {
   RUN_DATA="" RUN_LOG="" RUN_PHASE="" RUN_EVAL_INTERVAL="" RUN_SPLIT="" RUN_NUM_NODES=""
   RUN_RANK_WEIGHTS="" RUN_MASTER="" RUN_WORKER="" RUN_DEBUG=0 RUN_RESUME=0 RUN_MAX_ITER=""
-  RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0
+  RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0 RUN_FINAL_EVAL=0
   RUN_OVERRIDES=()
   while (($#)); do
     case "$1" in
@@ -75,6 +76,7 @@ cli_parse() {
         shift
         ;;
       --resume) RUN_RESUME=1 && shift ;;
+      --final-eval) RUN_FINAL_EVAL=1 && shift ;;
       --dry-run)
         # shellcheck disable=SC2034 # read by run.sh
         RUN_DRY=1
@@ -119,6 +121,9 @@ cli_validate() {
   cli_validate_nodes
   if [[ -n $RUN_MAX_ITER ]] && ! cli_is_int "$RUN_MAX_ITER" 1; then
     cli_bad "--max-iterations must be an integer >= 1 (got '$RUN_MAX_ITER'); omit it to run until stopped"
+  fi
+  if ((RUN_FINAL_EVAL)) && [[ $RUN_PHASE != both || -z $RUN_MAX_ITER ]]; then
+    cli_bad "--final-eval needs --rl-phase both and --max-iterations N (it evaluates the policy of the last iteration)"
   fi
   RUN_MAX_FAILURES=${RUN_MAX_FAILURES:-3}
   cli_is_int "$RUN_MAX_FAILURES" 1 ||

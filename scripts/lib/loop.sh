@@ -259,7 +259,21 @@ loop_should_continue() {
   [[ -z $RUN_MAX_ITER ]] || (($1 < RUN_MAX_ITER))
 }
 
-# loop_both: train rollout, eval when due, update, serve the new policy; repeat.
+# loop_final_eval: evaluate the policy the last iteration promoted on the
+# held-out tasks, as one more iteration that holds only a test rollout (so the
+# table and the plot show it after the others; --resume continues it).
+loop_final_eval() {
+  local n version
+  n=$(iteration_next "$RUN_LOG")
+  version=$(loop_policy_version)
+  loop_begin "$n"
+  common_log "final held-out evaluation of ${version:+v$version}${version:-the base model} (iteration $n)"
+  loop_rollout test "$n"
+  loop_finish "$n" "$(loop_policy_version)"
+}
+
+# loop_both: train rollout, eval when due, update, serve the new policy; repeat;
+# with --final-eval, evaluate the last policy at the end.
 loop_both() {
   local n done_count=0 served
   loop_ensure_vllm
@@ -274,6 +288,7 @@ loop_both() {
     loop_finish "$n" "$served"
     done_count=$((done_count + 1))
   done
+  ((!RUN_FINAL_EVAL)) || loop_final_eval
 }
 
 # loop_rollouts: rollouts of one split per iteration, serving any newer policy first.

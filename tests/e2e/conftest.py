@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, env_python
+from tests.waits import UPDATE_S, run_waiting
 
 LIBS = "; ".join(f"source scripts/lib/{lib}.sh" for lib in ("common", "envs", "procs", "vllm"))
 
@@ -71,15 +72,13 @@ def vllm_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         stop_vllm(server)
 
 
-def run_update(log: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+def run_update(log: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     """Run the update phase (`python -m training`) in the train environment for iteration 0."""
     cmd = [env_python("train"), "-m", "training", "--config-name", "update", f"log_path={log}", "iteration=0"]
-    return subprocess.run(
+    return run_waiting(
         [*cmd, *overrides],
+        waiting_for=f"the update phase (python -m training) on {log}",
+        timeout=UPDATE_S,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
     )

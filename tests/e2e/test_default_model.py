@@ -11,16 +11,19 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, env_python
+from tests.waits import run_waiting
 
 pytestmark = pytest.mark.e2e
 
 
 def _prepare(data: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_waiting(
         [env_python("train"), "-m", "training.default_model", "--data-path", str(data)],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+        waiting_for="the default model to be dequantized and saved (about 25 s)",
+        timeout=600,
+        cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), **env},
-    )  # fmt: skip
+    )
 
 
 def test_valid_model_is_left_alone_and_corrupted_one_rebuilt(model_dir: Path, tmp_path: Path) -> None:

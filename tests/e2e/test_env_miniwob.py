@@ -25,6 +25,7 @@ from rollout_engine.envs.miniwob import MiniWobEnv, build_tasks
 from rollout_engine.types import Completion, Message, Task
 from tests.conftest import REPO, env_python
 from tests.e2e.conftest import VllmServer
+from tests.waits import run_waiting
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -134,7 +135,8 @@ def test_engine_rolls_out_miniwob_in_chromium(vllm_server: VllmServer, tmp_path:
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "BATON_TEST_TAG": tag}
 
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    waiting_for = f"a MiniWoB++ rollout of {len(rows)} episodes of at most 3 steps in Chromium"
+    done = run_waiting(command, waiting_for=waiting_for, timeout=600, cwd=REPO, env=env)
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert tagged_pids(tag) == [], "no Chromium or driver process outlives the engine"

@@ -12,6 +12,7 @@ import pytest
 from rollout_engine.envs.textworld import build_tasks
 from tests.conftest import REPO, env_python
 from tests.e2e.conftest import VllmServer
+from tests.waits import generation_s, run_waiting
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +40,14 @@ def run_engine(server: VllmServer, data: Path, log: Path, *overrides: str) -> su
         *overrides,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    games = len((data / "tasks" / "textworld.jsonl").read_text().splitlines()) * N_SAMPLES
+    return run_waiting(
+        command,
+        waiting_for=f"a TextWorld rollout of {games} episodes of at most {MAX_STEPS} turns",
+        timeout=generation_s(games, 24, turns=MAX_STEPS),
+        cwd=REPO,
+        env=env,
+    )
 
 
 def test_engine_rolls_out_textworld_games(vllm_server: VllmServer, tmp_path: Path) -> None:

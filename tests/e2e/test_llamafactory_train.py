@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import env_python
+from tests.waits import UPDATE_S, run_waiting
 
 pytestmark = pytest.mark.e2e
 
@@ -79,13 +79,11 @@ def test_two_steps_of_full_finetuning(model_dir: Path, tmp_path: Path) -> None:
     train_py = env_python("train")
     env = {**os.environ, "PATH": f"{Path(train_py).parent}:{os.environ['PATH']}", "DISABLE_VERSION_CHECK": "1"}
     env.pop("PYTHONPATH", None)
-    result = subprocess.run(
+    result = run_waiting(
         [str(Path(train_py).parent / "llamafactory-cli"), "train", str(cfg)],
+        waiting_for="llamafactory-cli train (2 optimizer steps)",
+        timeout=UPDATE_S,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (out_dir / "model.safetensors").is_file()
@@ -93,12 +91,10 @@ def test_two_steps_of_full_finetuning(model_dir: Path, tmp_path: Path) -> None:
     assert state["global_step"] == 2
     assert all("loss" in entry for entry in state["log_history"][:2])
 
-    check = subprocess.run(
+    check = run_waiting(
         [train_py, "-c", LOAD_AND_GENERATE, str(out_dir), str(model_dir)],
-        capture_output=True,
-        text=True,
+        waiting_for="the trained model to load and generate",
         timeout=300,
-        check=False,
     )
     assert check.returncode == 0, check.stderr[-3000:]
     stats = dict(item.split("=") for item in check.stdout.split() if "=" in item)

@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import REPO, default_sigint
 from tests.e2e.conftest import free_port, processes_mentioning
+from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
 
 pytestmark = pytest.mark.e2e
 
@@ -44,8 +45,8 @@ def run_sh(data: Path, log: Path, *args: str, port: int | None = None, **popen) 
     )
 
 
-def finish(proc: subprocess.Popen, timeout: float = 1500) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=timeout)
+def finish(proc: subprocess.Popen, waiting_for: str, timeout: float) -> tuple[int, str]:
+    out = communicate_waiting(proc, waiting_for=waiting_for, timeout=timeout)
     return proc.returncode, out
 
 
@@ -85,7 +86,9 @@ def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: 
         "algorithm.cutoff_len=512",
         port=port,
     )
-    rc, out = finish(proc)
+    # 2 x (96 train + 8 eval episodes of 32 tokens), 2 updates, a vLLM start and a reload
+    budget = VLLM_START_S + generation_s(2 * 104, 32) + 2 * UPDATE_S
+    rc, out = finish(proc, "run.sh to finish 2 iterations of --rl-phase both", budget)
     assert rc == 0, out[-4000:]
     first, second = journal(log, "train", 1), journal(log, "train", 2)
     assert len(first) == len(second) == 96
@@ -135,14 +138,16 @@ def test_sigint_during_rollout_stops_everything_then_resume_completes(data_dir: 
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     stopped = time.monotonic()
-    rc, out = finish(proc, timeout=60)
+    rc, out = finish(proc, "run.sh to stop after Ctrl+C", 60)
     assert time.monotonic() - stopped < 30, out[-3000:]
     assert rc == 130, out[-3000:]
     assert not processes_mentioning(str(log), f"--port {port}") and not serves(port)
     partial = len(journal(log, "test", 1))
     assert 0 < partial < 48
 
-    rc, out = finish(run_sh(data_dir, log, *args, "--resume", port=port))
+    budget = VLLM_START_S + generation_s(48, 32)
+    resumed = run_sh(data_dir, log, *args, "--resume", port=port)
+    rc, out = finish(resumed, "run.sh --resume to finish the rollout", budget)
     assert rc == 0, out[-3000:]
     ids = [t["episode_id"] for t in journal(log, "test", 1)]
     assert len(ids) == len(set(ids)) == 48
@@ -169,7 +174,9 @@ def test_debug_mode_uses_the_external_server_and_leaves_it_running(vllm_server, 
             f"policy_config.base_url={vllm_server.base_url}",
             *TINY,
             "env_config.test_tasks_rollout_size=4",
-        )
+        ),
+        "run.sh --debug-mode to finish a 4-episode eval rollout",
+        generation_s(4, 32),
     )
     assert rc == 0, out[-3000:]
     assert len(journal(log, "test", 1)) == 4

@@ -26,6 +26,7 @@ import pytest
 from tests.conftest import REPO, default_sigint
 from tests.e2e.conftest import processes_mentioning, run_update, start_vllm, stop_vllm
 from tests.e2e.rollout_cli import rollout_cmd, run_rollout
+from tests.waits import UPDATE_S, communicate_waiting, run_waiting
 
 pytestmark = pytest.mark.e2e
 
@@ -148,24 +149,22 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
         preexec_fn=default_sigint,
     )
     groups = log / "training/iter_0001/train.log.pgid"
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + UPDATE_S
     while not (groups.exists() and len(groups.read_text().split()) >= 2):  # LLaMA-Factory's group + a worker's
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     stopped = time.monotonic()
-    out, _ = proc.communicate(timeout=120)
+    out = communicate_waiting(proc, waiting_for="run.sh --rl-phase update to stop after Ctrl+C", timeout=120)
     assert proc.returncode == 130, out[-3000:]
     assert time.monotonic() - stopped < 30, "Ctrl+C must stop the run within 30 s"
     assert processes_mentioning(str(log)) == []
     assert not (log / "policy").exists()
 
-    again = subprocess.run(
+    again = run_waiting(
         [*base, "--rl-phase", "update", "--wait-timeout", "0", "algorithm.max_steps=1", *small],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+        waiting_for="run.sh --rl-phase update to train one step and promote",
+        timeout=UPDATE_S,
     )
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert os.readlink(log / "policy/current") == "v0001"

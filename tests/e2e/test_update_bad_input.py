@@ -4,7 +4,6 @@ on: exit 3, nothing written (train environment)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from tests.conftest import REPO
 from tests.e2e.conftest import run_update
 from tests.unit.training.trajectories import traj
+from tests.waits import UPDATE_S, run_waiting
 
 pytestmark = pytest.mark.e2e
 
@@ -81,8 +81,10 @@ def test_run_sh_records_an_update_with_nothing_to_train_on_as_skipped(tmp_path: 
     state.mkdir(parents=True)
     (state / "train_rollout.done").write_text("done\n")
     cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]
-    out = subprocess.run(
-        [*cmd, "--rl-phase", "update", "--wait-timeout", "0"], capture_output=True, text=True, timeout=600, check=False
+    out = run_waiting(
+        [*cmd, "--rl-phase", "update", "--wait-timeout", "0"],
+        waiting_for="run.sh --rl-phase update to skip an iteration with nothing to train on",
+        timeout=UPDATE_S,
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert (state / "update.done").read_text().strip() == "skipped: too little to train on"
