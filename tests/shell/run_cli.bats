@@ -105,3 +105,12 @@ run_bad() {
   run_bad "multi-node runs are not available yet" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
     --num-nodes 2 --rank-weights 1,1 --worker 1
 }
+
+@test "--final-eval needs --rl-phase both and --max-iterations; BATON_VLLM_DTYPE must be a dtype" {
+  run_bad "--final-eval needs --rl-phase both and --max-iterations N" \
+    --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 --final-eval
+  run_bad "--final-eval needs --rl-phase both and --max-iterations N" \
+    --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split eval-only --max-iterations 1 --final-eval
+  BATON_VLLM_DTYPE=fp32 run_bad "BATON_VLLM_DTYPE must be auto, float32, bfloat16 or float16 (got 'fp32')" \
+    --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1
+}

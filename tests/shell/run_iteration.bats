@@ -55,6 +55,12 @@ setup() {
     --dry-run env_config.train_tasks_rollout_size=16 algorithm.max_steps=1
   [[ $output == *"# iteration 1, --rl-phase both"* ]]
   [[ $output == *"[serve] env VLLM_SERVER_DEV_MODE=1 "*"-m vllm.entrypoints.openai.api_server --model $DATA/models/SmolLM2-135M-Instruct"* ]]
+  # the dtype this CPU runs natively; the KV cache holds reasoning_gym's 32 requests of 2048 tokens
+  if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+    [[ $output == *"VLLM_CPU_KVCACHE_SPACE=2 "*"--dtype bfloat16"* ]]
+  else
+    [[ $output == *"VLLM_CPU_KVCACHE_SPACE=4 "*"--dtype float32"* ]]
+  fi
   [[ $output == *"[train rollout] env PYTHONPATH=$ROOT "*"-m rollout_engine --config-name rollout_train data_path=$DATA log_path=$LOG iteration=1 "*"env_config.train_tasks_rollout_size=16"* ]]
   [[ $output == *"[eval rollout] "*"--config-name rollout_test "* ]]
   [[ $output == *"[update] "*"-m training --config-name update log_path=$LOG iteration=1 model_path=$DATA/models/SmolLM2-135M-Instruct phase=all launch.master_port="*" algorithm.max_steps=1"* ]]
@@ -62,6 +68,16 @@ setup() {
   # overrides reach the configs that have the key: rollout keys not the update, and the reverse
   [[ $(grep '^\[update\]' <<<"$output") != *train_tasks_rollout_size* ]]
   [[ $(grep '^\[train rollout\]' <<<"$output") != *max_steps* ]]
+  [ ! -e "$LOG" ]
+}
+
+@test "--dry-run: BATON_VLLM_DTYPE forces the dtype and the KV cache follows it and the sessions" {
+  BATON_VLLM_DTYPE=bfloat16 run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase rollout --rollout-split eval-only --dry-run env_config.max_vllm_sessions=64
+  [[ $output == *"VLLM_CPU_KVCACHE_SPACE=4 "*"--dtype bfloat16"* ]]
+  BATON_VLLM_DTYPE=float32 run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase rollout --rollout-split eval-only --dry-run env_config.max_vllm_sessions=64
+  [[ $output == *"VLLM_CPU_KVCACHE_SPACE=7 "*"--dtype float32"* ]]
   [ ! -e "$LOG" ]
 }
 
