@@ -54,7 +54,7 @@ main() {
     policy_config.max_new_tokens=32 algorithm.max_steps=2 algorithm.learning_rate=1e-5 \
     algorithm.per_device_train_batch_size=2 algorithm.gradient_accumulation_steps=1 algorithm.cutoff_len=512
   printf '\nsuccess per iteration (train rollouts and held-out eval):\n'
-  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m rollout_engine.loop table --log-path "$logs"
+  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m coordinator table --log-path "$logs"
   printf 'plot: %s\n' "$logs/plots/success.png"
   common_log "quickstart finished in $((SECONDS - start)) s; trajectories and metrics under $logs"
 }

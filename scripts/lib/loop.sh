@@ -66,7 +66,7 @@ loop_compose() {
   ((RUN_DEBUG)) && args+=(--debug-mode)
   [[ -n $save ]] && args+=(--save "$save")
   local out
-  out=$(loop_py "$BATON_APP_PY" -m rollout_engine.loop compose "${args[@]}" -- "${RUN_OVERRIDES[@]}") || exit 2
+  out=$(loop_py "$BATON_APP_PY" -m coordinator compose "${args[@]}" -- "${RUN_OVERRIDES[@]}") || exit 2
   LOOP_ROLLOUT_OVR=() LOOP_UPDATE_OVR=()
   # shellcheck disable=SC2034 # VLLM_MAX_SESSIONS is read by vllm_choose (vllm.sh)
   while IFS=$'\t' read -r target value rest; do
@@ -237,9 +237,9 @@ loop_serve() {
 # loop_finish <iteration>: metrics record, plot, and the iteration's end marker.
 loop_finish() {
   local n=$1 plot
-  loop_py "$BATON_APP_PY" -m rollout_engine.loop summarize --log-path "$RUN_LOG" --iteration "$n" \
+  loop_py "$BATON_APP_PY" -m coordinator summarize --log-path "$RUN_LOG" --iteration "$n" \
     --served-version "${2:-}" >/dev/null || common_warn "could not summarize iteration $n"
-  plot=$(loop_py "$BATON_APP_PY" -m rollout_engine.loop plot --log-path "$RUN_LOG") || common_warn "could not draw the plot"
+  plot=$(loop_py "$BATON_APP_PY" -m coordinator plot --log-path "$RUN_LOG") || common_warn "could not draw the plot"
   iteration_mark "$RUN_LOG" "$n" iteration
   common_log "iteration $n done; metrics: $RUN_LOG/metrics.jsonl, plot: ${plot:-none}"
 }

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rollout_engine.loop.overrides import override_key
-from rollout_engine.loop.plot import format_table, save_plot
-from rollout_engine.loop.summary import iteration_records, summarize
+from coordinator.overrides import override_key
+from coordinator.plot import format_table, save_plot
+from coordinator.summary import iteration_records, summarize
 
 
 def write_metrics(log: Path, rows: list[dict]) -> None:
