@@ -9,5 +9,7 @@ fake_data_setup() {
   LOG="$BATS_TEST_TMPDIR/log"
   DATA="$BATS_TEST_TMPDIR/data"
   mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
-  printf '{}\n' >"$DATA/models/SmolLM2-135M-Instruct/config.json"
+  # SmolLM2-135M's shape: the serving helper sizes vLLM's KV cache from it
+  printf '{"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}\n' \
+    >"$DATA/models/SmolLM2-135M-Instruct/config.json"
 }
