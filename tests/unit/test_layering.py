@@ -50,11 +50,11 @@ def test_packages_import_one_way():
 def test_a_backward_import_is_named(tmp_path):
     for package in FORBIDDEN:
         (tmp_path / package).mkdir()
-    (tmp_path / "rollout_engine" / "loop.py").write_text("def f():\n    from training.config import validate\n")
+    (tmp_path / "rollout_engine" / "runner.py").write_text("def f():\n    from training.config import validate\n")
     (tmp_path / "training" / "update.py").write_text("import coordinator.summary\nimport rollout_engine.files\n")
     (tmp_path / "coordinator" / "plot.py").write_text("import training\nfrom rollout_engine import files\n")
 
     assert layering_violations(tmp_path) == [
-        "rollout_engine/loop.py:2 imports training.config (rollout_engine must not)",
+        "rollout_engine/runner.py:2 imports training.config (rollout_engine must not)",
         "training/update.py:1 imports coordinator.summary (training must not)",
     ]
