@@ -48,7 +48,7 @@ main() {
     algorithm.num_train_epochs=2 algorithm.per_device_train_batch_size=8 algorithm.gradient_accumulation_steps=1 \
     algorithm.cutoff_len=512 algorithm.selection.positive_samples_to_train=128 \
     "${extra[@]}"
-  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m rollout_engine.loop table --log-path "$log"
+  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m coordinator table --log-path "$log"
   common_log "plot: $log/plots/success.png"
 }
 

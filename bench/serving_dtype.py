@@ -24,7 +24,7 @@ from pathlib import Path
 import openai
 
 from bench.server import add_server_args, serve
-from rollout_engine.loop.serving import parse_cpuinfo
+from coordinator.serving import parse_cpuinfo
 
 logger = logging.getLogger("bench.serving_dtype")
 PROMPT = "Write a short story about a lighthouse keeper. Question {i}: what is {i} + 7?"

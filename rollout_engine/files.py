@@ -4,9 +4,15 @@
     save_text(path, text) / save_json(path, obj) / save_jsonl(path, rows)
     append_line(path, line)     # one O_APPEND write, then fsync (journals, metrics)
     append_jsonl(path, obj)
+    read = read_jsonl(path)     # read.rows, read.torn (line numbers skipped)
 
 Readers see the old file or the whole new one, never a mix. Files are 0644:
 the log path is shared with other nodes and users.
+
+JSON lines have one torn-line rule: every line that parses is kept, a line that
+does not (a write cut short by a crash) is skipped and reported, and it never
+takes the next line with it: an append after a torn last line starts on a line
+of its own.
 """
 
 from __future__ import annotations
@@ -14,8 +20,20 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+@dataclass
+class JsonlRead:
+    """What `read_jsonl` found: the parsed rows and the torn lines it skipped."""
+
+    rows: list[Any] = field(default_factory=list)
+    #: 1-based line number of each row (rows[i] was on line numbers[i])
+    numbers: list[int] = field(default_factory=list)
+    #: 1-based numbers of the lines that did not parse
+    torn: list[int] = field(default_factory=list)
 
 
 def save_bytes(path: str | Path, data: bytes) -> None:
@@ -49,12 +67,19 @@ def save_jsonl(path: str | Path, rows: list[Any]) -> None:
 
 
 def append_line(path: str | Path, line: str) -> None:
-    """Append one line with a single write, then fsync."""
+    """Append one line with a single write, then fsync.
+
+    When the file does not end with a newline (a torn last line), the write
+    starts with one, so the new line is not glued to the torn one.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (line if line.endswith("\n") else line + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
         os.write(fd, data)
         os.fsync(fd)
     finally:
@@ -63,6 +88,25 @@ def append_line(path: str | Path, line: str) -> None:
 
 def append_jsonl(path: str | Path, obj: Any) -> None:
     append_line(path, json.dumps(obj, ensure_ascii=False))
+
+
+def read_jsonl(path: str | Path) -> JsonlRead:
+    """Every line of `path` that parses as JSON; blank lines are ignored, the others are `torn`.
+
+    Raises OSError when the file cannot be read (callers decide whether a missing file is empty).
+    """
+    read = JsonlRead()
+    for number, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)  # bytes: a multi-byte character cut in two is a ValueError too
+        except ValueError:
+            read.torn.append(number)
+            continue
+        read.rows.append(row)
+        read.numbers.append(number)
+    return read
 
 
 def fsync_dir(directory: str | Path) -> None:

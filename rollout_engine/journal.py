@@ -2,9 +2,10 @@
 
 `<log>/trajectories/<split>/iter_<NNNN>/rank_<r>.jsonl` holds one finished
 trajectory per line (schema in docs/formats.md), each line flushed and fsynced
-as the episode finishes. A line cut short by a crash (the last line, without
-its newline or not parseable) is dropped on read and truncated away before
-appending again; a bad line anywhere else is corruption and an error.
+as the episode finishes. A line cut short by a crash (not JSON) is skipped on
+read (`rollout_engine.files.read_jsonl`'s rule), and a torn last line is cut
+off before a resume appends again; a JSON line that is not a trajectory is
+corruption and an error.
 `rank_<r>.manifest.json` is written atomically when the rollout ends: counts
 by status, the journal's sha256 and byte size, and whether every planned
 episode is in it (`complete`).
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import append_line, save_json
+from rollout_engine.files import append_line, read_jsonl, save_json
 from rollout_engine.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -34,31 +35,35 @@ logger = logging.getLogger(__name__)
 MANIFEST_SCHEMA = "baton.manifest/1"
 
 
-def read_journal(path: Path) -> tuple[list[Trajectory], int]:
-    """The journal's trajectories and the byte length of its intact part (a torn last line is left out)."""
+def read_journal(path: Path) -> list[Trajectory]:
+    """The journal's trajectories; torn lines (not JSON) are skipped with a warning.
+
+    A line that is JSON but not a trajectory is corruption: ConfigError naming file and line.
+    """
     if not path.exists():
-        return [], 0
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    trajectories: list[Trajectory] = []
-    good = 0
-    for number, raw in enumerate(lines, start=1):
-        is_last = number == len(lines)
-        if is_last and raw == b"":
-            break
+        return []
+    read = read_jsonl(path)
+    if read.torn:
+        logger.warning("journal %s: skipping torn lines %s (writes cut short by a crash)", path, read.torn)
+    trajectories = []
+    for number, row in zip(read.numbers, read.rows, strict=True):
         try:
-            if is_last:
-                raise ValueError("no newline at the end")
-            trajectories.append(Trajectory.from_json(json.loads(raw)))
-        except (ValueError, KeyError, TypeError) as exc:
-            if number >= len(lines) - 1 and (is_last or lines[-1] == b""):
-                logger.warning("journal %s: dropping a torn last line (%d bytes): %s", path, len(raw), exc)
-                break
+            trajectories.append(Trajectory.from_json(row))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(
-                f"journal {path}:{number} is corrupt ({exc}); move the file aside or fix that line"
+                f"journal {path}:{number} is not a baton.trajectory/1 line ({exc}); move the file aside or fix the line"
             ) from None
-        good += len(raw) + 1
-    return trajectories, good
+    return trajectories
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a torn last line (bytes after the last newline) off `path`, so a resumed journal is clean."""
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        data = handle.read()
+    if data and not data.endswith(b"\n"):
+        os.truncate(path, data.rfind(b"\n") + 1)
 
 
 class Journal:
@@ -70,9 +75,8 @@ class Journal:
         self.done: list[Trajectory] = []
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume:
-            self.done, good = read_journal(path)
-            if path.exists() and path.stat().st_size != good:
-                os.truncate(path, good)
+            self.done = read_journal(path)
+            drop_torn_tail(path)
             self.manifest_path.unlink(missing_ok=True)
             if self.done:
                 logger.info("resume: %d episodes already in %s are skipped", len(self.done), path)
@@ -98,8 +102,8 @@ class Journal:
 
     def seal(self, planned: int) -> dict:
         """Write the manifest atomically; returns it."""
-        trajectories, size = read_journal(self.path)
-        digest = hashlib.sha256(self.path.read_bytes()[:size] if self.path.exists() else b"").hexdigest()
+        trajectories = read_journal(self.path)
+        data = self.path.read_bytes() if self.path.exists() else b""
         ids = {t.episode_id for t in trajectories}
         manifest = {
             "schema": MANIFEST_SCHEMA,
@@ -108,8 +112,8 @@ class Journal:
             "planned": planned,
             "complete": len(ids) >= planned,
             "by_status": dict(collections.Counter(t.status.value for t in trajectories)),
-            "sha256": digest,
-            "bytes": size,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
             "sealed_at": time.time(),
         }
         save_json(self.manifest_path, manifest)

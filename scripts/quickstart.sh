@@ -61,7 +61,7 @@ main() {
     algorithm.num_train_epochs=2 algorithm.per_device_train_batch_size=8 algorithm.gradient_accumulation_steps=1 \
     algorithm.cutoff_len=512 algorithm.selection.positive_samples_to_train=128
   printf '\nsuccess per iteration (train rollouts and held-out eval; the last row is the final evaluation):\n'
-  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m rollout_engine.loop table --log-path "$logs"
+  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m coordinator table --log-path "$logs"
   printf 'plot: %s\n' "$logs/plots/success.png"
   common_log "quickstart finished in $((SECONDS - start)) s; trajectories and metrics under $logs"
 }

@@ -27,7 +27,7 @@ test_lint() {
   mapfile -t scripts < <(cd "$ROOT" && ls scripts/*.sh scripts/lib/*.sh bench/*.sh .ci/run)
   (cd "$ROOT" && shellcheck -x "${scripts[@]}") &&
     (cd "$ROOT" && shellcheck -x -s bash tests/shell/*.bats tests/shell/*.bash) &&
-    (cd "$ROOT" && ruff check . && ruff format --check rollout_engine training tests bench)
+    (cd "$ROOT" && ruff check . && ruff format --check coordinator rollout_engine training tests bench)
 }
 
 # test_pytest <name> <dir>: run pytest on <dir> with a JUnit report.

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import save_json, save_jsonl
+from rollout_engine.files import read_jsonl, save_json, save_jsonl
 from rollout_engine.types import Message
 from training.selection import Sample
 
@@ -68,16 +68,26 @@ def save_dataset(
     return DatasetFiles(out_dir, len(splits["train"]), len(splits["val"]))
 
 
+def load_token_ids(directory: Path, split: str) -> list[Any]:
+    """The rows of `<split>.token_ids.jsonl`, one per dataset row.
+
+    Rows match the dataset by position, so a torn line (which read_jsonl skips)
+    is an error here: ConfigError naming the file and its lines.
+    """
+    path = Path(directory) / f"{split}.token_ids.jsonl"
+    read = read_jsonl(path)
+    if read.torn:
+        raise ConfigError(f"{path} has unreadable lines {read.torn}; prepare the data again")
+    return read.rows
+
+
 def drop_rows(files: DatasetFiles, split: str, indices: list[int]) -> None:
     """Remove rows (by index) from one split's dataset and token-id files."""
     doomed = set(indices)
     rows = json.loads((files.directory / f"{split}.json").read_text())
-    sidecar = (files.directory / f"{split}.token_ids.jsonl").read_text().splitlines()
+    ids = load_token_ids(files.directory, split)
     save_json(files.directory / f"{split}.json", [r for i, r in enumerate(rows) if i not in doomed])
-    save_jsonl(
-        files.directory / f"{split}.token_ids.jsonl",
-        [json.loads(line) for i, line in enumerate(sidecar) if i not in doomed],
-    )
+    save_jsonl(files.directory / f"{split}.token_ids.jsonl", [r for i, r in enumerate(ids) if i not in doomed])
     if split == "train":
         files.train_rows -= len(doomed)
     else:

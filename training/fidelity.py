@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
+from training.dataset import load_token_ids
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
@@ -87,7 +88,7 @@ def check_fidelity(recipe: dict[str, Any], samples: int, seed: int = 0, split: s
     name = "baton_train" if split == "train" else "baton_val"
     encoder, rows = _load(recipe, name)
     sidecar = Path(recipe["dataset_dir"]) / f"{split}.token_ids.jsonl"
-    sampled = [json.loads(line) for line in sidecar.read_text().splitlines() if line.strip()]
+    sampled = load_token_ids(Path(recipe["dataset_dir"]), split)
     if len(sampled) != len(rows):
         raise ConfigError(f"{sidecar} has {len(sampled)} rows but the dataset {len(rows)}; prepare the data again")
     picks = (

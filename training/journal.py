@@ -3,21 +3,20 @@
     trajectories = load_trajectories(log_path, split="train", iterations=range(3, 7))
 
 Reads `<log>/trajectories/<split>/iter_<NNNN>/rank_<r>.jsonl` with
-`Trajectory.from_json`. A torn last line (a writer killed mid-line) is skipped
-with a warning; any other bad line is a `ConfigError` naming file and line. An
-episode written twice (a resumed rollout) counts once: the last line wins.
-Relative image paths are made absolute against the iteration directory.
-Pure Python: imports nothing heavy.
+`rollout_engine.journal.read_journal`: a torn line (a writer killed mid-line)
+is skipped with a warning; a JSON line that is not a trajectory is a
+`ConfigError` naming file and line. An episode written twice (a resumed
+rollout) counts once: the last line wins. Relative image paths are made
+absolute against the iteration directory. Pure Python: imports nothing heavy.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from rollout_engine.errors import ConfigError
+from rollout_engine.journal import read_journal
 from rollout_engine.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -39,28 +38,10 @@ def load_trajectories(log_path: str | Path, split: str, iterations: Iterable[int
         for path in sorted(directory.glob("rank_*.jsonl")):
             if not path.with_suffix(".manifest.json").exists():
                 log.warning("%s has no manifest (rollout not sealed); reading it anyway", path)
-            for trajectory in _read_journal(path):
+            for trajectory in read_journal(path):
                 _absolute_images(trajectory, directory)
                 by_episode[trajectory.episode_id] = trajectory
         out.extend(by_episode.values())
-    return out
-
-
-def _read_journal(path: Path) -> list[Trajectory]:
-    lines = path.read_text(encoding="utf-8").split("\n")
-    out: list[Trajectory] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(Trajectory.from_json(json.loads(line)))
-        except (ValueError, TypeError, KeyError) as exc:
-            if number == len(lines):  # no newline after it: a torn write
-                log.warning("%s:%d: skipping a torn last line (%s)", path, number, exc)
-                continue
-            raise ConfigError(
-                f"{path}:{number} is not a baton.trajectory/1 line ({exc}); fix or remove that line"
-            ) from exc
     return out
 
 

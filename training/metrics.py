@@ -15,12 +15,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rollout_engine.files import read_jsonl
+
 _DICT_LINE = re.compile(r"\{'(?:loss|train_runtime)'[^{}]*\}")
 
 
 def parse_training(output_dir: Path, console_log: Path | None = None) -> dict[str, Any]:
     """The run's per-step losses and its summary."""
-    steps = _read_jsonl(output_dir / "trainer_log.jsonl")
+    trainer_log = output_dir / "trainer_log.jsonl"
+    steps = read_jsonl(trainer_log).rows if trainer_log.exists() else []  # torn lines skipped
     summary = _read_json(output_dir / "train_results.json")
     if (not steps or not summary) and console_log is not None and console_log.exists():
         console_steps, console_summary = _parse_console(console_log.read_text(errors="replace"))
@@ -49,18 +52,6 @@ def _parse_console(text: str) -> tuple[list[dict], dict]:
         else:
             steps.append(record)
     return steps, summary
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 def _read_json(path: Path) -> dict:

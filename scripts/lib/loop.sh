@@ -66,7 +66,7 @@ loop_compose() {
   ((RUN_DEBUG)) && args+=(--debug-mode)
   [[ -n $save ]] && args+=(--save "$save")
   local out
-  out=$(loop_py "$BATON_APP_PY" -m rollout_engine.loop compose "${args[@]}" -- "${RUN_OVERRIDES[@]}") || exit 2
+  out=$(loop_py "$BATON_APP_PY" -m coordinator compose "${args[@]}" -- "${RUN_OVERRIDES[@]}") || exit 2
   LOOP_ROLLOUT_OVR=() LOOP_UPDATE_OVR=()
   # shellcheck disable=SC2034 # VLLM_MAX_SESSIONS is read by vllm_choose (vllm.sh)
   while IFS=$'\t' read -r target value rest; do
@@ -237,9 +237,9 @@ loop_serve() {
 # loop_finish <iteration>: metrics record, plot, and the iteration's end marker.
 loop_finish() {
   local n=$1 plot
-  loop_py "$BATON_APP_PY" -m rollout_engine.loop summarize --log-path "$RUN_LOG" --iteration "$n" \
+  loop_py "$BATON_APP_PY" -m coordinator summarize --log-path "$RUN_LOG" --iteration "$n" \
     --served-version "${2:-}" >/dev/null || common_warn "could not summarize iteration $n"
-  plot=$(loop_py "$BATON_APP_PY" -m rollout_engine.loop plot --log-path "$RUN_LOG") || common_warn "could not draw the plot"
+  plot=$(loop_py "$BATON_APP_PY" -m coordinator plot --log-path "$RUN_LOG") || common_warn "could not draw the plot"
   iteration_mark "$RUN_LOG" "$n" iteration
   common_log "iteration $n done; metrics: $RUN_LOG/metrics.jsonl, plot: ${plot:-none}"
 }
@@ -263,11 +263,11 @@ loop_should_continue() {
 # held-out tasks, as one more iteration that holds only a test rollout (so the
 # table and the plot show it after the others; --resume continues it).
 loop_final_eval() {
-  local n version
+  local n policy="the base model"
   n=$(iteration_next "$RUN_LOG")
-  version=$(loop_policy_version)
+  [[ -z $(loop_policy_version) ]] || policy="v$(loop_policy_version)"
   loop_begin "$n"
-  common_log "final held-out evaluation of ${version:+v$version}${version:-the base model} (iteration $n)"
+  common_log "final held-out evaluation of $policy (iteration $n)"
   loop_rollout test "$n"
   loop_finish "$n" "$(loop_policy_version)"
 }

@@ -5,7 +5,7 @@
 # Library file: defines functions only. Needs common.sh, envs.sh, procs.sh.
 
 # vllm_choose <run_dir|""> <model_dir>: pick the serving dtype and the CPU KV-cache
-# size for this machine (rollout_engine/loop/serving.py: float32 on a CPU
+# size for this machine (coordinator/serving.py: float32 on a CPU
 # without native bf16, bf16 with it or on a GPU of compute capability >= 8.0;
 # BATON_VLLM_DTYPE forces one), say so once, and record the choice in
 # <run_dir>/serving.json (when given). Sets VLLM_DTYPE and VLLM_KV_GIB; the KV cache holds
@@ -13,7 +13,7 @@
 # unless VLLM_CPU_KVCACHE_SPACE is set. Needs BATON_APP_PY.
 vllm_choose() {
   local run_dir=$1 model=$2 out reason
-  out=$(PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m rollout_engine.loop serving --device "$(envs_device)" \
+  out=$(PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m coordinator serving --device "$(envs_device)" \
     --model "$model" --sessions "${VLLM_MAX_SESSIONS:-32}" --max-model-len "${VLLM_MAX_MODEL_LEN:-2048}" \
     --record "${run_dir:+$run_dir/serving.json}") || return
   IFS=$'\t' read -r VLLM_DTYPE VLLM_KV_GIB reason <<<"$out"
@@ -127,7 +127,7 @@ vllm_post() {
 # vllm_fingerprint <port> <served_name>: print the greedy tokens and logprobs of a
 # fixed prompt (they identify the served weights). Needs BATON_APP_PY.
 vllm_fingerprint() {
-  PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m rollout_engine.loop fingerprint \
+  PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m coordinator fingerprint \
     --base-url "http://127.0.0.1:$1/v1" --model "$2"
 }
 

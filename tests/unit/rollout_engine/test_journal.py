@@ -1,4 +1,4 @@
-"""Journal: torn last line dropped and truncated, corruption refused, old journals moved aside, manifest."""
+"""Journal: torn lines skipped (a torn tail cut on resume), bad rows refused, old journals moved aside, manifest."""
 
 from __future__ import annotations
 
@@ -34,18 +34,25 @@ def test_torn_last_line_is_dropped_and_truncated_on_resume(tmp_path: Path) -> No
     journal.append(traj(2))
     with path.open("a") as handle:
         handle.write(json.dumps(traj(3).to_json())[:40])  # crash mid-write
-    done, _ = read_journal(path)
-    assert [t.episode_id for t in done] == ["t1#0", "t2#0"]
+    assert [t.episode_id for t in read_journal(path)] == ["t1#0", "t2#0"]
     resumed = Journal(path, resume=True)
     assert resumed.done_ids == {"t1#0", "t2#0"}
+    assert path.read_bytes().endswith(b"\n")
     resumed.append(traj(3))
-    assert [t.episode_id for t in read_journal(path)[0]] == ["t1#0", "t2#0", "t3#0"]
+    assert [t.episode_id for t in read_journal(path)] == ["t1#0", "t2#0", "t3#0"]
 
 
-def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
+def test_a_torn_middle_line_is_skipped_alone(tmp_path: Path) -> None:
     path = tmp_path / "rank_0.jsonl"
-    path.write_text(json.dumps(traj(1).to_json()) + "\nnot json\n" + json.dumps(traj(2).to_json()) + "\n")
-    with pytest.raises(ConfigError, match=r"rank_0\.jsonl:2 is corrupt"):
+    torn = json.dumps(traj(2).to_json())[:40]
+    path.write_text(json.dumps(traj(1).to_json()) + "\n" + torn + "\n" + json.dumps(traj(3).to_json()) + "\n")
+    assert [t.episode_id for t in read_journal(path)] == ["t1#0", "t3#0"]
+
+
+def test_a_json_line_that_is_not_a_trajectory_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "rank_0.jsonl"
+    path.write_text(json.dumps(traj(1).to_json()) + '\n{"episode_id": "x"}\n' + json.dumps(traj(2).to_json()) + "\n")
+    with pytest.raises(ConfigError, match=r"rank_0\.jsonl:2 is not a baton\.trajectory/1 line"):
         read_journal(path)
 
 

@@ -104,7 +104,7 @@ async def test_failure_kinds_and_retries(tmp_path: Path) -> None:
     assert result["model-1"].status is Failure.MODEL_ERROR
     assert not any(t.success for t in result.values() if t.status is not Failure.OK)
     assert env.live == 0  # every episode torn down, timeouts included
-    assert {t.episode_id for t in read_journal(tmp_path / "rank_0.jsonl")[0]} == {f"{i}#0" for i in result}
+    assert {t.episode_id for t in read_journal(tmp_path / "rank_0.jsonl")} == {f"{i}#0" for i in result}
 
 
 async def test_retry_budget_is_shared(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ async def test_cancel_journals_only_finished_and_tears_down(tmp_path: Path) -> N
         await asyncio.sleep(0.01)
     work.cancel()
     await asyncio.gather(work, return_exceptions=True)
-    journaled = read_journal(tmp_path / "rank_0.jsonl")[0]
+    journaled = read_journal(tmp_path / "rank_0.jsonl")
     assert {t.episode_id for t in journaled} == {t.episode_id for t in sched.finished}
     assert all(t.status is not Failure.CANCELLED for t in journaled)
     assert env.live == 0

@@ -3,7 +3,7 @@
     path = save_plot(log_path)     # <log>/plots/success.png, replaced atomically
 
 Points come from the `"kind": "iteration"` records of `<log>/metrics.jsonl`
-(rollout_engine.loop.summary); an iteration without eval has no eval point.
+(coordinator.summary); an iteration without eval has no eval point.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rollout_engine.loop.summary import iteration_records
+from coordinator.summary import iteration_records
 
 
 def save_plot(log_path: Path) -> Path:

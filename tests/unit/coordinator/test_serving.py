@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_engine.loop.serving import choose_dtype, kv_bytes_per_token, kv_cache_gib, parse_cpuinfo
+from coordinator.serving import choose_dtype, kv_bytes_per_token, kv_cache_gib, parse_cpuinfo
 from tests.conftest import REPO
 
 # The 2-core AMD EPYC this issue was measured on: AVX2, no AVX-512 at all.
@@ -124,7 +124,7 @@ def run_serving(tmp_path: Path, cpuinfo: str, **env: str) -> subprocess.Complete
     (tmp_path / "model").mkdir(exist_ok=True)
     (tmp_path / "model" / "config.json").write_text(json.dumps(SMOLLM2))
     (tmp_path / "cpuinfo").write_text(cpuinfo)
-    cmd = [sys.executable, "-m", "rollout_engine.loop", "serving", "--device", "cpu"]
+    cmd = [sys.executable, "-m", "coordinator", "serving", "--device", "cpu"]
     cmd += ["--model", str(tmp_path / "model"), "--sessions", "32", "--cpuinfo", str(tmp_path / "cpuinfo")]
     cmd += ["--record", str(tmp_path / "serving.json")]
     environ = {k: v for k, v in os.environ.items() if k != "BATON_VLLM_DTYPE"}

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout_engine.files import append_jsonl
+from rollout_engine.files import append_jsonl, read_jsonl
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,16 +46,14 @@ class IterationRecord:
 
 
 def load_metrics(log_path: Path) -> list[dict[str, Any]]:
-    """Every parseable line of `<log>/metrics.jsonl` (a torn last line is skipped)."""
+    """Every parseable line of `<log>/metrics.jsonl` (torn lines are skipped with a warning)."""
     path = Path(log_path) / "metrics.jsonl"
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return rows
+    if not path.exists():
+        return []
+    read = read_jsonl(path)
+    if read.torn:
+        log.warning("%s: skipped torn lines %s", path, read.torn)
+    return read.rows
 
 
 def _last(rows: list[dict], **match: Any) -> dict | None:

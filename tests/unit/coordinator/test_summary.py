@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rollout_engine.loop.overrides import override_key
-from rollout_engine.loop.plot import format_table, save_plot
-from rollout_engine.loop.summary import iteration_records, summarize
+from coordinator.overrides import override_key
+from coordinator.plot import format_table, save_plot
+from coordinator.summary import iteration_records, summarize
 
 
 def write_metrics(log: Path, rows: list[dict]) -> None:
@@ -52,6 +52,14 @@ def test_the_last_record_of_an_iteration_wins_and_a_torn_line_is_skipped(tmp_pat
     with open(tmp_path / "metrics.jsonl", "a") as handle:
         handle.write('{"kind": "iter')
     assert [(r["iteration"], r["train_success_rate"]) for r in iteration_records(tmp_path)] == [(1, 0.2), (2, 0.3)]
+
+
+def test_a_record_summarized_after_a_torn_tail_is_kept(tmp_path: Path) -> None:
+    write_metrics(tmp_path, [{"kind": "rollout", "split": "train", "iteration": 1, "success_rate": 0.5}])
+    with open(tmp_path / "metrics.jsonl", "a") as handle:
+        handle.write('{"kind": "training", "iter')  # a writer killed mid-line
+    summarize(tmp_path, 1, None)
+    assert [(r["iteration"], r["train_success_rate"]) for r in iteration_records(tmp_path)] == [(1, 0.5)]
 
 
 def test_table_and_plot(tmp_path: Path) -> None:

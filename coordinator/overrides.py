@@ -24,7 +24,7 @@ from rollout_engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 #: keys run.sh sets for each phase, with the flag that sets them
 RESERVED = {
     "data_path": "--data-path",

@@ -22,7 +22,7 @@ PROBE = [{"role": "user", "content": "What is 3 + 4?\nAnswer with only the final
 
 def cmd_compose(args: argparse.Namespace) -> int:
     """Validate the overrides by composing every config; print the routing; save the resolved configs."""
-    from rollout_engine.loop.overrides import Request, route_and_compose
+    from coordinator.overrides import Request, route_and_compose
 
     req = Request(args.data_path, args.log_path, args.base_model, list(args.overrides), args.debug_mode)
     try:
@@ -46,7 +46,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from rollout_engine.loop.summary import summarize
+    from coordinator.summary import summarize
 
     served = None if args.served_version in (None, "", "base") else int(args.served_version)
     print(json.dumps(summarize(Path(args.log_path), args.iteration, served)))
@@ -54,14 +54,14 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from rollout_engine.loop.plot import save_plot
+    from coordinator.plot import save_plot
 
     print(save_plot(Path(args.log_path)))
     return 0
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from rollout_engine.loop.plot import format_table
+    from coordinator.plot import format_table
 
     print(format_table(Path(args.log_path)))
     return 0
@@ -92,14 +92,17 @@ def cmd_serving(args: argparse.Namespace) -> int:
     import subprocess
     import time
 
+    from coordinator.serving import choose_dtype, kv_cache_gib, parse_cpuinfo
     from rollout_engine.files import save_json
-    from rollout_engine.loop.serving import choose_dtype, kv_cache_gib, parse_cpuinfo
 
     cpuinfo = Path(args.cpuinfo).read_text() if Path(args.cpuinfo).exists() else ""
     caps: list[str] = []
     if args.device == "cuda":
         query = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]
-        caps = subprocess.run(query, capture_output=True, text=True, check=False).stdout.split()
+        try:
+            caps = subprocess.run(query, capture_output=True, text=True, check=False).stdout.split()
+        except OSError:  # no nvidia-smi: the capability is unknown (bf16 assumed, and said so)
+            caps = []
     try:
         choice = choose_dtype(args.device, cpuinfo, caps, os.environ.get("BATON_VLLM_DTYPE", ""))
     except ValueError as exc:
@@ -132,7 +135,7 @@ def cmd_serving(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rollout_engine.loop", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m coordinator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     compose = sub.add_parser("compose")
     compose.add_argument("--data-path", required=True)

@@ -1,0 +1,14 @@
+"""The coordinator owns the run's state and decisions (config routing, the
+per-iteration summary and plot, the serving dtype and KV cache); scripts/run.sh
+asks it through one entry point:
+
+    python -m coordinator compose --data-path D --log-path L --base-model M \
+        [--debug-mode] [--save F] -- OVERRIDES...
+    python -m coordinator summarize --log-path L --iteration N [--served-version V]
+    python -m coordinator plot --log-path L
+    python -m coordinator table --log-path L
+    python -m coordinator fingerprint --base-url URL --model NAME
+    python -m coordinator serving --device cpu|cuda --model DIR [--sessions N] [--max-model-len L] [--record F]
+
+Importing the package does nothing; run.sh calls the entry point in the app environment.
+"""

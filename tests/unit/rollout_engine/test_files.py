@@ -1,0 +1,54 @@
+"""JSON lines: one torn-line rule for reading, appends that start on a line of their own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rollout_engine.files import append_jsonl, read_jsonl, save_jsonl
+
+
+def test_a_torn_middle_line_is_skipped_alone(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"a": 1}\n{"b": 2, "c": [1,\n{"d": 4}\n')
+    read = read_jsonl(path)
+    assert read.rows == [{"a": 1}, {"d": 4}]
+    assert read.numbers == [1, 3]
+    assert read.torn == [2]
+
+
+def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"b": "caf\xc3')  # cut inside a multi-byte character
+    read = read_jsonl(path)
+    assert read.rows == [{"a": 1}]
+    assert read.torn == [2]
+
+
+def test_append_after_a_torn_tail_keeps_the_new_record(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"a": 1}\n{"b": 2, "c"')  # a writer killed mid-line
+    append_jsonl(path, {"d": 4})
+    append_jsonl(path, {"e": 5})
+    read = read_jsonl(path)
+    assert read.rows == [{"a": 1}, {"d": 4}, {"e": 5}]
+    assert read.torn == [2]
+    assert path.read_text().endswith('{"e": 5}\n')
+
+
+def test_append_to_a_clean_or_new_file_adds_no_blank_line(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "m.jsonl"
+    append_jsonl(path, {"a": 1})
+    append_jsonl(path, {"b": 2})
+    assert path.read_text() == '{"a": 1}\n{"b": 2}\n'
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_valid_lines_round_trip(tmp_path: Path) -> None:
+    rows = [{"a": 1}, [1, 2], "text", None, 3.5, {"nested": {"ü": "ß"}}]
+    path = tmp_path / "m.jsonl"
+    save_jsonl(path, rows)
+    read = read_jsonl(path)
+    assert read.rows == rows and read.torn == []
+    assert read.numbers == list(range(1, len(rows) + 1))
+    assert path.read_text(encoding="utf-8") == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
