@@ -45,7 +45,7 @@ from rollout_engine.errors import BatonError, ConfigError
 from rollout_engine.files import save_json
 
 ON_RANK_FAILURE = ("abort", "continue")
-MasterState = Literal["absent", "watching", "alive", "dead"]
+MasterState = Literal["absent", "watching", "alive", "dead", "stopped"]
 RANK_FILE = re.compile(r"rank_(\d+)(\.json)?")
 
 
@@ -385,6 +385,10 @@ class MasterWatch:
         beat = read_beats(Cluster(self.log_path, record.run_id)).get(0)
         return beat is None or (beat.host == record.master.host and not _pid_running(beat.pid))
 
+    def stopped(self) -> bool:
+        """The run that run.json names was asked to stop: not one to join."""
+        return self.record is not None and Cluster(self.log_path, self.record.run_id).stop_request() is not None
+
     def describe(self, state: MasterState) -> str:
         run_json = cluster_dir(self.log_path) / "run.json"
         if state == "absent" or self.record is None:
@@ -393,6 +397,8 @@ class MasterWatch:
         who = f"run {rec.run_id} of master {rec.master.host} (pid {rec.master.pid})"
         if state == "dead":
             return f"{run_json} names {who}, whose heartbeat has stopped: waiting for a new master"
+        if state == "stopped":
+            return f"{run_json} names {who}, which was asked to stop: waiting for a new master"
         return f"{run_json} names {who}: watching its heartbeat to tell whether it runs"
 
 
@@ -511,7 +517,12 @@ def join_run(
     if problems:
         raise ConfigError(problems)
     watch, told, deadline = MasterWatch(log_path, clock=clock), "", clock() + wait_s
-    while (state := watch.poll()) != "alive":
+    while True:
+        state = watch.poll()
+        if state != "absent" and watch.stopped():
+            state = "stopped"
+        if state == "alive":
+            break
         line = watch.describe(state)
         if on_wait is not None and line != told:
             on_wait(line)
