@@ -378,12 +378,12 @@ class MasterWatch:
         return "dead" if self._watcher.dead() else "watching"
 
     def gone_here(self) -> bool:
-        """The master ran on this host and both it and its heartbeat process have exited: no need to watch."""
-        record = self.record
-        if record is None or record.master.host != socket.gethostname() or _pid_running(record.master.pid):
+        """The master ran on this host, and it and its heartbeat process have both exited: no need to watch."""
+        record, here = self.record, socket.gethostname()
+        if record is None or record.master.host != here or pid_running(record.master.pid):
             return False
         beat = read_beats(Cluster(self.log_path, record.run_id)).get(0)
-        return beat is None or (beat.host == record.master.host and not _pid_running(beat.pid))
+        return beat is not None and beat.host == here and not pid_running(beat.pid)
 
     def stopped(self) -> bool:
         """The run that run.json names was asked to stop: not one to join."""
@@ -402,7 +402,8 @@ class MasterWatch:
         return f"{run_json} names {who}: watching its heartbeat to tell whether it runs"
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """A process with this pid exists on this host (it may be another one if the pid was reused)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

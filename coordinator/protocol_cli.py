@@ -1,7 +1,7 @@
 """The multi-node protocol from bash: run.sh calls these subcommands (standard library only).
 
-    RUN=$(python -m coordinator.protocol_cli start-run --log-path L --num-nodes 3 --rank-weights 1,1,1)  # node 0
-    RUN=$(python -m coordinator.protocol_cli join --log-path L --rank 1 --num-nodes 3 --rank-weights 1,1,1)
+    RUN=$(python -m coordinator.protocol_cli start-run --log-path L --num-nodes 3 --rank-weights 1,1,1 --pid $$)
+    RUN=$(python -m coordinator.protocol_cli join --log-path L --rank 1 --num-nodes 3 --rank-weights 1,1,1 --pid $$)
     python -m coordinator.protocol_cli heartbeat --log-path L --run-id "$RUN" --rank 1 &     # until SIGTERM
     python -m coordinator.protocol_cli arrive --log-path L --run-id "$RUN" --rank 1 --iteration 3 --phase rollout_done
     python -m coordinator.protocol_cli wait   --log-path L --run-id "$RUN" --rank 1 --iteration 3 --phase rollout_done
@@ -42,6 +42,7 @@ from coordinator.cluster import (
     default_addr,
     join_run,
     load_run,
+    pid_running,
     start_run,
 )
 from coordinator.heartbeat import LivenessWatcher, run_heartbeat
@@ -63,8 +64,11 @@ def weights(text: str) -> list[int]:
 
 
 def me(args: argparse.Namespace) -> Endpoint:
-    """This node as the caller describes it; the pid defaults to the caller's (run.sh), which outlives us."""
-    return Endpoint(args.host or socket.gethostname(), args.addr or default_addr(), args.pid or os.getppid())
+    """This node as the caller describes it.
+
+    The pid is given, not guessed: bash may run `$(python ...)` from a short-lived subshell.
+    """
+    return Endpoint(args.host or socket.gethostname(), args.addr or default_addr(), args.pid)
 
 
 def this_run(args: argparse.Namespace) -> tuple[Cluster, RunRecord]:
@@ -119,29 +123,35 @@ def cmd_join(args: argparse.Namespace) -> int:
 
 
 class SignalPacer:
-    """Paces the heartbeat with a signal wait: SIGTERM/SIGINT end it at once, and so does losing the parent."""
+    """Paces the heartbeat with a signal wait: SIGTERM/SIGINT end it at once.
 
-    def __init__(self) -> None:
+    It also ends when the node's process (default: our parent) has exited: a heartbeat
+    that outlived its node would keep a dead node looking alive.
+    """
+
+    def __init__(self, node_pid: int | None) -> None:
         self.parent = os.getppid()
-        self.orphaned = False
+        self.node_pid = self.parent if node_pid is None else node_pid
+        self.node_gone = False
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
     def __call__(self, seconds: float) -> bool:
         if signal.sigtimedwait(STOP_SIGNALS, seconds) is not None:
             return True
-        self.orphaned = os.getppid() != self.parent
-        return self.orphaned
+        reparented = self.node_pid == self.parent and os.getppid() != self.parent
+        self.node_gone = reparented or not pid_running(self.node_pid)
+        return self.node_gone
 
 
 def cmd_heartbeat(args: argparse.Namespace) -> int:
     cluster, record = this_run(args)
-    pacer = SignalPacer()
+    pacer = SignalPacer(args.node_pid)
     interval = args.interval or record.heartbeat_interval_s
     ended = run_heartbeat(cluster, args.rank, interval, pacer, host=socket.gethostname(), pid=os.getpid())
     if ended is not None:
         raise ended
-    if pacer.orphaned:
-        say(f"heartbeat of rank {args.rank}: its parent {pacer.parent} exited; stopping")
+    if pacer.node_gone:
+        say(f"heartbeat of rank {args.rank}: its node's process {pacer.node_pid} exited; stopping")
         return 1
     return 0
 
@@ -273,6 +283,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     join.set_defaults(func=cmd_join)
     beat = _run_parser(subparsers, "heartbeat", cmd_heartbeat, "beat until SIGTERM, stop.json or eviction")
     beat.add_argument("--interval", type=float, default=None, help="seconds (default: the run's)")
+    beat.add_argument("--node-pid", type=int, default=None, help="beat while it runs (default: the parent)")
     _barrier_parser(subparsers, "arrive", cmd_arrive, "record this rank's arrival at a barrier")
     wait = _barrier_parser(subparsers, "wait", cmd_wait, "wait until every rank arrived, while they live")
     wait.add_argument("--ranks", type=weights, default=None, help="comma-separated (default: every rank)")
@@ -302,7 +313,7 @@ def _add_node_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank-weights", type=weights, required=True)
     parser.add_argument("--host", default=None, help="default: hostname")
     parser.add_argument("--addr", default=None, help="default: the address of the default route")
-    parser.add_argument("--pid", type=int, default=None, help="the node's process (default: the caller)")
+    parser.add_argument("--pid", type=int, required=True, help="the node's long-lived process (run.sh: $$)")
     parser.add_argument("--vllm-port", type=int, default=None)
     parser.add_argument("--poll", type=float, default=0.2)
 
