@@ -56,7 +56,7 @@ def say(line: str) -> None:
     print(f"[baton] {line}", file=sys.stderr, flush=True)
 
 
-def weights(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     try:
         return [int(w) for w in text.split(",")]
     except ValueError:
@@ -286,7 +286,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     beat.add_argument("--node-pid", type=int, default=None, help="beat while it runs (default: the parent)")
     _barrier_parser(subparsers, "arrive", cmd_arrive, "record this rank's arrival at a barrier")
     wait = _barrier_parser(subparsers, "wait", cmd_wait, "wait until every rank arrived, while they live")
-    wait.add_argument("--ranks", type=weights, default=None, help="comma-separated (default: every rank)")
+    wait.add_argument("--ranks", type=int_list, default=None, help="comma-separated (default: every rank)")
     wait.add_argument("--timeout", type=float, default=None, help="seconds (default: none)")
     wait.add_argument("--poll", type=float, default=0.2)
     wait.add_argument("--dead-after", type=float, default=None, help="seconds (default: the run's)")
@@ -310,7 +310,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 def _add_node_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-path", required=True)
     parser.add_argument("--num-nodes", type=int, required=True)
-    parser.add_argument("--rank-weights", type=weights, required=True)
+    parser.add_argument("--rank-weights", type=int_list, required=True)
     parser.add_argument("--host", default=None, help="default: hostname")
     parser.add_argument("--addr", default=None, help="default: the address of the default route")
     parser.add_argument("--pid", type=int, required=True, help="the node's long-lived process (run.sh: $$)")
@@ -351,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterError as exc:
         say(f"error: {exc}")
         return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
