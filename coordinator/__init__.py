@@ -1,6 +1,7 @@
-"""The coordinator owns the run's state and decisions (config routing, the
-per-iteration summary and plot, the serving dtype and KV cache); scripts/run.sh
-asks it through one entry point:
+"""The coordinator owns the run's state and decisions: config routing, the
+per-iteration summary and plot, the serving dtype and KV cache, and the
+multi-node protocol (run record, heartbeats, barriers: cluster.py,
+heartbeat.py, barrier.py). scripts/run.sh asks it through one entry point:
 
     python -m coordinator compose --data-path D --log-path L --base-model M \
         [--debug-mode] [--save F] -- OVERRIDES...
@@ -9,6 +10,8 @@ asks it through one entry point:
     python -m coordinator table --log-path L
     python -m coordinator fingerprint --base-url URL --model NAME
     python -m coordinator serving --device cpu|cuda --model DIR [--sessions N] [--max-model-len L] [--record F]
+    python -m coordinator start-run|join|heartbeat|arrive|wait|fail|stop|evict|status ...   (protocol_cli.py)
 
-Importing the package does nothing; run.sh calls the entry point in the app environment.
+It imports rollout_engine and training, never the reverse (tests/unit/test_layering.py);
+importing the package does nothing; run.sh calls the entry point in the app environment.
 """

@@ -167,13 +167,17 @@ def build_parser() -> argparse.ArgumentParser:
     fingerprint.add_argument("--model", required=True)
     fingerprint.add_argument("--timeout", type=float, default=60.0)
     fingerprint.set_defaults(func=cmd_fingerprint)
+    from coordinator.protocol_cli import add_subcommands
+
+    add_subcommands(sub)
     return parser
 
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="[baton] %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args()
-    sys.exit(args.func(args))
+    from coordinator.protocol_cli import dispatch
+
+    sys.exit(dispatch(build_parser().parse_args()))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,194 @@
+"""Benchmark: the multi-node protocol on one machine: barrier latency, and how soon a dead rank is noticed.
+
+    PYTHONPATH=. $BATON_APP_PY -m bench.barrier_latency                          # 8 ranks, 20 barriers, dead after 30 s
+    PYTHONPATH=. $BATON_APP_PY -m bench.barrier_latency --barriers 3 --dead-after 2   # a quick check
+    PYTHONPATH=. $BATON_APP_PY -m bench.barrier_latency --log-path /mnt/nfs/bench     # on a shared filesystem
+
+`--ranks` simulated ranks run as separate processes, each with its own heartbeat
+process (`python -m coordinator heartbeat`), on a log path in a temp
+directory (or `--log-path`). Rank 0 starts the run, the others join it; then
+every rank passes `--barriers` barriers in a row (arrive, then wait_barrier
+polling every `--poll` s). Barrier latency is the time from the last arrival
+(the wall time it wrote) to each waiter's release, over every waiter of every
+barrier. Then the last rank SIGKILLs its own heartbeat process while the others
+wait at one more barrier: the time from the kill to each waiter's RankFailed is
+how long the others take to notice (about `--dead-after`, give or take one
+heartbeat interval). All processes share this machine's clock, so wall times
+compare. Prints the CPU model beside the figures (stdout; progress on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from coordinator.barrier import arrivals, arrive, wait_barrier
+from coordinator.cluster import Cluster, Endpoint, RankFailed, StopRequest, join_run, start_run
+from coordinator.heartbeat import LivenessWatcher
+from rollout_engine.files import save_json
+
+REPO = Path(__file__).resolve().parents[1]
+PHASE = "bench"
+KILL_PHASE = "victim_silent"
+NOTICED_PHASE = "noticed"
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    latencies_s: list[float]  # per barrier: release - last arrival
+    noticed_s: float | None  # kill -> RankFailed (None for the victim)
+    error: str | None = None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench.barrier_latency", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--barriers", type=int, default=20)
+    parser.add_argument("--poll", type=float, default=0.2, help="seconds between a waiter's looks")
+    parser.add_argument("--dead-after", type=float, default=30.0, help="seconds without a heartbeat change: dead")
+    parser.add_argument("--heartbeat-interval", type=float, default=None, help="seconds (default: dead-after / 6)")
+    parser.add_argument("--log-path", type=Path, default=None, help="default: a new temp directory")
+    parser.add_argument("--rank-process", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.heartbeat_interval = args.heartbeat_interval or args.dead_after / 6
+    return args
+
+
+def start_heartbeat(log: Path, run_id: str, rank: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "coordinator", "heartbeat", "--log-path", str(log)]
+    return subprocess.Popen([*cmd, "--run-id", run_id, "--rank", str(rank)], cwd=REPO)
+
+
+def rank_process(args: argparse.Namespace) -> None:
+    """One simulated rank: start or join, beat, pass the barriers, then kill its beat (last rank) or notice it."""
+    rank, log, n = args.rank_process, args.log_path, args.ranks
+    me = Endpoint(socket.gethostname(), "127.0.0.1", os.getpid())
+    timing = {"heartbeat_interval_s": args.heartbeat_interval, "dead_after_s": args.dead_after}
+    if rank == 0:
+        record = start_run(log, n, [1] * n, me=me, alive_window_s=0.1, **timing)
+    else:
+        record = join_run(log, rank, n, [1] * n, wait_s=120 + args.dead_after, me=me)
+    beater = start_heartbeat(log, record.run_id, rank)
+    cluster = Cluster(log, record.run_id, rank=rank)
+    try:
+        watcher = LivenessWatcher(cluster, list(range(n)), args.dead_after)
+        latencies = []
+        for iteration in range(args.barriers + 1):  # iteration 0: everyone joined and beats
+            arrive(cluster, iteration, PHASE)
+            result = wait_barrier(cluster, iteration, PHASE, list(range(n)), watcher, poll_s=args.poll)
+            released = time.time()
+            if iteration > 0:
+                latencies.append(released - max(a.time for a in result.arrivals.values()))
+        noticed = silence(cluster, beater, args) if rank == n - 1 else notice(cluster, args)
+        save_json(log / "bench" / f"rank_{rank}.json", asdict(RankResult(rank, latencies, noticed)))
+    finally:
+        if beater.poll() is None:
+            beater.terminate()
+        beater.wait()
+
+
+def silence(cluster: Cluster, beater: subprocess.Popen, args: argparse.Namespace) -> None:
+    """The victim: once every other rank waits, SIGKILL our heartbeat and stay silent until the run stops."""
+    others = args.ranks - 1
+    while len(arrivals(cluster, args.barriers + 1, KILL_PHASE)) < others:
+        time.sleep(args.poll)
+    time.sleep(0.5)  # let each waiter start its watch
+    beater.send_signal(signal.SIGKILL)
+    save_json(cluster.run_dir / "killed.json", {"time": time.time()})
+    while cluster.stop_request() is None:
+        time.sleep(args.poll)
+
+
+def notice(cluster: Cluster, args: argparse.Namespace) -> float:
+    """An observer: wait at the last barrier until the victim is found dead; seconds from the kill."""
+    iteration, victim = args.barriers + 1, args.ranks - 1
+    arrive(cluster, iteration, KILL_PHASE)
+    watcher = LivenessWatcher(cluster, list(range(args.ranks)), args.dead_after)
+    try:
+        wait_barrier(cluster, iteration, KILL_PHASE, list(range(args.ranks)), watcher, poll_s=args.poll)
+    except RankFailed as failed:
+        if failed.rank != victim:
+            raise
+        noticed = time.time()
+    else:
+        raise RuntimeError("the barrier opened without the victim")
+    killed = json.loads((cluster.run_dir / "killed.json").read_text())["time"]
+    arrive(cluster, iteration, NOTICED_PHASE)
+    if cluster.rank == 0:  # stop the run (and the victim) once every observer has noticed
+        while len(arrivals(cluster, iteration, NOTICED_PHASE)) < victim:
+            time.sleep(args.poll)
+        cluster.request_stop(StopRequest("benchmark done", 0, socket.gethostname(), os.getpid()))
+    return noticed - killed
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def run_ranks(args: argparse.Namespace, log: Path) -> list[RankResult]:
+    """Start every rank process (each in its own process group) and collect their results."""
+    cmd = [sys.executable, "-m", "bench.barrier_latency", "--log-path", str(log), "--ranks", str(args.ranks)]
+    cmd += ["--barriers", str(args.barriers), "--poll", str(args.poll), "--dead-after", str(args.dead_after)]
+    cmd += ["--heartbeat-interval", str(args.heartbeat_interval)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen([*cmd, "--rank-process", str(r)], cwd=REPO, env=env, start_new_session=True)
+        for r in range(args.ranks)
+    ]
+    try:
+        deadline = time.monotonic() + 180 + 2 * args.dead_after + args.barriers * 5
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # only the groups this benchmark started
+                proc.wait()
+    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
+    if failed:
+        raise SystemExit(f"ranks {failed} failed; see their output above")
+    return [RankResult(**json.loads((log / "bench" / f"rank_{r}.json").read_text())) for r in range(args.ranks)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.rank_process is not None:
+        rank_process(args)
+        return
+    with tempfile.TemporaryDirectory(prefix="baton-barrier-") as tmp:
+        log = args.log_path or Path(tmp)
+        print(f"[bench] {args.ranks} rank processes on {log}", file=sys.stderr)
+        results = run_ranks(args, log)
+    latencies = [s for result in results for s in result.latencies_s]
+    noticed = [result.noticed_s for result in results if result.noticed_s is not None]
+    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores")
+    print(
+        f"ranks {args.ranks}, barriers {args.barriers}, poll {args.poll:g} s,"
+        f" heartbeat every {args.heartbeat_interval:.3g} s, dead after {args.dead_after:g} s"
+    )
+    print(
+        f"barrier latency (last arrival -> release, {len(latencies)} waits):"
+        f" median {statistics.median(latencies):.3f} s, max {max(latencies):.3f} s"
+    )
+    print(
+        f"dead rank noticed (SIGKILL of rank {args.ranks - 1}'s heartbeat -> RankFailed, {len(noticed)} observers):"
+        f" median {statistics.median(noticed):.2f} s, max {max(noticed):.2f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

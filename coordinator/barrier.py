@@ -1,0 +1,151 @@
+"""Barriers of the multi-node protocol: every rank arrives, then waits for the others, as long as they live.
+
+    cluster = Cluster(log, run_id, rank=1)
+    arrive(cluster, iteration=3, phase="rollout_done")
+    watcher = LivenessWatcher(cluster, ranks=[0, 1, 2], dead_after_s=30)
+    result = wait_barrier(cluster, 3, "rollout_done", [0, 1, 2], watcher, on_tick=print)
+    result.waited_s, result.arrivals[2].host
+
+An arrival is `runs/<run_id>/barriers/iter_NNNN/<phase>/rank_<r>.json`, written
+atomically (arriving twice just rewrites it). A waiter lists that directory
+every `poll_s` seconds (the sleep only paces polling; nothing depends on it) and
+returns once every rank has arrived. It waits through a long phase while the
+others live, and stops at once when one is gone: RankFailed for a failure flag,
+an eviction or a heartbeat silent for dead_after_s; RunStopped for stop.json or
+a newer run; Evicted when this rank was evicted. BarrierTimeout only with an
+explicit timeout_s.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from coordinator.cluster import Cluster, ClusterError, RankFailed, load_json, scan_ranks
+from coordinator.heartbeat import LivenessWatcher
+from rollout_engine.errors import ConfigError
+from rollout_engine.files import save_json
+
+PHASE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+
+class BarrierTimeout(ClusterError):
+    """An explicit deadline passed before every rank arrived."""
+
+    def __init__(self, iteration: int, phase: str, missing: list[int], timeout_s: float) -> None:
+        self.missing = missing
+        ranks = ", ".join(str(r) for r in missing)
+        super().__init__(f"barrier {phase} of iteration {iteration}: ranks {ranks} missing after {timeout_s:g} s")
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One rank's arrival at one barrier."""
+
+    rank: int
+    host: str
+    pid: int
+    run_id: str
+    time: float = field(default_factory=time.time)  # the arriving host's wall clock
+
+
+@dataclass(frozen=True)
+class BarrierResult:
+    iteration: int
+    phase: str
+    ranks: list[int]
+    arrivals: dict[int, Arrival]
+    waited_s: float  # this waiter's monotonic clock
+
+
+@dataclass(frozen=True)
+class BarrierWait:
+    """What on_tick gets: who is still missing after how long."""
+
+    iteration: int
+    phase: str
+    missing: list[int]
+    waited_s: float
+
+
+def check_phase(phase: str) -> None:
+    if not PHASE.fullmatch(phase):
+        raise ConfigError(f"phase must be lower-case letters, digits, '_' or '-' (got {phase!r}); e.g. rollout_done")
+
+
+def arrive(cluster: Cluster, iteration: int, phase: str, *, host: str | None = None, pid: int | None = None) -> None:
+    """Record this node's (cluster.rank) arrival; arriving again rewrites the same file."""
+    check_phase(phase)
+    if cluster.rank is None or iteration < 0:
+        raise ConfigError(f"arrive needs this node's rank and an iteration >= 0 (got {cluster.rank}, {iteration})")
+    arrival = Arrival(cluster.rank, host or socket.gethostname(), os.getpid() if pid is None else pid, cluster.run_id)
+    save_json(cluster.barrier_dir(iteration, phase) / f"rank_{cluster.rank}.json", asdict(arrival))
+
+
+def arrivals(cluster: Cluster, iteration: int, phase: str) -> dict[int, Arrival]:
+    """Who has arrived, from one listing of the barrier directory."""
+    found = {}
+    for rank, path in scan_ranks(cluster.barrier_dir(iteration, phase)).items():
+        data = load_json(path)
+        if data is not None:
+            found[rank] = Arrival(**data)
+    return found
+
+
+def check_ranks(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | None) -> None:
+    """Raise RankFailed for the first of `ranks` that failed, was evicted, or is dead by observation."""
+    failures = cluster.failures()
+    for rank in ranks:
+        if rank in failures:
+            failure = failures[rank]
+            raise RankFailed(rank, f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}")
+    evictions = cluster.evictions()
+    for rank in ranks:
+        if rank in evictions and rank != cluster.rank:
+            raise RankFailed(rank, f"evicted: {evictions[rank].reason}")
+    if watcher is not None:
+        watcher.observe()
+        dead = [rank for rank in watcher.dead() if rank in ranks]
+        if dead:
+            silent = watcher.silent_s(dead[0])
+            raise RankFailed(dead[0], f"dead: no heartbeat change seen for {silent:.0f} s")
+
+
+def wait_barrier(
+    cluster: Cluster,
+    iteration: int,
+    phase: str,
+    ranks: list[int],
+    watcher: LivenessWatcher | None,
+    *,
+    timeout_s: float | None = None,
+    poll_s: float = 0.2,
+    on_tick: Callable[[BarrierWait], None] | None = None,
+    tick_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> BarrierResult:
+    """Return when every rank in `ranks` has arrived; raise as soon as waiting can no longer succeed.
+
+    `on_tick` is called every `tick_s` seconds of waiting with who is missing.
+    """
+    check_phase(phase)
+    start = clock()
+    next_tick = start + tick_s
+    while True:
+        cluster.check_standing()
+        arrived = arrivals(cluster, iteration, phase)
+        missing = [rank for rank in ranks if rank not in arrived]
+        if not missing:
+            return BarrierResult(iteration, phase, list(ranks), arrived, clock() - start)
+        check_ranks(cluster, ranks, watcher)
+        now = clock()
+        if timeout_s is not None and now - start >= timeout_s:
+            raise BarrierTimeout(iteration, phase, missing, timeout_s)
+        if on_tick is not None and now >= next_tick:
+            on_tick(BarrierWait(iteration, phase, missing, now - start))
+            next_tick = now + tick_s
+        time.sleep(poll_s)

@@ -1,0 +1,144 @@
+"""Heartbeats: the beating process beside each node, and liveness judged on the observer's clock.
+
+    python -m coordinator heartbeat --log-path L --run-id RUN --rank 1 --interval 5 &
+    watcher = LivenessWatcher(cluster, ranks=[0, 1, 2], dead_after_s=30)
+    watcher.observe()       # one listing of the heartbeat directory
+    watcher.dead()          # [2] once rank 2's heartbeat has not changed for 30 s on this host's clock
+    watcher.confirmed(0)    # True once rank 0's heartbeat was seen to change: it runs now
+
+A heartbeat file `runs/<run_id>/heartbeat/rank_<r>` holds one line,
+`seq wall_time host pid`, rewritten atomically every interval; seq grows by
+one per beat. Hosts' clocks differ, so nobody compares the wall time (or the
+file's mtime) with their own clock: a rank is dead when the content has not
+changed for `dead_after_s` on the observer's monotonic clock since the
+observer first saw it or saw it change (or, if it never appeared, since the
+observer started watching). Only a change seen between two reads proves life:
+a file that merely appears may be an old one that NFS showed late.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rollout_engine.files import save_text
+
+if TYPE_CHECKING:
+    from coordinator.cluster import Cluster, ClusterError
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat: the file's whole content."""
+
+    seq: int
+    wall_time: float  # the beating host's clock: for people, never compared with another host's
+    host: str
+    pid: int
+
+    def line(self) -> str:
+        return f"{self.seq} {self.wall_time:.3f} {self.host} {self.pid}\n"
+
+    @classmethod
+    def parse(cls, text: str) -> Beat | None:
+        parts = text.split()
+        try:
+            return cls(int(parts[0]), float(parts[1]), parts[2], int(parts[3])) if len(parts) == 4 else None
+        except ValueError:
+            return None
+
+
+def write_beat(cluster: Cluster, rank: int, beat: Beat) -> None:
+    save_text(cluster.heartbeat_dir / f"rank_{rank}", beat.line())
+
+
+def read_beats(cluster: Cluster) -> dict[int, Beat]:
+    """Every rank's last beat, from one listing of the heartbeat directory (temp files skipped)."""
+    beats = {}
+    for rank, path in cluster.heartbeat_files().items():
+        try:
+            beat = Beat.parse(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:  # replaced between the listing and the read
+            continue
+        if beat is not None:
+            beats[rank] = beat
+    return beats
+
+
+@dataclass
+class _Seen:
+    beat: Beat | None
+    since: float  # observer clock: when first seen, last seen to change, or (never seen) when watching began
+    changes: int = 0
+
+
+class LivenessWatcher:
+    """Which of `ranks` are alive, by watching their heartbeats change on this observer's `clock`."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        ranks: list[int],
+        dead_after_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cluster, self.dead_after_s, self.clock = cluster, dead_after_s, clock
+        start = clock()
+        self._seen = {rank: _Seen(None, start) for rank in ranks}
+
+    def observe(self) -> None:
+        """Read every heartbeat once and note what changed."""
+        beats, now = read_beats(self.cluster), self.clock()
+        for rank, seen in self._seen.items():
+            beat = beats.get(rank)
+            if beat is None or beat == seen.beat:
+                continue
+            if seen.beat is not None:
+                seen.changes += 1
+            seen.beat, seen.since = beat, now
+
+    def dead(self) -> list[int]:
+        """Ranks whose heartbeat has not changed for dead_after_s (never seen: since watching began)."""
+        now = self.clock()
+        return [rank for rank, seen in self._seen.items() if now - seen.since >= self.dead_after_s]
+
+    def confirmed(self, rank: int) -> bool:
+        """The rank was seen beating (its heartbeat changed while we watched) and is not dead."""
+        seen = self._seen[rank]
+        return seen.changes > 0 and self.clock() - seen.since < self.dead_after_s
+
+    def silent_s(self, rank: int) -> float:
+        """Seconds on this clock since the rank's heartbeat was first seen, last changed, or watching began."""
+        return self.clock() - self._seen[rank].since
+
+    def last_beat(self, rank: int) -> Beat | None:
+        return self._seen[rank].beat
+
+
+def run_heartbeat(
+    cluster: Cluster,
+    rank: int,
+    interval_s: float,
+    wait: Callable[[float], bool],
+    *,
+    host: str,
+    pid: int,
+) -> ClusterError | None:
+    """Beat every `interval_s` until `wait(interval_s)` returns True (None), or the run ends for this rank.
+
+    The run ends for this rank when stop.json appears, the rank is evicted or a newer run
+    superseded this one: then the reason is returned (RunStopped or Evicted). `wait` paces
+    the loop: threading.Event().wait in a thread, a signal wait in the CLI.
+    """
+    last = read_beats(cluster).get(rank)
+    seq = last.seq if last is not None else 0
+    while True:
+        seq += 1
+        write_beat(cluster, rank, Beat(seq, time.time(), host, pid))
+        ended = cluster.standing()
+        if ended is not None:
+            return ended
+        if wait(interval_s):
+            return None

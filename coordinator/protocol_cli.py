@@ -1,0 +1,363 @@
+"""The multi-node protocol from bash: run.sh calls these subcommands (standard library only).
+
+    RUN=$(python -m coordinator start-run --log-path L --num-nodes 3 --rank-weights 1,1,1 --pid $$)
+    RUN=$(python -m coordinator join --log-path L --rank 1 --num-nodes 3 --rank-weights 1,1,1 --pid $$)
+    python -m coordinator heartbeat --log-path L --run-id "$RUN" --rank 1 &     # until SIGTERM
+    python -m coordinator arrive --log-path L --run-id "$RUN" --rank 1 --iteration 3 --phase rollout_done
+    python -m coordinator wait   --log-path L --run-id "$RUN" --rank 1 --iteration 3 --phase rollout_done
+    python -m coordinator fail   --log-path L --run-id "$RUN" --rank 1 --iteration 3 --phase rollout \
+        --reason "rollout exited 1" --exit-code 1
+    python -m coordinator stop   --log-path L --reason "operator request"
+    python -m coordinator evict  --log-path L --run-id "$RUN" --rank 2 --reason "no heartbeat for 30 s"
+    python -m coordinator status --log-path L
+
+start-run and join print the run id on stdout; progress and errors go to stderr.
+Exit codes: 0 done; 2 bad input (one message naming the field, the value and
+the fix); 3 a rank failed or is dead (`rank R: reason`); 4 the run was stopped
+or superseded; 5 this rank was evicted; 1 a timeout or anything else.
+`add_subcommands(subparsers)` lets another entry point carry these subcommands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from coordinator.barrier import BarrierWait, arrivals, arrive, check_phase, wait_barrier
+from coordinator.cluster import (
+    ON_RANK_FAILURE,
+    Cluster,
+    ClusterError,
+    Endpoint,
+    Eviction,
+    FailureRecord,
+    RunRecord,
+    StopRequest,
+    default_addr,
+    join_run,
+    load_run,
+    pid_running,
+    start_run,
+)
+from coordinator.heartbeat import LivenessWatcher, run_heartbeat
+from rollout_engine.errors import ConfigError
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+Command = Callable[[argparse.Namespace], int]
+
+
+def say(line: str) -> None:
+    print(f"[baton] {line}", file=sys.stderr, flush=True)
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(w) for w in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, e.g. 1,1 (got {text!r})") from None
+
+
+def me(args: argparse.Namespace) -> Endpoint:
+    """This node as the caller describes it.
+
+    The pid is given, not guessed: bash may run `$(python ...)` from a short-lived subshell.
+    """
+    return Endpoint(args.host or socket.gethostname(), args.addr or default_addr(), args.pid)
+
+
+def this_run(args: argparse.Namespace) -> tuple[Cluster, RunRecord]:
+    """The run named by --run-id (default: the newest, from run.json) and its record."""
+    run_id = args.run_id
+    if run_id is None:
+        newest = load_run(args.log_path)
+        if newest is None:
+            raise ConfigError(f"--log-path {args.log_path} has no cluster/run.json: no master has started there")
+        run_id = newest.run_id
+    cluster = Cluster(Path(args.log_path), run_id, rank=getattr(args, "rank", None))
+    record = cluster.record()
+    if record is None:
+        raise ConfigError(f"--run-id {run_id} names no run on {args.log_path} ({cluster.run_dir} is missing)")
+    return cluster, record
+
+
+def cmd_start_run(args: argparse.Namespace) -> int:
+    record = start_run(
+        args.log_path,
+        args.num_nodes,
+        args.rank_weights,
+        me=me(args),
+        vllm_port=args.vllm_port,
+        torchrun_port=args.torchrun_port,
+        start_iteration=args.start_iteration,
+        on_rank_failure=args.on_rank_failure,
+        heartbeat_interval_s=args.heartbeat_interval,
+        dead_after_s=args.dead_after,
+        alive_window_s=args.alive_window,
+        poll_s=args.poll,
+        on_wait=say,
+    )
+    print(record.run_id)
+    return 0
+
+
+def cmd_join(args: argparse.Namespace) -> int:
+    record = join_run(
+        args.log_path,
+        args.rank,
+        args.num_nodes,
+        args.rank_weights,
+        args.wait,
+        me=me(args),
+        vllm_port=args.vllm_port,
+        poll_s=args.poll,
+        on_wait=lambda line: say(f"rank {args.rank}: {line}"),
+    )
+    print(record.run_id)
+    return 0
+
+
+class SignalPacer:
+    """Paces the heartbeat with a signal wait: SIGTERM/SIGINT end it at once.
+
+    It also ends when the node's process (default: our parent) has exited: a heartbeat
+    that outlived its node would keep a dead node looking alive.
+    """
+
+    def __init__(self, node_pid: int | None) -> None:
+        self.parent = os.getppid()
+        self.node_pid = self.parent if node_pid is None else node_pid
+        self.node_gone = False
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    def __call__(self, seconds: float) -> bool:
+        if signal.sigtimedwait(STOP_SIGNALS, seconds) is not None:
+            return True
+        reparented = self.node_pid == self.parent and os.getppid() != self.parent
+        self.node_gone = reparented or not pid_running(self.node_pid)
+        return self.node_gone
+
+
+def cmd_heartbeat(args: argparse.Namespace) -> int:
+    cluster, record = this_run(args)
+    pacer = SignalPacer(args.node_pid)
+    interval = args.interval or record.heartbeat_interval_s
+    ended = run_heartbeat(cluster, args.rank, interval, pacer, host=socket.gethostname(), pid=os.getpid())
+    if ended is not None:
+        raise ended
+    if pacer.node_gone:
+        say(f"heartbeat of rank {args.rank}: its node's process {pacer.node_pid} exited; stopping")
+        return 1
+    return 0
+
+
+def cmd_arrive(args: argparse.Namespace) -> int:
+    cluster, _ = this_run(args)
+    arrive(cluster, args.iteration, args.phase)
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    cluster, record = this_run(args)
+    ranks = args.ranks
+    if ranks is None:
+        evicted = cluster.evictions() if record.on_rank_failure == "continue" else {}
+        ranks = [rank for rank in range(record.num_nodes) if rank not in evicted]
+    bad = [rank for rank in ranks if not 0 <= rank < record.num_nodes]
+    if bad:
+        raise ConfigError(f"--ranks must be in 0..{record.num_nodes - 1} for this run (got {bad})")
+    watcher = LivenessWatcher(cluster, ranks, args.dead_after or record.dead_after_s)
+
+    def tick(progress: BarrierWait) -> None:
+        missing = ", ".join(str(rank) for rank in progress.missing)
+        waited = f"{progress.waited_s:.0f} s"
+        say(f"rank {args.rank}: {args.phase} of iteration {args.iteration}: waiting for ranks {missing} ({waited})")
+
+    timing = {"timeout_s": args.timeout, "poll_s": args.poll, "tick_s": args.report_every}
+    wait_barrier(cluster, args.iteration, args.phase, ranks, watcher, on_tick=tick, **timing)
+    return 0
+
+
+def cmd_fail(args: argparse.Namespace) -> int:
+    cluster, _ = this_run(args)
+    check_phase(args.phase)
+    pid = args.pid or os.getppid()
+    cluster.fail(
+        FailureRecord(args.rank, args.iteration, args.phase, args.reason, args.exit_code, socket.gethostname(), pid)
+    )
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    cluster, _ = this_run(args)
+    cluster.request_stop(StopRequest(args.reason, args.rank, socket.gethostname(), os.getppid()))
+    say(f"asked run {cluster.run_id} to stop: {args.reason}")
+    return 0
+
+
+def cmd_evict(args: argparse.Namespace) -> int:
+    cluster, _ = this_run(args)
+    cluster.evict(Eviction(args.rank, args.reason, args.by_rank, socket.gethostname(), os.getppid()))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cluster, record = this_run(args)
+    ranks = list(range(record.num_nodes))
+    window = args.window or min(2 * record.heartbeat_interval_s + 0.5, record.dead_after_s)
+    watcher = LivenessWatcher(cluster, ranks, window)
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline and not all(watcher.confirmed(rank) for rank in ranks):
+        watcher.observe()
+        time.sleep(0.1)
+    master, weights_csv = record.master, ",".join(map(str, record.rank_weights))
+    print(f"run {record.run_id}: master {master.host} {master.addr} (pid {master.pid}), {record.num_nodes} nodes")
+    print(f"rank weights {weights_csv}; on rank failure: {record.on_rank_failure}")
+    newer = cluster.superseded_by()
+    if newer is not None:
+        print(f"superseded: run.json names a newer run, {newer.run_id}")
+    stop = cluster.stop_request()
+    if stop is not None:
+        print(f"stop requested: {stop.reason}")
+    rows = [("rank", "host", "pid", "heartbeat", "state", "last barrier")]
+    rows += status_rows(cluster, ranks, watcher, window)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def status_rows(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher, window: float) -> list[tuple[str, ...]]:
+    """One row per rank: registration, last heartbeat, state by observation over `window`, last barrier."""
+    nodes, failures, evictions = cluster.nodes(), cluster.failures(), cluster.evictions()
+    last = last_barriers(cluster)
+    rows = []
+    for rank in ranks:
+        node, beat = nodes.get(rank), watcher.last_beat(rank)
+        if rank in evictions:
+            state = f"evicted: {evictions[rank].reason}"
+        elif rank in failures:
+            state = f"failed: {failures[rank].reason}"
+        elif watcher.confirmed(rank):
+            state = "alive"
+        else:
+            state = "no heartbeat" if beat is None else f"silent for {window:.1f} s"
+        host, pid = (node.host, str(node.pid)) if node else ("-", "-")
+        rows.append((str(rank), host, pid, f"seq {beat.seq}" if beat else "-", state, last.get(rank, "-")))
+    return rows
+
+
+def last_barriers(cluster: Cluster) -> dict[int, str]:
+    """Each rank's latest arrival: the highest iteration, then the latest arrival time (that rank's own clock)."""
+    latest: dict[int, tuple[int, float, str]] = {}
+    root = cluster.run_dir / "barriers"
+    for iter_dir in sorted(root.glob("iter_*")) if root.is_dir() else []:
+        iteration = int(iter_dir.name.removeprefix("iter_"))
+        for phase_dir in iter_dir.iterdir():
+            for rank, arrival in arrivals(cluster, iteration, phase_dir.name).items():
+                key = (iteration, arrival.time, f"iter_{iteration:04d} {phase_dir.name}")
+                latest[rank] = max(latest.get(rank, key), key)
+    return {rank: key[2] for rank, key in latest.items()}
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    """Add every protocol subcommand to another parser's subparsers."""
+    start = subparsers.add_parser("start-run", help="node 0: start a run (prints its id)")
+    _add_node_args(start)
+    start.add_argument("--torchrun-port", type=int, default=None)
+    start.add_argument("--start-iteration", type=int, default=0)
+    start.add_argument("--on-rank-failure", choices=ON_RANK_FAILURE, default="abort")
+    start.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between beats")
+    start.add_argument("--dead-after", type=float, default=30.0, help="seconds without a beat change: dead")
+    start.add_argument("--alive-window", type=float, default=None, help="seconds to watch an earlier master")
+    start.set_defaults(func=cmd_start_run)
+    join = subparsers.add_parser("join", help="a worker: wait for the live master's run and join it")
+    join.add_argument("--rank", type=int, required=True)
+    _add_node_args(join)
+    join.add_argument("--wait", type=float, default=600.0, help="seconds to wait for a live master")
+    join.set_defaults(func=cmd_join)
+    beat = _run_parser(subparsers, "heartbeat", cmd_heartbeat, "beat until SIGTERM, stop.json or eviction")
+    beat.add_argument("--interval", type=float, default=None, help="seconds (default: the run's)")
+    beat.add_argument("--node-pid", type=int, default=None, help="beat while it runs (default: the parent)")
+    _barrier_parser(subparsers, "arrive", cmd_arrive, "record this rank's arrival at a barrier")
+    wait = _barrier_parser(subparsers, "wait", cmd_wait, "wait until every rank arrived, while they live")
+    wait.add_argument("--ranks", type=int_list, default=None, help="comma-separated (default: every rank)")
+    wait.add_argument("--timeout", type=float, default=None, help="seconds (default: none)")
+    wait.add_argument("--poll", type=float, default=0.2)
+    wait.add_argument("--dead-after", type=float, default=None, help="seconds (default: the run's)")
+    wait.add_argument("--report-every", type=float, default=30.0, help="seconds between progress lines")
+    fail = _barrier_parser(subparsers, "fail", cmd_fail, "record this rank's failure on its way out")
+    fail.add_argument("--reason", required=True)
+    fail.add_argument("--exit-code", type=int, required=True)
+    fail.add_argument("--pid", type=int, default=None)
+    stop = _run_parser(subparsers, "stop", cmd_stop, "ask the whole run to stop", rank_required=False)
+    stop.add_argument("--reason", required=True)
+    evict = _run_parser(subparsers, "evict", cmd_evict, "declare a rank dead")
+    evict.add_argument("--reason", required=True)
+    evict.add_argument("--by-rank", type=int, default=0)
+    status = subparsers.add_parser("status", help="ranks, liveness by observation, last barrier")
+    status.add_argument("--log-path", required=True)
+    status.add_argument("--run-id", default=None)
+    status.add_argument("--window", type=float, default=None, help="seconds to watch heartbeats")
+    status.set_defaults(func=cmd_status)
+
+
+def _add_node_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-path", required=True)
+    parser.add_argument("--num-nodes", type=int, required=True)
+    parser.add_argument("--rank-weights", type=int_list, required=True)
+    parser.add_argument("--host", default=None, help="default: hostname")
+    parser.add_argument("--addr", default=None, help="default: the address of the default route")
+    parser.add_argument("--pid", type=int, required=True, help="the node's long-lived process (run.sh: $$)")
+    parser.add_argument("--vllm-port", type=int, default=None)
+    parser.add_argument("--poll", type=float, default=0.2)
+
+
+def _run_parser(
+    subparsers: argparse._SubParsersAction, name: str, func: Command, help_text: str, rank_required: bool = True
+) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(name, help=help_text)
+    parser.add_argument("--log-path", required=True)
+    parser.add_argument("--run-id", required=rank_required, default=None)
+    parser.add_argument("--rank", type=int, required=rank_required, default=None)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _barrier_parser(
+    subparsers: argparse._SubParsersAction, name: str, func: Command, help_text: str
+) -> argparse.ArgumentParser:
+    parser = _run_parser(subparsers, name, func, help_text)
+    parser.add_argument("--iteration", type=int, required=True)
+    parser.add_argument("--phase", required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m coordinator", description=__doc__.split("\n")[0])
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    return dispatch(parser.parse_args(argv))
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run a parsed subcommand; protocol errors become their exit codes (2 bad input, 3 rank failed, ...)."""
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            say(f"error: {problem}")
+        return 2
+    except ClusterError as exc:
+        say(f"error: {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

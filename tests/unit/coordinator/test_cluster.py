@@ -1,0 +1,164 @@
+"""Starting and joining a run: fencing by run_id, pinned values, live masters judged by observation."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator.cluster import (
+    Cluster,
+    Endpoint,
+    JoinTimeout,
+    MasterAlive,
+    StopRequest,
+    cluster_dir,
+    join_run,
+    load_pinned,
+    load_run,
+    start_run,
+)
+from rollout_engine.errors import ConfigError
+from tests.unit.coordinator.fakes import Beaters, old_run
+
+ME = Endpoint("node-0", "10.0.0.1", 4242)
+QUICK = {"heartbeat_interval_s": 0.05, "dead_after_s": 0.5, "poll_s": 0.02}
+
+
+def test_start_run_writes_the_record_the_pin_and_rank_0(tmp_path: Path) -> None:
+    record = start_run(tmp_path, 2, [2, 1], me=ME, vllm_port=8100, torchrun_port=29500, start_iteration=3, **QUICK)
+    assert load_run(tmp_path) == record
+    on_disk = json.loads((cluster_dir(tmp_path) / "run.json").read_text())
+    assert on_disk["master"] == {"host": "node-0", "addr": "10.0.0.1", "pid": 4242}
+    assert (on_disk["torchrun_port"], on_disk["start_iteration"], on_disk["on_rank_failure"]) == (29500, 3, "abort")
+    cluster = Cluster(tmp_path, record.run_id)
+    assert cluster.record() == record
+    assert cluster.nodes()[0].vllm_port == 8100
+    pinned = load_pinned(tmp_path)
+    assert pinned is not None
+    assert (pinned.num_nodes, pinned.rank_weights, pinned.first_run_id) == (2, [2, 1], record.run_id)
+
+
+def test_every_master_start_gets_a_new_run_id_and_leaves_the_old_run_alone(tmp_path: Path) -> None:
+    old = old_run(tmp_path)
+    old_files = sorted(p.name for p in Cluster(tmp_path, old.run_id).run_dir.rglob("*"))
+    new = start_run(tmp_path, 2, [1, 1], me=ME, alive_window_s=0.1, **QUICK)
+    assert new.run_id != old.run_id
+    assert load_run(tmp_path) == new
+    assert sorted(p.name for p in Cluster(tmp_path, old.run_id).run_dir.rglob("*")) == old_files
+    assert Cluster(tmp_path, old.run_id).superseded_by() == new
+
+
+def test_start_run_is_refused_while_the_earlier_master_still_beats(tmp_path: Path, beaters: Beaters) -> None:
+    old = old_run(tmp_path, host="node-9", pid=77, dead_after_s=5)
+    beaters.start(Cluster(tmp_path, old.run_id), 0)
+    started = time.monotonic()
+    with pytest.raises(MasterAlive, match=rf"run {old.run_id} of node-9 \(pid 77\) still beats; stop it first"):
+        start_run(tmp_path, 2, [1, 1], me=ME, alive_window_s=2, **QUICK)
+    assert time.monotonic() - started < 1  # decided as soon as a beat changed
+    assert load_run(tmp_path) == old
+
+
+def test_a_master_gone_from_this_host_is_not_watched_for_the_whole_window(tmp_path: Path) -> None:
+    reaped = subprocess.Popen(["true"])
+    reaped.wait()
+    old_run(tmp_path, host=socket.gethostname(), pid=reaped.pid)
+    started = time.monotonic()
+    start_run(tmp_path, 2, [1, 1], me=ME, alive_window_s=30, **QUICK)
+    assert time.monotonic() - started < 1
+
+
+def test_pinned_values_refuse_a_later_start_with_other_ones_naming_both(tmp_path: Path) -> None:
+    first = start_run(tmp_path, 2, [1, 1], me=ME, **QUICK)
+    with pytest.raises(ConfigError) as caught:
+        start_run(tmp_path, 3, [1, 1, 1], me=ME, alive_window_s=0.1, **QUICK)
+    message = str(caught.value)
+    assert (
+        "--num-nodes 3 --rank-weights 1,1,1 differ from this experiment's --num-nodes 2 --rank-weights 1,1" in message
+    )
+    assert "start with the pinned values, or use a new --log-path" in message
+    assert load_run(tmp_path) == first
+
+
+def test_bad_values_are_reported_together(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        start_run(tmp_path, 2, [1, 0, 1], me=ME, heartbeat_interval_s=5, dead_after_s=6, on_rank_failure="retry")
+    assert caught.value.problems == [
+        "rank_weights needs exactly 2 values for num_nodes 2 (got [1, 0, 1])",
+        "rank_weights values must be integers >= 1 (got [1, 0, 1])",
+        "dead_after_s must be at least twice heartbeat_interval_s 5 (got 6);"
+        " a live rank would look dead between two beats",
+        "on_rank_failure must be one of abort, continue (got 'retry')",
+    ]
+    assert not tmp_path.joinpath("cluster").exists()
+
+
+def test_join_run_joins_a_beating_master_and_registers(tmp_path: Path, beaters: Beaters) -> None:
+    record = start_run(tmp_path, 3, [1, 1, 1], me=ME, **QUICK)
+    beaters.start(Cluster(tmp_path, record.run_id), 0)
+    lines: list[str] = []
+    joined = join_run(tmp_path, 2, 3, [1, 1, 1], wait_s=2, me=Endpoint("node-2", "10.0.0.3", 5), on_wait=lines.append)
+    assert joined == record
+    assert Cluster(tmp_path, record.run_id).nodes()[2].host == "node-2"
+    assert all("watching its heartbeat" in line for line in lines)
+
+
+def test_join_run_is_not_fooled_by_a_run_whose_master_is_gone(tmp_path: Path) -> None:
+    stale = old_run(tmp_path)
+    lines: list[str] = []
+    with pytest.raises(JoinTimeout, match="whose heartbeat has stopped: waiting for a new master"):
+        join_run(tmp_path, 1, 2, [1, 1], wait_s=0.6, me=ME, poll_s=0.02, on_wait=lines.append)
+    who = f"names run {stale.run_id} of master gone-host (pid 999999)"
+    assert lines[-1].endswith(f"{who}, whose heartbeat has stopped: waiting for a new master")
+    assert not Cluster(tmp_path, stale.run_id).nodes()
+
+
+def test_join_run_waits_through_a_stale_run_for_the_new_master(tmp_path: Path, beaters: Beaters) -> None:
+    old_run(tmp_path)
+    started: list[str] = []
+
+    def new_master() -> None:
+        time.sleep(0.3)
+        record = start_run(tmp_path, 2, [1, 1], me=ME, alive_window_s=0.05, **QUICK)
+        beaters.start(Cluster(tmp_path, record.run_id), 0)
+        started.append(record.run_id)
+
+    thread = threading.Thread(target=new_master)
+    thread.start()
+    joined = join_run(tmp_path, 1, 2, [1, 1], wait_s=3, me=ME, poll_s=0.02)
+    thread.join()
+    assert [joined.run_id] == started
+
+
+def test_join_run_refuses_other_values_than_the_masters_naming_both(tmp_path: Path, beaters: Beaters) -> None:
+    record = start_run(tmp_path, 2, [2, 1], me=ME, **QUICK)
+    beaters.start(Cluster(tmp_path, record.run_id), 0)
+    with pytest.raises(ConfigError, match="this node has --num-nodes 2 --rank-weights 1,1 but the running master"):
+        join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=ME, poll_s=0.02)
+    with pytest.raises(ConfigError, match=r"has --num-nodes 2 --rank-weights 2,1; give every node the same values"):
+        join_run(tmp_path, 1, 3, [1, 1, 1], wait_s=2, me=ME, poll_s=0.02)
+
+
+def test_join_run_refuses_a_rank_taken_by_another_node_and_bad_ranks(tmp_path: Path, beaters: Beaters) -> None:
+    record = start_run(tmp_path, 2, [1, 1], me=ME, **QUICK)
+    beaters.start(Cluster(tmp_path, record.run_id), 0)
+    join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=Endpoint("node-1", "a", 1), poll_s=0.02)
+    join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=Endpoint("node-1", "a", 1), poll_s=0.02)  # the same node again
+    with pytest.raises(ConfigError, match=r"rank 1 already joined run .* from node-1 \(pid 1\)"):
+        join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=Endpoint("node-7", "b", 2), poll_s=0.02)
+    with pytest.raises(ConfigError, match=r"a worker's rank must be in 1..1 for num_nodes 2 \(got 0\)"):
+        join_run(tmp_path, 0, 2, [1, 1])
+    with pytest.raises(ConfigError, match="num_nodes 1 has no workers to join"):
+        join_run(tmp_path, 1, 1, [1])
+
+
+def test_join_run_does_not_join_a_run_asked_to_stop(tmp_path: Path) -> None:
+    record = start_run(tmp_path, 2, [1, 1], me=ME, **QUICK)
+    Cluster(tmp_path, record.run_id).request_stop(StopRequest("operator request", None, "h", 1))
+    with pytest.raises(JoinTimeout, match="which was asked to stop: waiting for a new master"):
+        join_run(tmp_path, 1, 2, [1, 1], wait_s=0.3, me=ME, poll_s=0.02)

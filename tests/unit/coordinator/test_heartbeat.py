@@ -1,0 +1,131 @@
+"""Heartbeats: liveness on the observer's clock (a fake one here), and the beating loop."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from coordinator.cluster import Cluster, Eviction, RunStopped, StopRequest
+from coordinator.heartbeat import Beat, LivenessWatcher, read_beats, run_heartbeat, write_beat
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(cluster: Cluster, rank: int, seq: int, wall_time: float = 0.0) -> None:
+    write_beat(cluster, rank, Beat(seq, wall_time, "h", 7))
+
+
+def test_beat_line_round_trips_and_garbage_is_not_a_beat() -> None:
+    b = Beat(12, 1700000000.25, "node-1", 4242)
+    assert Beat.parse(b.line()) == b
+    assert Beat.parse("") is None
+    assert Beat.parse("12 1700000000.25 node-1") is None
+    assert Beat.parse("x 1 h 2") is None
+
+
+def test_a_rank_that_never_beats_is_dead_after_dead_after_s_from_the_start_of_watching(tmp_path: Path) -> None:
+    clock = FakeClock()
+    watcher = LivenessWatcher(Cluster(tmp_path, "r1"), [0, 1], dead_after_s=30, clock=clock)
+    clock.now += 29.9
+    watcher.observe()
+    assert watcher.dead() == []
+    clock.now += 0.1
+    assert watcher.dead() == [0, 1]
+    assert not watcher.confirmed(0)
+
+
+def test_a_changing_heartbeat_is_alive_and_dead_once_it_stops_changing(tmp_path: Path) -> None:
+    cluster, clock = Cluster(tmp_path, "r1"), FakeClock()
+    watcher = LivenessWatcher(cluster, [0], dead_after_s=30, clock=clock)
+    for seq in range(1, 5):
+        beat(cluster, 0, seq)
+        watcher.observe()
+        clock.now += 20  # less than dead_after_s between changes
+        assert watcher.dead() == []
+    assert watcher.confirmed(0)
+    assert watcher.last_beat(0) == Beat(4, 0.0, "h", 7)
+    clock.now += 9.9
+    watcher.observe()  # same content: no change
+    assert watcher.dead() == []
+    clock.now += 0.1
+    assert watcher.dead() == [0]
+    assert not watcher.confirmed(0)
+    assert watcher.silent_s(0) == 30
+
+
+def test_an_unchanging_file_never_proves_life_whatever_its_wall_time_says(tmp_path: Path) -> None:
+    """A heartbeat left by a dead process, even one stamped 'now' or in the future, counts from first sight."""
+    cluster, clock = Cluster(tmp_path, "r1"), FakeClock()
+    beat(cluster, 0, 99, wall_time=4e9)  # another host's clock, far ahead: never compared with ours
+    watcher = LivenessWatcher(cluster, [0], dead_after_s=5, clock=clock)
+    clock.now += 3
+    watcher.observe()  # first sight: the timer restarts here
+    assert not watcher.confirmed(0)
+    clock.now += 4.9
+    watcher.observe()
+    assert watcher.dead() == []
+    clock.now += 0.1
+    assert watcher.dead() == [0]
+
+
+def test_a_file_that_merely_appears_is_not_proof_of_life(tmp_path: Path) -> None:
+    cluster, clock = Cluster(tmp_path, "r1"), FakeClock()
+    watcher = LivenessWatcher(cluster, [0], dead_after_s=5, clock=clock)
+    watcher.observe()
+    beat(cluster, 0, 1)
+    watcher.observe()
+    assert not watcher.confirmed(0)
+    beat(cluster, 0, 2)
+    watcher.observe()
+    assert watcher.confirmed(0)
+
+
+def test_temp_files_and_torn_content_are_never_read(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "r1")
+    cluster.heartbeat_dir.mkdir(parents=True)
+    (cluster.heartbeat_dir / ".rank_0.abc.tmp").write_text("5 1.0 h")  # a writer's half-written temp file
+    (cluster.heartbeat_dir / "rank_1").write_text("5 1.0")  # not a whole beat
+    beat(cluster, 2, 3)
+    assert read_beats(cluster) == {2: Beat(3, 0.0, "h", 7)}
+
+
+def test_run_heartbeat_renews_by_one_each_beat_until_told_to_stop(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "r1", rank=1)
+    seen: list[int] = []
+
+    def wait(seconds: float) -> bool:
+        seen.append(read_beats(cluster)[1].seq)
+        return len(seen) == 4
+
+    assert run_heartbeat(cluster, 1, 0.05, wait, host="h", pid=7) is None
+    assert seen == [1, 2, 3, 4]
+    # a restarted beater continues the sequence
+    seen.clear()
+    run_heartbeat(cluster, 1, 0.05, wait, host="h", pid=8)
+    assert seen == [5, 6, 7, 8]
+
+
+def test_run_heartbeat_ends_by_itself_on_stop_and_on_eviction(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "r1", rank=1)
+    stop = threading.Event()
+    thread_result: list[object] = []
+    worker = threading.Thread(
+        target=lambda: thread_result.append(run_heartbeat(cluster, 1, 0.05, stop.wait, host="h", pid=7))
+    )
+    worker.start()
+    cluster.request_stop(StopRequest("operator", None, "h", 1))
+    worker.join(timeout=1.5)
+    assert not worker.is_alive()
+    assert isinstance(thread_result[0], RunStopped)
+
+    other = Cluster(tmp_path, "r2", rank=2)
+    other.evict(Eviction(2, "silent", 0, "h", 1))
+    ended = run_heartbeat(other, 2, 0.05, stop.wait, host="h", pid=7)
+    assert ended is not None and ended.exit_code == 5
+    assert "silent" in str(ended)
