@@ -9,7 +9,8 @@
 # loop_setup: derive the run's paths, port and served name (LOOP_* globals).
 loop_setup() {
   LOOP_ROOT=$(common_repo_root)
-  LOOP_RUN_DIR="$RUN_LOG/run"
+  # Per rank: nodes sharing the log path (even on one host) never stop or read each other's processes.
+  LOOP_RUN_DIR="$RUN_LOG/run/rank_$RUN_RANK"
   LOOP_BASE_MODEL=${BATON_BASE_MODEL:-$RUN_DATA/models/SmolLM2-135M-Instruct}
   LOOP_PORT=${BATON_VLLM_PORT:-8999}
   LOOP_FAILURES=0
@@ -23,18 +24,18 @@ loop_setup() {
   LOOP_CLAIMED=()
 }
 
-# loop_claim: own this run's roles (rollout and/or update of this rank) on the
-# log path; exit 2 while another live run.sh owns one. A rollout run and an
+# loop_claim: own this run's roles (rollout and/or update) in this rank's run
+# directory; exit 2 while another live run.sh owns one. A rollout run and an
 # update run may share a log path; two of the same role may not.
 loop_claim() {
   local role owner name
   for role in "${LOOP_ROLES[@]}"; do
-    if ! owner=$(procs_claim "$LOOP_RUN_DIR" "$role-rank$RUN_RANK"); then
+    if ! owner=$(procs_claim "$LOOP_RUN_DIR" "$role"); then
       loop_release
       cli_bad "another run.sh (pid $owner) is running the $role phase of rank $RUN_RANK on --log-path $RUN_LOG;" \
         "stop it (kill $owner: it cleans up) or use another --log-path"
     fi
-    LOOP_CLAIMED+=("$role-rank$RUN_RANK")
+    LOOP_CLAIMED+=("$role")
   done
   # A run of these roles that died (SIGKILL, power loss) may have left its rollout or update running: stop
   # them before they race the new run's on the same journal. A healthy vLLM of the run is reused instead.
