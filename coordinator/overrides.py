@@ -53,6 +53,10 @@ class Request:
     base_model: str
     overrides: list[str]
     debug_mode: bool = False
+    #: this node's rank and every rank's load weight (a Hydra list, e.g. "[2,1]"), as run.sh passes them
+    rank: int = 0
+    rank_weights: str = "[1]"
+    num_nodes: int = 1
 
 
 @dataclass
@@ -82,7 +86,10 @@ def _compose(name: str, overrides: list[str]) -> DictConfig:
 
 def _base(req: Request) -> dict[str, list[str]]:
     rollout = [f"data_path={req.data_path}", f"log_path={req.log_path}", "iteration=1"]
-    return {"rollout": rollout, "update": [f"log_path={req.log_path}", "iteration=1", f"model_path={req.base_model}"]}
+    rollout += [f"rank={req.rank}", f"rank_weights={req.rank_weights}"]
+    update = [f"log_path={req.log_path}", "iteration=1", f"model_path={req.base_model}"]
+    update += [f"launch.nnodes={req.num_nodes}", f"launch.node_rank={req.rank}"]
+    return {"rollout": rollout, "update": update}
 
 
 def _has_key(cfg: DictConfig, key: str) -> bool:
