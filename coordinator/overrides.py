@@ -68,7 +68,7 @@ class Routed:
     resolved: dict[str, Any] = field(default_factory=dict)
     policy_base_url: str = ""
     policy_model: str = ""
-    #: the most model requests a rollout keeps in flight (the server's KV cache is sized for them)
+    #: the most model requests a rollout of this rank keeps in flight (this node's KV cache is sized for them)
     max_sessions: int = 0
 
 
@@ -139,6 +139,7 @@ def route_and_compose(req: Request) -> Routed:
     """Route, then compose and validate each config once; raise one ConfigError listing every problem."""
     from rollout_engine.config import register_configs as register_rollout
     from rollout_engine.config import validate as validate_rollout
+    from rollout_engine.tasks import rank_limits
     from training.config import register_configs as register_update
     from training.config import validate as validate_update
 
@@ -155,7 +156,7 @@ def route_and_compose(req: Request) -> Routed:
             if target == "rollout":
                 run = validate_rollout(cfg)
                 routed.policy_base_url, routed.policy_model = run.policy_config.base_url, run.policy_config.model
-                routed.max_sessions = max(routed.max_sessions, run.env_config.max_vllm_sessions)
+                routed.max_sessions = max(routed.max_sessions, rank_limits(run)[0])
             else:
                 validate_update(OmegaConf.to_object(cfg))
             routed.resolved[name] = OmegaConf.to_container(cfg, resolve=True)

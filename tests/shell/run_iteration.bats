@@ -85,6 +85,15 @@ setup() {
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split train-only \
     --dry-run --rank-weights 3
   [[ $(grep '^\[train rollout\]' <<<"$output") == *" rank=0 rank_weights="'\[3\]'" "* ]]
+  # limits_scope=cluster: this node's KV cache holds its share (64 of 128 requests, as in the test below)
+  BATON_VLLM_DTYPE=float32 run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout \
+    --rollout-split eval-only --dry-run --num-nodes 2 --rank-weights 1,1 --worker 1 \
+    env_config.limits_scope=cluster env_config.max_vllm_sessions=128
+  [[ $output == *"VLLM_CPU_KVCACHE_SPACE=7 "*"--dtype float32"* ]]
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout \
+    --rollout-split eval-only --dry-run --num-nodes 2 --rank-weights 1,1 --master env_config.limits_scope=cluster \
+    env_config.server_size=1
+  [[ $stderr == *"env_config.server_size must be >= 2 with env_config.limits_scope=cluster (got 1)"*"use env_config.limits_scope=node"* ]]
   [ ! -e "$LOG" ]
 }
 
