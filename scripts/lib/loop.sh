@@ -27,12 +27,17 @@ loop_setup() {
 }
 
 # loop_claim: own this run's roles (rollout and/or update) in this rank's run
-# directory; exit 2 while another live run.sh owns one. A rollout run and an
+# directory; exit 2 while another live run.sh owns one, 1 when the claim's lock stays busy. A rollout run and an
 # update run may share a log path; two of the same role may not.
 loop_claim() {
-  local role owner name
+  local role owner name rc
   for role in "${LOOP_ROLES[@]}"; do
-    if ! owner=$(procs_claim "$LOOP_RUN_DIR" "$role"); then
+    rc=0
+    owner=$(procs_claim "$LOOP_RUN_DIR" "$role") || rc=$?
+    if ((rc == 2)); then
+      loop_release
+      common_die 1 "could not claim the $role phase of rank $RUN_RANK on --log-path $RUN_LOG (lock busy); retry when it is free"
+    elif ((rc != 0)); then
       loop_release
       cli_bad "another run.sh (pid $owner) is running the $role phase of rank $RUN_RANK on --log-path $RUN_LOG;" \
         "stop it (kill $owner: it cleans up) or use another --log-path"
