@@ -27,8 +27,9 @@ loop_setup() {
 }
 
 # loop_claim: own this run's roles (rollout and/or update) in this rank's run
-# directory; exit 2 while another live run.sh owns one, 1 when the claim's lock stays busy. A rollout run and an
-# update run may share a log path; two of the same role may not.
+# directory; exit 2 while another live run.sh owns one, 1 when the claim's lock
+# stays busy. A rollout run and an update run may share a log path; two of the
+# same role may not.
 loop_claim() {
   local role owner name rc
   for role in "${LOOP_ROLES[@]}"; do
