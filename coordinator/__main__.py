@@ -24,7 +24,16 @@ def cmd_compose(args: argparse.Namespace) -> int:
     """Validate the overrides by composing every config; print the routing; save the resolved configs."""
     from coordinator.overrides import Request, route_and_compose
 
-    req = Request(args.data_path, args.log_path, args.base_model, list(args.overrides), args.debug_mode)
+    req = Request(
+        args.data_path,
+        args.log_path,
+        args.base_model,
+        list(args.overrides),
+        args.debug_mode,
+        rank=args.rank,
+        rank_weights=args.rank_weights,
+        num_nodes=args.num_nodes,
+    )
     try:
         routed = route_and_compose(req)
     except ConfigError as exc:
@@ -143,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     compose.add_argument("--base-model", required=True)
     compose.add_argument("--debug-mode", action="store_true")
     compose.add_argument("--save", default="")
+    compose.add_argument("--rank", type=int, default=0)
+    compose.add_argument("--rank-weights", default="[1]", help="a Hydra list, e.g. [2,1]")
+    compose.add_argument("--num-nodes", type=int, default=1)
     compose.add_argument("overrides", nargs="*")
     compose.set_defaults(func=cmd_compose)
     summarize = sub.add_parser("summarize")

@@ -53,6 +53,10 @@ class Request:
     base_model: str
     overrides: list[str]
     debug_mode: bool = False
+    #: this node's rank and every rank's load weight (a Hydra list, e.g. "[2,1]"), as run.sh passes them
+    rank: int = 0
+    rank_weights: str = "[1]"
+    num_nodes: int = 1
 
 
 @dataclass
@@ -64,7 +68,7 @@ class Routed:
     resolved: dict[str, Any] = field(default_factory=dict)
     policy_base_url: str = ""
     policy_model: str = ""
-    #: the most model requests a rollout keeps in flight (the server's KV cache is sized for them)
+    #: the most model requests a rollout of this rank keeps in flight (this node's KV cache is sized for them)
     max_sessions: int = 0
 
 
@@ -82,7 +86,10 @@ def _compose(name: str, overrides: list[str]) -> DictConfig:
 
 def _base(req: Request) -> dict[str, list[str]]:
     rollout = [f"data_path={req.data_path}", f"log_path={req.log_path}", "iteration=1"]
-    return {"rollout": rollout, "update": [f"log_path={req.log_path}", "iteration=1", f"model_path={req.base_model}"]}
+    rollout += [f"rank={req.rank}", f"rank_weights={req.rank_weights}"]
+    update = [f"log_path={req.log_path}", "iteration=1", f"model_path={req.base_model}"]
+    update += [f"launch.nnodes={req.num_nodes}", f"launch.node_rank={req.rank}"]
+    return {"rollout": rollout, "update": update}
 
 
 def _has_key(cfg: DictConfig, key: str) -> bool:
@@ -132,6 +139,7 @@ def route_and_compose(req: Request) -> Routed:
     """Route, then compose and validate each config once; raise one ConfigError listing every problem."""
     from rollout_engine.config import register_configs as register_rollout
     from rollout_engine.config import validate as validate_rollout
+    from rollout_engine.tasks import rank_limits
     from training.config import register_configs as register_update
     from training.config import validate as validate_update
 
@@ -148,7 +156,7 @@ def route_and_compose(req: Request) -> Routed:
             if target == "rollout":
                 run = validate_rollout(cfg)
                 routed.policy_base_url, routed.policy_model = run.policy_config.base_url, run.policy_config.model
-                routed.max_sessions = max(routed.max_sessions, run.env_config.max_vllm_sessions)
+                routed.max_sessions = max(routed.max_sessions, rank_limits(run)[0])
             else:
                 validate_update(OmegaConf.to_object(cfg))
             routed.resolved[name] = OmegaConf.to_container(cfg, resolve=True)

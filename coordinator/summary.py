@@ -39,7 +39,7 @@ class IterationRecord:
     training_steps: int | None = None
     update: str | None = None
     promoted_version: int | None = None
-    #: the policy server's dtype this iteration (run/serving.json; None with an external server)
+    #: the policy server's dtype this iteration (run/rank_0/serving.json, the master's; None with an external server)
     serving_dtype: str | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
     time: float = 0.0
@@ -93,7 +93,7 @@ def build_record(log_path: Path, iteration: int, served_version: int | None) -> 
         record.train_loss, record.training_steps = training.get("train_loss"), training.get("steps")
     if promotion:
         record.promoted_version = promotion.get("policy_version")
-    serving = Path(log_path) / "run" / "serving.json"
+    serving = Path(log_path) / "run" / "rank_0" / "serving.json"  # the master's server
     if serving.exists():
         with contextlib.suppress(ValueError):
             record.serving_dtype = json.loads(serving.read_text()).get("dtype")

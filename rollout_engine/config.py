@@ -40,6 +40,19 @@ from rollout_engine.errors import ConfigError
 SPLITS = ("train", "test")
 SAMPLERS = ("uniform", "ratio")
 LIVE_VIEWS = ("auto", "rich", "plain", "off")
+LIMITS_SCOPES = ("node", "cluster")
+
+
+def cluster_limit_problem(name: str, total: int, weights: list[float]) -> str:
+    """The error for a cluster-wide limit too small to give each rank with weight > 0 at least 1 ("" if fine)."""
+    active = sum(1 for w in weights if w > 0)
+    if total >= active:
+        return ""
+    return (
+        f"env_config.{name} must be >= {active} with env_config.limits_scope=cluster (got {total}): "
+        f"each of the {active} ranks with weight > 0 needs at least 1; raise it, or use "
+        "env_config.limits_scope=node (the value is then each node's own limit)"
+    )
 
 
 def _check(problems: list[str], ok: bool, message: str) -> None:
@@ -136,10 +149,13 @@ class DifficultyBucket:
 class EnvConfig:
     """Scheduling, tasks, sampling and budgets of one rollout."""
 
-    #: environment slots (browsers contexts, games) live at once on this rank, before rank scaling
+    #: environment slots (browsers contexts, games) live at once on each node (limits_scope=node)
     server_size: int = 8
-    #: model requests in flight at once on this rank, before rank scaling
+    #: model requests in flight at once on each node (limits_scope=node)
     max_vllm_sessions: int = 16
+    #: node: server_size and max_vllm_sessions are each node's own limits (its own vLLM and environments);
+    #: cluster: they are cluster totals, shared among the ranks by rank_weights
+    limits_scope: str = "node"
     n_samples_per_task: int = 1
     #: task files, relative to data_path unless absolute
     train_tasks: str = "tasks/train.jsonl"
@@ -187,6 +203,12 @@ class EnvConfig:
             p,
             self.episode_timeout_s > 0,
             f"env_config.episode_timeout_s must be > 0 seconds (got {self.episode_timeout_s})",
+        )
+        _check(
+            p,
+            self.limits_scope in LIMITS_SCOPES,
+            f"env_config.limits_scope must be one of {', '.join(LIMITS_SCOPES)} (got {self.limits_scope!r}); "
+            "node: server_size and max_vllm_sessions are per node, cluster: totals shared by rank_weights",
         )
         _check(
             p,
@@ -346,6 +368,10 @@ def validate(cfg: DictConfig) -> RolloutConfig:
         f"rank must be < len(rank_weights) = {len(run.rank_weights)} (got {run.rank}); "
         "pass one weight per rank, e.g. rank_weights=[1,1]",
     )
+    if run.env_config.limits_scope == "cluster":
+        for name in ("server_size", "max_vllm_sessions"):
+            problem = cluster_limit_problem(name, getattr(run.env_config, name), run.rank_weights)
+            _check(problems, not problem, problem)
     size_key = f"{run.split}_tasks"
     _check(
         problems,

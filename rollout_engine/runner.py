@@ -38,8 +38,8 @@ from rollout_engine.tasks import (
     derive_seed,
     load_tasks,
     plan_episodes,
+    rank_limits,
     sample_tasks,
-    scale_limit,
     split_for_rank,
 )
 
@@ -80,15 +80,15 @@ async def prepare(cfg: RolloutConfig) -> Prepared:
     sampled = sample_tasks(tasks, cfg.env_config, cfg.split, derive_seed(cfg.seed, cfg.iteration, cfg.split))
     mine = split_for_rank(sampled, cfg.rank_weights, cfg.rank)
     specs = plan_episodes(mine, cfg.env_config, cfg.split)
-    weights, rank = cfg.rank_weights, cfg.rank
-    policy = PolicyClient(cfg.policy_config, scale_limit(cfg.env_config.max_vllm_sessions, weights, rank))
+    sessions, slots = rank_limits(cfg)
+    policy = PolicyClient(cfg.policy_config, sessions)
     try:
         await policy.check_server()
     except ConfigError:
         await policy.close()
         raise
     settings = SchedulerSettings(
-        server_size=scale_limit(cfg.env_config.server_size, weights, rank),
+        server_size=slots,
         episode_timeout_s=cfg.env_config.episode_timeout_s,
         infra_retries=cfg.env_config.infra_retries,
         infra_retry_budget=cfg.env_config.infra_retry_budget,

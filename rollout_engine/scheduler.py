@@ -36,7 +36,7 @@ RETRIED = frozenset({Failure.ENV_ERROR, Failure.MODEL_ERROR, Failure.TIMEOUT})
 
 @dataclass(frozen=True)
 class SchedulerSettings:
-    """What the scheduler needs from the config (rank-scaled limits)."""
+    """What the scheduler needs from the config (this rank's limits: rollout_engine.tasks.rank_limits)."""
 
     server_size: int
     episode_timeout_s: float

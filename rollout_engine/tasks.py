@@ -8,6 +8,9 @@
   only, so a restarted rollout samples exactly the same tasks (resume needs it).
 - `split_for_rank(...)`: every sampled task goes to exactly one rank; rank r
   gets a contiguous share of size ~ n * w_r / W (largest remainder, no loss).
+- `scale_limit(...)`: this rank's `server_size` / `max_vllm_sessions`: per node
+  (`env_config.limits_scope=node`, the default) or a share of a cluster total
+  (`cluster`: largest remainder, each rank with weight > 0 at least 1).
 - `plan_episodes(...)`: the episodes of this rank: every task times its
   samples (`n_samples_per_task`, times `test_tasks_repeat_times` on test),
   hardest first if asked.
@@ -22,7 +25,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollout_engine.config import DifficultyBucket, EnvConfig
+from rollout_engine.config import DifficultyBucket, EnvConfig, RolloutConfig, cluster_limit_problem
 from rollout_engine.errors import ConfigError
 from rollout_engine.types import Task
 
@@ -138,9 +141,36 @@ def split_for_rank(tasks: list[Task], weights: list[float], rank: int) -> list[T
     return tasks[start : start + counts[rank]]
 
 
-def scale_limit(value: int, weights: list[float], rank: int) -> int:
-    """A per-rank share of a cluster-wide limit (at least 1)."""
-    return max(1, round(value * weights[rank] / sum(weights)))
+def cluster_shares(total: int, weights: list[float], field_name: str) -> list[int]:
+    """Shares of a cluster-wide limit that sum to exactly `total`: proportional to `weights` by largest
+    remainder, every rank with weight > 0 at least 1 (taken from the largest share), weight 0 gets 0."""
+    problem = cluster_limit_problem(field_name, total, weights)
+    if problem:
+        raise ConfigError(problem)
+    shares = largest_remainder(total, weights)
+    for i in (i for i, w in enumerate(weights) if w > 0):
+        if shares[i] == 0:
+            donor = max(range(len(shares)), key=lambda j: (shares[j], j))
+            shares[donor] -= 1
+            shares[i] = 1
+    return shares
+
+
+def scale_limit(value: int, weights: list[float], rank: int, scope: str, field_name: str) -> int:
+    """This rank's `env_config.<field_name>`: the value itself with limits_scope=node (each node has its
+    own vLLM and environments), its share of the cluster total with limits_scope=cluster."""
+    if scope == "node":
+        return value
+    return cluster_shares(value, weights, field_name)[rank]
+
+
+def rank_limits(cfg: RolloutConfig) -> tuple[int, int]:
+    """This rank's (max_vllm_sessions, server_size)."""
+    env, weights, rank = cfg.env_config, cfg.rank_weights, cfg.rank
+    return (
+        scale_limit(env.max_vllm_sessions, weights, rank, env.limits_scope, "max_vllm_sessions"),
+        scale_limit(env.server_size, weights, rank, env.limits_scope, "server_size"),
+    )
 
 
 def plan_episodes(tasks: list[Task], cfg: EnvConfig, split: str) -> list[EpisodeSpec]:

@@ -6,10 +6,13 @@
 # Library file: defines functions only. Needs common.sh, envs.sh, procs.sh,
 # vllm.sh, iteration.sh.
 
-# loop_setup: derive the run's paths, port and served name (LOOP_* globals).
+# loop_setup: derive the run's paths, port, served name and rank weights (LOOP_* globals).
 loop_setup() {
   LOOP_ROOT=$(common_repo_root)
-  LOOP_RUN_DIR="$RUN_LOG/run"
+  # Hydra list of the ranks' load weights: [1] on a single node without --rank-weights.
+  LOOP_RANK_WEIGHTS="[${RUN_RANK_WEIGHTS:-1}]"
+  # Per rank: nodes sharing the log path (even on one host) never stop or read each other's processes.
+  LOOP_RUN_DIR="$RUN_LOG/run/rank_$RUN_RANK"
   LOOP_BASE_MODEL=${BATON_BASE_MODEL:-$RUN_DATA/models/SmolLM2-135M-Instruct}
   LOOP_PORT=${BATON_VLLM_PORT:-8999}
   LOOP_FAILURES=0
@@ -23,18 +26,24 @@ loop_setup() {
   LOOP_CLAIMED=()
 }
 
-# loop_claim: own this run's roles (rollout and/or update of this rank) on the
-# log path; exit 2 while another live run.sh owns one. A rollout run and an
-# update run may share a log path; two of the same role may not.
+# loop_claim: own this run's roles (rollout and/or update) in this rank's run
+# directory; exit 2 while another live run.sh owns one, 1 when the claim's lock
+# stays busy. A rollout run and an update run may share a log path; two of the
+# same role may not.
 loop_claim() {
-  local role owner name
+  local role owner name rc
   for role in "${LOOP_ROLES[@]}"; do
-    if ! owner=$(procs_claim "$LOOP_RUN_DIR" "$role-rank$RUN_RANK"); then
+    rc=0
+    owner=$(procs_claim "$LOOP_RUN_DIR" "$role") || rc=$?
+    if ((rc == 2)); then
+      loop_release
+      common_die 1 "could not claim the $role phase of rank $RUN_RANK on --log-path $RUN_LOG (lock busy); retry when it is free"
+    elif ((rc != 0)); then
       loop_release
       cli_bad "another run.sh (pid $owner) is running the $role phase of rank $RUN_RANK on --log-path $RUN_LOG;" \
         "stop it (kill $owner: it cleans up) or use another --log-path"
     fi
-    LOOP_CLAIMED+=("$role-rank$RUN_RANK")
+    LOOP_CLAIMED+=("$role")
   done
   # A run of these roles that died (SIGKILL, power loss) may have left its rollout or update running: stop
   # them before they race the new run's on the same journal. A healthy vLLM of the run is reused instead.
@@ -58,11 +67,12 @@ loop_py() {
 }
 
 # loop_compose [save_file]: validate the overrides by composing every config
-# once; set LOOP_ROLLOUT_OVR, LOOP_UPDATE_OVR, LOOP_BASE_URL, LOOP_MODEL and
-# VLLM_MAX_SESSIONS (the rollouts' max_vllm_sessions, which vLLM's KV cache must hold).
+# once, with this rank's keys; set LOOP_ROLLOUT_OVR, LOOP_UPDATE_OVR, LOOP_BASE_URL,
+# LOOP_MODEL and VLLM_MAX_SESSIONS (this node's max_vllm_sessions, which vLLM's KV cache must hold).
 loop_compose() {
   local save=${1:-} target value rest
-  local -a args=(--data-path "$RUN_DATA" --log-path "$RUN_LOG" --base-model "$LOOP_BASE_MODEL")
+  local -a args=(--data-path "$RUN_DATA" --log-path "$RUN_LOG" --base-model "$LOOP_BASE_MODEL"
+    --rank "$RUN_RANK" --rank-weights "$LOOP_RANK_WEIGHTS" --num-nodes "$RUN_NUM_NODES")
   ((RUN_DEBUG)) && args+=(--debug-mode)
   [[ -n $save ]] && args+=(--save "$save")
   local out
@@ -102,7 +112,8 @@ loop_policy_path() {
 loop_rollout_cmd() {
   local split=$1 n=$2 resume=$3 version
   LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m rollout_engine --config-name "rollout_$split"
-    "data_path=$RUN_DATA" "log_path=$RUN_LOG" "iteration=$n" "policy_config.base_url=$LOOP_BASE_URL")
+    "data_path=$RUN_DATA" "log_path=$RUN_LOG" "iteration=$n" "rank=$RUN_RANK" "rank_weights=$LOOP_RANK_WEIGHTS"
+    "policy_config.base_url=$LOOP_BASE_URL")
   ((RUN_DEBUG)) || LOOP_CMD+=("policy_config.model=$LOOP_MODEL")
   version=$(loop_policy_version)
   if ((!RUN_DEBUG)) && [[ -n $version ]]; then LOOP_CMD+=("policy_version=$version"); fi
@@ -118,8 +129,8 @@ loop_update_cmd() {
   ((RUN_NUM_NODES > 1)) || port=$(loop_py "$BATON_APP_PY" -c \
     'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_TRAIN_PY" -m training --config-name update
-    "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2" "launch.master_port=$port"
-    "${LOOP_UPDATE_OVR[@]}")
+    "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2"
+    "launch.nnodes=$RUN_NUM_NODES" "launch.node_rank=$RUN_RANK" "launch.master_port=$port" "${LOOP_UPDATE_OVR[@]}")
 }
 
 # loop_run <name> <logfile> <cmd...>: run <cmd> as a tracked process group and
@@ -178,7 +189,7 @@ loop_timed() {
 loop_rollout() {
   local split=$1 n=$2 phase="${1}_rollout" resume=0
   iteration_is_done "$RUN_LOG" "$n" "$phase" && return 0
-  ((RUN_RESUME)) && [[ -s $RUN_LOG/trajectories/$split/$(printf 'iter_%04d' "$n")/rank_0.jsonl ]] && resume=1
+  ((RUN_RESUME)) && [[ -s $RUN_LOG/trajectories/$split/$(printf 'iter_%04d' "$n")/rank_$RUN_RANK.jsonl ]] && resume=1
   loop_rollout_cmd "$split" "$n" "$resume"
   loop_timed "$n" "$phase" loop_run "rollout-$split" "$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").$split.log" \
     "${LOOP_CMD[@]}" || common_die 1 "the $split rollout of iteration $n failed; fix the cause, then rerun with --resume"

@@ -85,15 +85,22 @@ procs_start_time() {
   printf '%s\n' "${fields[19]}"
 }
 
-# procs_claim <run_dir> <role>: make this shell the owner of <role> under
-# <run_dir> (owner.<role>: "host pid start_time"). Fails, printing the owner,
-# while another live process on this host owns it. The check and the write are
-# one step under a flock.
+# procs_claim <run_dir> <role> [wait_s]: make this shell the owner of <role>
+# under <run_dir> (owner.<role>: "host pid start_time"). Returns 1, printing
+# the owner, while another live process on this host owns it. The check and the
+# write are one step under a flock on <run_dir>/owner.lock; when that lock is
+# not free within wait_s (default 10) seconds it claims nothing and returns 2
+# with an error naming the lock.
 procs_claim() {
-  local run_dir=$1 file="$1/owner.$2" fd host pid start rc=0
+  local run_dir=$1 file="$1/owner.$2" wait_s=${3:-10} fd host pid start rc=0
   mkdir -p "$run_dir"
   exec {fd}>>"$run_dir/owner.lock"
-  flock -w 10 "$fd" || true
+  if ! flock -w "$wait_s" "$fd"; then
+    exec {fd}>&-
+    printf '[baton] error: waited %ss for the lock %s to claim %s; another process holds it (check: fuser %s)\n' \
+      "$wait_s" "$run_dir/owner.lock" "$2" "$run_dir/owner.lock" >&2
+    return 2
+  fi
   if [[ -f $file ]] && read -r host pid start <"$file" && [[ $host == "$(hostname)" && $pid =~ ^[0-9]+$ ]] &&
     [[ $pid != "$$" && $(procs_start_time "$pid") == "$start" ]]; then
     printf '%s\n' "$pid"

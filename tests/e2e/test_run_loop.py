@@ -111,7 +111,7 @@ def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: 
     assert {"train_rollout", "update", "serve"} <= set(iterations[1]["phase_s"])
     assert (log / "plots" / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (log / "run" / "state" / "iter_0002" / "config.yaml").exists()
-    assert not list((log / "run" / "pids").glob("*.pgid"))
+    assert not list((log / "run" / "rank_0" / "pids").glob("*.pgid"))
     assert not processes_mentioning(str(log), f"--port {port}") and not serves(port)
 
 
@@ -180,6 +180,6 @@ def test_debug_mode_uses_the_external_server_and_leaves_it_running(vllm_server, 
     )
     assert rc == 0, out[-3000:]
     assert len(journal(log, "test", 1)) == 4
-    assert not (log / "run" / "logs" / "vllm.log").exists()
+    assert not (log / "run" / "rank_0" / "logs" / "vllm.log").exists()
     os.killpg(pgid, 0)  # the external server's group is still there
     assert serves(vllm_server.port)

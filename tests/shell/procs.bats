@@ -58,3 +58,23 @@ setup() {
   [ ! -e "$RUN/pids/reused.pgid" ]
   kill "$other"
 }
+
+@test "procs_claim: a lock held past the wait is an error naming the lock and the wait; nothing is claimed" {
+  mkdir -p "$RUN"
+  (
+    exec {fd}>>"$RUN/owner.lock"
+    flock "$fd"
+    : >"$RUN/locked"
+    exec sleep 30 # the holder itself: killing it frees the lock
+  ) &
+  local holder=$!
+  while [[ ! -e $RUN/locked ]]; do sleep 0.05; done
+  run -2 --separate-stderr procs_claim "$RUN" update 1
+  [ "$stderr" = "[baton] error: waited 1s for the lock $RUN/owner.lock to claim update; another process holds it (check: fuser $RUN/owner.lock)" ]
+  [ -z "$output" ]
+  [ ! -e "$RUN/owner.update" ]
+  kill "$holder"
+  wait "$holder" || true
+  run -0 procs_claim "$RUN" update 1
+  [ -e "$RUN/owner.update" ]
+}

@@ -61,13 +61,39 @@ setup() {
   else
     [[ $output == *"VLLM_CPU_KVCACHE_SPACE=4 "*"--dtype float32"* ]]
   fi
-  [[ $output == *"[train rollout] env PYTHONPATH=$ROOT "*"-m rollout_engine --config-name rollout_train data_path=$DATA log_path=$LOG iteration=1 "*"env_config.train_tasks_rollout_size=16"* ]]
-  [[ $output == *"[eval rollout] "*"--config-name rollout_test "* ]]
-  [[ $output == *"[update] "*"-m training --config-name update log_path=$LOG iteration=1 model_path=$DATA/models/SmolLM2-135M-Instruct phase=all launch.master_port="*" algorithm.max_steps=1"* ]]
+  [[ $output == *"[train rollout] env PYTHONPATH=$ROOT "*"-m rollout_engine --config-name rollout_train data_path=$DATA log_path=$LOG iteration=1 rank=0 rank_weights="'\[1\]'" "*"env_config.train_tasks_rollout_size=16"* ]]
+  [[ $output == *"[eval rollout] "*"--config-name rollout_test "*" rank=0 rank_weights="'\[1\]'" "* ]]
+  [[ $output == *"[update] "*"-m training --config-name update log_path=$LOG iteration=1 model_path=$DATA/models/SmolLM2-135M-Instruct phase=all launch.nnodes=1 launch.node_rank=0 launch.master_port="*" algorithm.max_steps=1"* ]]
   [[ $output == *"[serve new policy] POST http://127.0.0.1:"*"/collective_rpc"* ]]
   # overrides reach the configs that have the key: rollout keys not the update, and the reverse
   [[ $(grep '^\[update\]' <<<"$output") != *train_tasks_rollout_size* ]]
   [[ $(grep '^\[train rollout\]' <<<"$output") != *max_steps* ]]
+  [ ! -e "$LOG" ]
+}
+
+@test "--dry-run passes this node's rank and the ranks' weights to the rollouts and the update" {
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
+    --dry-run --num-nodes 2 --rank-weights 2,1 --worker 1
+  [[ $(grep '^\[train rollout\]' <<<"$output") == *" iteration=1 rank=1 rank_weights="'\[2\,1\]'" "* ]]
+  [[ $(grep '^\[eval rollout\]' <<<"$output") == *" iteration=1 rank=1 rank_weights="'\[2\,1\]'" "* ]]
+  [[ $(grep '^\[update\]' <<<"$output") == *" phase=all launch.nnodes=2 launch.node_rank=1 launch.master_port=29500"* ]]
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
+    --dry-run --num-nodes 2 --rank-weights 2,1 --master
+  [[ $(grep '^\[train rollout\]' <<<"$output") == *" rank=0 rank_weights="'\[2\,1\]'" "* ]]
+  [[ $(grep '^\[update\]' <<<"$output") == *" launch.nnodes=2 launch.node_rank=0 "* ]]
+  # a single node: its one given weight
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split train-only \
+    --dry-run --rank-weights 3
+  [[ $(grep '^\[train rollout\]' <<<"$output") == *" rank=0 rank_weights="'\[3\]'" "* ]]
+  # limits_scope=cluster: this node's KV cache holds its share (64 of 128 requests, as in the test below)
+  BATON_VLLM_DTYPE=float32 run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout \
+    --rollout-split eval-only --dry-run --num-nodes 2 --rank-weights 1,1 --worker 1 \
+    env_config.limits_scope=cluster env_config.max_vllm_sessions=128
+  [[ $output == *"VLLM_CPU_KVCACHE_SPACE=7 "*"--dtype float32"* ]]
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout \
+    --rollout-split eval-only --dry-run --num-nodes 2 --rank-weights 1,1 --master env_config.limits_scope=cluster \
+    env_config.server_size=1
+  [[ $stderr == *"env_config.server_size must be >= 2 with env_config.limits_scope=cluster (got 1)"*"use env_config.limits_scope=node"* ]]
   [ ! -e "$LOG" ]
 }
 

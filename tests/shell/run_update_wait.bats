@@ -36,7 +36,7 @@ wait_for() {
   [ ! -e "$LOG/training" ]
   [ ! -e "$LOG/policy" ]
   # the run released its role: the next one may start
-  [ ! -e "$LOG/run/owner.update-rank0" ]
+  [ ! -e "$LOG/run/rank_0/owner.update" ]
 }
 
 @test "the wait polls until --wait-timeout, saying what it waits for" {
@@ -51,14 +51,14 @@ wait_for() {
     >"$BATS_TEST_TMPDIR/bg.log" 2>&1 &
   BG=$!
   wait_for 60 grep -q "waiting for a new train rollout" "$BATS_TEST_TMPDIR/bg.log"
-  read -r _ owner _ <"$LOG/run/owner.update-rank0"
+  read -r _ owner _ <"$LOG/run/rank_0/owner.update"
   [ "$owner" = "$BG" ]
 
   run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
     --wait-timeout 0
   [[ $stderr == *"another run.sh (pid $BG) is running the update phase of rank 0 on --log-path $LOG"* ]]
   [[ $stderr == *"kill $BG: it cleans up"* ]]
-  [ -e "$LOG/run/owner.update-rank0" ]
+  [ -e "$LOG/run/rank_0/owner.update" ]
 
   local kids rc=0 start=$SECONDS
   kids=$(ps -o pid= --ppid "$BG" | tr -d ' ')
@@ -74,22 +74,22 @@ wait_for() {
       return 1
     fi
   done
-  [ ! -e "$LOG/run/owner.update-rank0" ]
+  [ ! -e "$LOG/run/rank_0/owner.update" ]
   BG=""
 }
 
 @test "procs_claim: a dead owner's record is taken over; a live owner keeps it" {
   local dir="$BATS_TEST_TMPDIR/run"
   mkdir -p "$dir"
-  printf '%s 999999999 1\n' "$(hostname)" >"$dir/owner.update-rank0"
-  run -0 procs_claim "$dir" update-rank0
+  printf '%s 999999999 1\n' "$(hostname)" >"$dir/owner.update"
+  run -0 procs_claim "$dir" update
   sleep 600 &
   local live=$!
-  printf '%s %s %s\n' "$(hostname)" "$live" "$(procs_start_time "$live")" >"$dir/owner.update-rank0"
-  run -1 procs_claim "$dir" update-rank0
+  printf '%s %s %s\n' "$(hostname)" "$live" "$(procs_start_time "$live")" >"$dir/owner.update"
+  run -1 procs_claim "$dir" update
   [ "$output" = "$live" ]
   # the same pid with another start time is a reused pid, not the owner
-  printf '%s %s 1\n' "$(hostname)" "$live" >"$dir/owner.update-rank0"
-  run -0 procs_claim "$dir" update-rank0
+  printf '%s %s 1\n' "$(hostname)" "$live" >"$dir/owner.update"
+  run -0 procs_claim "$dir" update
   kill "$live"
 }

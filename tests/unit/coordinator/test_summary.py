@@ -40,6 +40,19 @@ def test_record_gathers_the_phases_of_its_iteration_only(tmp_path: Path) -> None
     assert second["eval_success_rate"] is None and second["promoted_version"] is None and second["update"] is None
 
 
+def test_serving_dtype_comes_from_the_masters_serving_record(tmp_path: Path) -> None:
+    write_metrics(tmp_path, [])
+    assert summarize(tmp_path, 1, None)["serving_dtype"] is None
+    worker = tmp_path / "run" / "rank_1"
+    worker.mkdir(parents=True)
+    (worker / "serving.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    assert summarize(tmp_path, 1, None)["serving_dtype"] is None  # only rank 0's server is recorded
+    master = tmp_path / "run" / "rank_0"
+    master.mkdir(parents=True)
+    (master / "serving.json").write_text(json.dumps({"dtype": "float32", "reason": "no native bf16"}))
+    assert summarize(tmp_path, 2, None)["serving_dtype"] == "float32"
+
+
 def test_the_last_record_of_an_iteration_wins_and_a_torn_line_is_skipped(tmp_path: Path) -> None:
     write_metrics(
         tmp_path,

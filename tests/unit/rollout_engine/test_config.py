@@ -42,6 +42,16 @@ def test_cross_field_checks() -> None:
         validate(composed("rollout_train", [*BASE, "env_config.train_tasks_sampler=ratio"]))
 
 
+def test_limits_scope_is_node_or_cluster_and_a_cluster_limit_covers_every_rank() -> None:
+    assert validate(composed("rollout_train", BASE)).env_config.limits_scope == "node"
+    with pytest.raises(ConfigError, match=r"env_config.limits_scope must be one of node, cluster \(got 'global'\)"):
+        validate(composed("rollout_train", [*BASE, "env_config.limits_scope=global"]))
+    cluster = [*BASE, "env_config.limits_scope=cluster", "rank_weights=[1,1,1]", "env_config.server_size=2"]
+    with pytest.raises(ConfigError, match=r"env_config.server_size must be >= 3 with env_config.limits_scope=cluster"):
+        validate(composed("rollout_train", cluster))
+    validate(composed("rollout_train", [*cluster[:-1], "env_config.server_size=3"]))
+
+
 @pytest.mark.parametrize("name", ["rollout_train", "rollout_test"])
 @pytest.mark.parametrize("env", sorted(p.stem for p in (CONFIGS / "env").glob("*.yaml")))
 def test_every_env_yaml_composes_and_instantiates(name: str, env: str) -> None:

@@ -11,6 +11,7 @@ import pytest
 from rollout_engine.config import DifficultyBucket, EnvConfig
 from rollout_engine.errors import ConfigError
 from rollout_engine.tasks import (
+    cluster_shares,
     derive_seed,
     largest_remainder,
     load_tasks,
@@ -79,9 +80,35 @@ def test_hardest_first_orders_by_difficulty() -> None:
     assert [e.task.difficulty for e in episodes] == sorted((e.task.difficulty for e in episodes), reverse=True)
 
 
-def test_limits_scale_with_weight() -> None:
-    assert [scale_limit(16, [1, 3], r) for r in (0, 1)] == [4, 12]
-    assert scale_limit(2, [1, 100], 0) == 1
+@pytest.mark.parametrize("weights", [[1.0], [1, 3], [2, 1], [1, 100], [0.5, 0.0, 2.5], [3, 1, 1, 1, 7]])
+def test_node_limits_are_each_nodes_own_whatever_the_weights(weights: list[float]) -> None:
+    for rank in range(len(weights)):
+        assert scale_limit(16, weights, rank, "node", "server_size") == 16
+
+
+@pytest.mark.parametrize(
+    "weights", [[1.0], [1, 1], [1, 3], [2, 1], [1, 100], [0.5, 0.0, 2.5], [3, 1, 1, 1, 7], [1] * 8]
+)
+@pytest.mark.parametrize("total", [8, 9, 16, 33, 101])
+def test_cluster_limits_share_the_total_exactly(weights: list[float], total: int) -> None:
+    shares = [scale_limit(total, weights, r, "cluster", "max_vllm_sessions") for r in range(len(weights))]
+    assert sum(shares) == total
+    assert all(share >= 1 if w > 0 else share == 0 for share, w in zip(shares, weights, strict=True))
+    assert cluster_shares(total, weights, "max_vllm_sessions") == shares
+
+
+def test_cluster_limits_follow_the_weights_and_give_each_rank_at_least_one() -> None:
+    assert [scale_limit(16, [1, 3], r, "cluster", "server_size") for r in (0, 1)] == [4, 12]
+    assert cluster_shares(2, [1, 100], "server_size") == [1, 1]
+    assert cluster_shares(4, [1, 1, 100], "server_size") == [1, 1, 2]
+
+
+def test_a_cluster_limit_smaller_than_the_ranks_is_an_error_naming_field_value_and_fix() -> None:
+    with pytest.raises(
+        ConfigError, match=r"env_config.server_size must be >= 3 .*cluster \(got 2\).*limits_scope=node"
+    ):
+        cluster_shares(2, [1, 1, 1], "server_size")
+    assert cluster_shares(2, [1, 0, 1], "server_size") == [1, 0, 1]  # a rank with weight 0 needs none
 
 
 def write(path: Path, lines: list[str]) -> Path:
