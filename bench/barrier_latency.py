@@ -33,8 +33,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from coordinator.barrier import arrivals, arrive, wait_barrier
-from coordinator.cluster import Cluster, Endpoint, RankFailed, StopRequest, join_run, start_run
+from coordinator.cluster import Cluster, Endpoint, RankFailed, StopRequest
 from coordinator.heartbeat import LivenessWatcher
+from coordinator.membership import join_run, start_run
 from rollout_engine.files import save_json
 
 REPO = Path(__file__).resolve().parents[1]

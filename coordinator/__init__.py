@@ -1,6 +1,6 @@
 """The coordinator owns the run's state and decisions: config routing, the
 per-iteration summary and plot, the serving dtype and KV cache, and the
-multi-node protocol (run record, heartbeats, barriers: cluster.py,
+multi-node protocol (run record, start and join, heartbeats, barriers: cluster.py, membership.py,
 heartbeat.py, barrier.py). scripts/run.sh asks it through one entry point:
 
     python -m coordinator compose --data-path D --log-path L --base-model M \

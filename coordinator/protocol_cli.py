@@ -39,13 +39,10 @@ from coordinator.cluster import (
     FailureRecord,
     RunRecord,
     StopRequest,
-    default_addr,
-    join_run,
     load_run,
-    pid_running,
-    start_run,
 )
 from coordinator.heartbeat import LivenessWatcher, run_heartbeat
+from coordinator.membership import default_addr, join_run, pid_running, start_run
 from rollout_engine.errors import ConfigError
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}

@@ -18,11 +18,10 @@ from coordinator.cluster import (
     MasterAlive,
     StopRequest,
     cluster_dir,
-    join_run,
     load_pinned,
     load_run,
-    start_run,
 )
+from coordinator.membership import join_run, start_run
 from rollout_engine.errors import ConfigError
 from tests.unit.coordinator.fakes import Beaters, old_run
 

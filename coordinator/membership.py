@@ -1,0 +1,290 @@
+"""How a multi-node run is started (by the master, rank 0) and joined (by a worker).
+
+    rec = start_run(log, num_nodes=2, rank_weights=[1, 1], torchrun_port=29500)   # on node 0 (the master)
+    # ... then `python -m coordinator heartbeat --run-id RUN --rank 0` beats beside it
+    rec = join_run(log, rank=1, num_nodes=2, rank_weights=[1, 1], on_wait=print)  # on node 1
+
+A worker joins only a master it has seen beat (its heartbeat changed while the
+worker watched, on the worker's own clock): a run.json left by an earlier run
+whose master is gone never fools it. A master start is refused while another
+master of this log path beats, and when its node count or weights differ from
+pinned.json. Files: coordinator.cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Literal
+
+from coordinator.cluster import (
+    ON_RANK_FAILURE,
+    Cluster,
+    Endpoint,
+    JoinTimeout,
+    MasterAlive,
+    NodeRecord,
+    Pinned,
+    RunRecord,
+    cluster_dir,
+    load_pinned,
+    load_run,
+)
+from coordinator.heartbeat import LivenessWatcher, read_beats
+from rollout_engine.errors import ConfigError
+from rollout_engine.files import save_json
+
+MasterState = Literal["absent", "watching", "alive", "dead", "stopped"]
+
+
+def default_addr() -> str:
+    """This host's address on the network its default route uses (like `hostname -I`'s first); 127.0.0.1 without one.
+
+    Connecting a UDP socket sends nothing: it only makes the kernel pick the outgoing interface.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def check_nodes(num_nodes: int, rank_weights: list[int]) -> list[str]:
+    """The problems of a node count and its weights (one line each, naming the value and the fix)."""
+    problems = []
+    if num_nodes < 1:
+        problems.append(f"num_nodes must be >= 1 (got {num_nodes})")
+    if len(rank_weights) != num_nodes:
+        problems.append(f"rank_weights needs exactly {num_nodes} values for num_nodes {num_nodes} (got {rank_weights})")
+    if any(w < 1 for w in rank_weights):
+        problems.append(f"rank_weights values must be integers >= 1 (got {rank_weights})")
+    return problems
+
+
+def _check_timing(heartbeat_interval_s: float, dead_after_s: float, on_rank_failure: str) -> list[str]:
+    problems = []
+    if heartbeat_interval_s <= 0:
+        problems.append(f"heartbeat_interval_s must be > 0 (got {heartbeat_interval_s})")
+    if dead_after_s < 2 * heartbeat_interval_s:
+        problems.append(
+            f"dead_after_s must be at least twice heartbeat_interval_s {heartbeat_interval_s} (got {dead_after_s});"
+            " a live rank would look dead between two beats"
+        )
+    if on_rank_failure not in ON_RANK_FAILURE:
+        problems.append(f"on_rank_failure must be one of {', '.join(ON_RANK_FAILURE)} (got {on_rank_failure!r})")
+    return problems
+
+
+class MasterWatch:
+    """Is the master that run.json names alive? Judged by watching its heartbeat change, on this clock.
+
+    `window_s` (default: that run's dead_after_s) is how long a heartbeat may stay unchanged
+    before the master counts as gone. A new run_id in run.json restarts the watch.
+    """
+
+    def __init__(
+        self, log_path: str | Path, window_s: float | None = None, clock: Callable[[], float] = time.monotonic
+    ):
+        self.log_path, self.window_s, self.clock = Path(log_path), window_s, clock
+        self.record: RunRecord | None = None
+        self._watcher: LivenessWatcher | None = None
+
+    def poll(self) -> MasterState:
+        """One look: "absent" (no run.json), "watching", "alive" or "dead"."""
+        record = load_run(self.log_path)
+        if record is None:
+            return "absent"
+        if self.record is None or record.run_id != self.record.run_id:
+            self.record = record
+            window = record.dead_after_s if self.window_s is None else self.window_s
+            self._watcher = LivenessWatcher(Cluster(self.log_path, record.run_id), [0], window, self.clock)
+        assert self._watcher is not None
+        self._watcher.observe()
+        if self._watcher.confirmed(0):
+            return "alive"
+        return "dead" if self._watcher.dead() else "watching"
+
+    def gone_here(self) -> bool:
+        """The master ran on this host, and it and its heartbeat process have both exited: no need to watch."""
+        record, here = self.record, socket.gethostname()
+        if record is None or record.master.host != here or pid_running(record.master.pid):
+            return False
+        beat = read_beats(Cluster(self.log_path, record.run_id)).get(0)
+        return beat is not None and beat.host == here and not pid_running(beat.pid)
+
+    def stopped(self) -> bool:
+        """The run that run.json names was asked to stop: not one to join."""
+        return self.record is not None and Cluster(self.log_path, self.record.run_id).stop_request() is not None
+
+    def describe(self, state: MasterState) -> str:
+        run_json = cluster_dir(self.log_path) / "run.json"
+        if state == "absent" or self.record is None:
+            return f"waiting for a master to write {run_json}"
+        rec = self.record
+        who = f"run {rec.run_id} of master {rec.master.host} (pid {rec.master.pid})"
+        if state == "dead":
+            return f"{run_json} names {who}, whose heartbeat has stopped: waiting for a new master"
+        if state == "stopped":
+            return f"{run_json} names {who}, which was asked to stop: waiting for a new master"
+        return f"{run_json} names {who}: watching its heartbeat to tell whether it runs"
+
+
+def pid_running(pid: int) -> bool:
+    """A process with this pid exists on this host (it may be another one if the pid was reused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_run(
+    log_path: str | Path,
+    num_nodes: int,
+    rank_weights: list[int],
+    *,
+    me: Endpoint | None = None,
+    vllm_port: int | None = None,
+    torchrun_port: int | None = None,
+    start_iteration: int = 0,
+    on_rank_failure: str = "abort",
+    heartbeat_interval_s: float = 5.0,
+    dead_after_s: float = 30.0,
+    alive_window_s: float | None = None,
+    poll_s: float = 0.2,
+    on_wait: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RunRecord:
+    """Start a run as its master (rank 0): check, write run.json (new run_id), pinned.json once, register rank 0.
+
+    Refused (ConfigError) when the values disagree with pinned.json; refused (MasterAlive) when
+    the master that run.json names still beats, watched for up to `alive_window_s` (default: its
+    dead_after_s). Then run.sh starts the heartbeat of rank 0.
+    """
+    problems = check_nodes(num_nodes, rank_weights) + _check_timing(heartbeat_interval_s, dead_after_s, on_rank_failure)
+    if problems:
+        raise ConfigError(problems)
+    pinned = load_pinned(log_path)
+    if pinned is not None and (pinned.num_nodes, pinned.rank_weights) != (num_nodes, list(rank_weights)):
+        raise ConfigError(
+            f"--num-nodes {num_nodes} --rank-weights {_csv(rank_weights)} differ from this experiment's"
+            f" --num-nodes {pinned.num_nodes} --rank-weights {_csv(pinned.rank_weights)}"
+            f" ({cluster_dir(log_path) / 'pinned.json'}, run {pinned.first_run_id});"
+            " start with the pinned values, or use a new --log-path"
+        )
+    _refuse_live_master(MasterWatch(log_path, alive_window_s, clock), poll_s, on_wait)
+    me = me or Endpoint(socket.gethostname(), default_addr(), os.getpid())
+    record = RunRecord(
+        run_id=uuid.uuid4().hex,
+        created=time.time(),
+        num_nodes=num_nodes,
+        rank_weights=list(rank_weights),
+        master=me,
+        torchrun_port=torchrun_port,
+        start_iteration=start_iteration,
+        on_rank_failure=on_rank_failure,
+        heartbeat_interval_s=heartbeat_interval_s,
+        dead_after_s=dead_after_s,
+    )
+    if pinned is None:
+        pin = Pinned(num_nodes, list(rank_weights), record.run_id, record.created)
+        save_json(cluster_dir(log_path) / "pinned.json", asdict(pin))
+    cluster = Cluster(Path(log_path), record.run_id, rank=0)
+    cluster.register(NodeRecord(0, me.host, me.addr, me.pid, vllm_port, record.created))
+    save_json(cluster.run_dir / "run.json", asdict(record))
+    save_json(cluster_dir(log_path) / "run.json", asdict(record))
+    return record
+
+
+def _refuse_live_master(watch: MasterWatch, poll_s: float, on_wait: Callable[[str], None] | None) -> None:
+    told = False
+    while (state := watch.poll()) == "watching" and not watch.gone_here():
+        if on_wait is not None and not told:
+            on_wait(watch.describe(state))
+            told = True
+        time.sleep(poll_s)
+    if state == "alive":
+        rec = watch.record
+        assert rec is not None
+        raise MasterAlive(
+            f"another master is running on {watch.log_path}: run {rec.run_id} of {rec.master.host}"
+            f" (pid {rec.master.pid}) still beats; stop it first (python -m coordinator stop),"
+            " or use another --log-path"
+        )
+
+
+def _csv(values: list[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def join_run(
+    log_path: str | Path,
+    rank: int,
+    num_nodes: int,
+    rank_weights: list[int],
+    wait_s: float = 600.0,
+    *,
+    me: Endpoint | None = None,
+    vllm_port: int | None = None,
+    poll_s: float = 0.2,
+    on_wait: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RunRecord:
+    """Join the run of the live master as `rank`; wait up to `wait_s` for one; register this node.
+
+    A run.json left by a master that is gone never counts: the master must be seen beating.
+    `on_wait` gets a line each time what we wait for changes.
+    """
+    problems = check_nodes(num_nodes, rank_weights)
+    if num_nodes >= 2 and not 1 <= rank < num_nodes:
+        problems.append(f"a worker's rank must be in 1..{num_nodes - 1} for num_nodes {num_nodes} (got {rank})")
+    if num_nodes == 1:
+        problems.append("num_nodes 1 has no workers to join (got num_nodes 1); a single node starts its own run")
+    if problems:
+        raise ConfigError(problems)
+    watch, told, deadline = MasterWatch(log_path, clock=clock), "", clock() + wait_s
+    while True:
+        state = watch.poll()
+        if state != "absent" and watch.stopped():
+            state = "stopped"
+        if state == "alive":
+            break
+        line = watch.describe(state)
+        if on_wait is not None and line != told:
+            on_wait(line)
+        told = line
+        if clock() >= deadline:
+            raise JoinTimeout(f"no live master on {log_path} after {wait_s:g} s: {line}")
+        time.sleep(poll_s)
+    record = watch.record
+    assert record is not None
+    if (record.num_nodes, record.rank_weights) != (num_nodes, list(rank_weights)):
+        raise ConfigError(
+            f"this node has --num-nodes {num_nodes} --rank-weights {_csv(rank_weights)} but the running master"
+            f" ({record.master.host}, run {record.run_id}) has --num-nodes {record.num_nodes}"
+            f" --rank-weights {_csv(record.rank_weights)}; give every node the same values"
+        )
+    me = me or Endpoint(socket.gethostname(), default_addr(), os.getpid())
+    cluster = Cluster(Path(log_path), record.run_id, rank=rank)
+    cluster.check_standing()
+    _refuse_taken_rank(cluster, rank, me)
+    cluster.register(NodeRecord(rank, me.host, me.addr, me.pid, vllm_port, time.time()))
+    return record
+
+
+def _refuse_taken_rank(cluster: Cluster, rank: int, me: Endpoint) -> None:
+    other = cluster.nodes().get(rank)
+    if other is not None and (other.host, other.pid) != (me.host, me.pid):
+        raise ConfigError(
+            f"rank {rank} already joined run {cluster.run_id} from {other.host} (pid {other.pid}): two nodes were"
+            " given the same --worker rank, or this node restarted inside a live run; give each node its own rank,"
+            " or restart every node"
+        )
