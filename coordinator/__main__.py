@@ -62,6 +62,14 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    from coordinator.aggregate import aggregate
+
+    record = aggregate(Path(args.log_path), args.split, args.iteration, args.num_nodes, args.wall_s)
+    print(f"{record['episodes']}\t{record['planned']}\t{record['success_rate']}\t{int(record['complete'])}")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from coordinator.plot import save_plot
 
@@ -162,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     summarize.add_argument("--iteration", type=int, required=True)
     summarize.add_argument("--served-version", default=None)
     summarize.set_defaults(func=cmd_summarize)
+    merge = sub.add_parser("aggregate", help="master: merge every rank's rollout of one iteration")
+    merge.add_argument("--log-path", required=True)
+    merge.add_argument("--split", choices=("train", "test"), required=True)
+    merge.add_argument("--iteration", type=int, required=True)
+    merge.add_argument("--num-nodes", type=int, required=True)
+    merge.add_argument("--wall-s", type=float, required=True)
+    merge.set_defaults(func=cmd_aggregate)
     for name, func in (("plot", cmd_plot), ("table", cmd_table)):
         command = sub.add_parser(name)
         command.add_argument("--log-path", required=True)

@@ -24,6 +24,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from coordinator.cluster import Cluster, ClusterError, RankFailed, load_json, scan_ranks
 from coordinator.heartbeat import LivenessWatcher
@@ -51,6 +52,8 @@ class Arrival:
     pid: int
     run_id: str
     time: float = field(default_factory=time.time)  # the arriving host's wall clock
+    #: what the arriving rank tells the others (the master's plan of a step, an update's outcome)
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,22 @@ def check_phase(phase: str) -> None:
         raise ConfigError(f"phase must be lower-case letters, digits, '_' or '-' (got {phase!r}); e.g. rollout_done")
 
 
-def arrive(cluster: Cluster, iteration: int, phase: str, *, host: str | None = None, pid: int | None = None) -> None:
-    """Record this node's (cluster.rank) arrival; arriving again rewrites the same file."""
+def arrive(
+    cluster: Cluster,
+    iteration: int,
+    phase: str,
+    *,
+    host: str | None = None,
+    pid: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Record this node's (cluster.rank) arrival, with `data` for the waiters; arriving again rewrites it."""
     check_phase(phase)
     if cluster.rank is None or iteration < 0:
         raise ConfigError(f"arrive needs this node's rank and an iteration >= 0 (got {cluster.rank}, {iteration})")
-    arrival = Arrival(cluster.rank, host or socket.gethostname(), os.getpid() if pid is None else pid, cluster.run_id)
+    arrival = Arrival(
+        cluster.rank, host or socket.gethostname(), os.getpid() if pid is None else pid, cluster.run_id, data=data or {}
+    )
     save_json(cluster.barrier_dir(iteration, phase) / f"rank_{cluster.rank}.json", asdict(arrival))
 
 

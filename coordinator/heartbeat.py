@@ -116,6 +116,10 @@ class LivenessWatcher:
     def last_beat(self, rank: int) -> Beat | None:
         return self._seen[rank].beat
 
+    def changed(self, rank: int) -> bool:
+        """The rank's heartbeat was seen to change at least once: it was alive while we watched."""
+        return self._seen[rank].changes > 0
+
 
 def run_heartbeat(
     cluster: Cluster,
@@ -125,20 +129,51 @@ def run_heartbeat(
     *,
     host: str,
     pid: int,
+    peers: Callable[[], ClusterError | None] | None = None,
 ) -> ClusterError | None:
     """Beat every `interval_s` until `wait(interval_s)` returns True (None), or the run ends for this rank.
 
     The run ends for this rank when stop.json appears, the rank is evicted or a newer run
-    superseded this one: then the reason is returned (RunStopped or Evicted). `wait` paces
-    the loop: threading.Event().wait in a thread, a signal wait in the CLI.
+    superseded this one, or `peers()` returns a reason (another rank failed or died, when
+    the run aborts on a rank's failure): then the reason is returned (RunStopped, Evicted,
+    RankFailed). `wait` paces the loop: threading.Event().wait in a thread, a signal wait in the CLI.
     """
     last = read_beats(cluster).get(rank)
     seq = last.seq if last is not None else 0
     while True:
         seq += 1
         write_beat(cluster, rank, Beat(seq, time.time(), host, pid))
-        ended = cluster.standing()
+        ended = cluster.standing() or (peers() if peers is not None else None)
         if ended is not None:
             return ended
         if wait(interval_s):
             return None
+
+
+class PeerWatch:
+    """The other ranks, for a run that aborts when one fails: a failure flag, an eviction, or a rank that
+    was seen beating and then fell silent for dead_after_s (a rank not beating yet may still be joining:
+    the barriers judge that one)."""
+
+    def __init__(self, cluster: Cluster, ranks: list[int], dead_after_s: float) -> None:
+        self.cluster = cluster
+        self.ranks = [rank for rank in ranks if rank != cluster.rank]
+        self.watcher = LivenessWatcher(cluster, self.ranks, dead_after_s)
+
+    def __call__(self) -> ClusterError | None:
+        from coordinator.cluster import RankFailed
+
+        failures = self.cluster.failures()
+        for rank in self.ranks:
+            if rank in failures:
+                failure = failures[rank]
+                return RankFailed(rank, f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}")
+        evictions = self.cluster.evictions()
+        for rank in self.ranks:
+            if rank in evictions:
+                return RankFailed(rank, f"evicted: {evictions[rank].reason}")
+        self.watcher.observe()
+        for rank in self.watcher.dead():
+            if self.watcher.last_beat(rank) is not None and self.watcher.changed(rank):
+                return RankFailed(rank, f"dead: no heartbeat change seen for {self.watcher.silent_s(rank):.0f} s")
+        return None

@@ -21,6 +21,8 @@ or superseded; 5 this rank was evicted; 1 a timeout or anything else.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -41,9 +43,10 @@ from coordinator.cluster import (
     StopRequest,
     load_run,
 )
-from coordinator.heartbeat import LivenessWatcher, run_heartbeat
+from coordinator.heartbeat import LivenessWatcher, PeerWatch, run_heartbeat
 from coordinator.membership import default_addr, join_run, pid_running, start_run
 from rollout_engine.errors import ConfigError
+from rollout_engine.files import save_text
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 Command = Callable[[argparse.Namespace], int]
@@ -144,8 +147,13 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
     cluster, record = this_run(args)
     pacer = SignalPacer(args.node_pid)
     interval = args.interval or record.heartbeat_interval_s
-    ended = run_heartbeat(cluster, args.rank, interval, pacer, host=socket.gethostname(), pid=os.getpid())
+    peers = None
+    if args.stop_node and record.on_rank_failure == "abort":
+        peers = PeerWatch(cluster, list(range(record.num_nodes)), record.dead_after_s)
+    ended = run_heartbeat(cluster, args.rank, interval, pacer, host=socket.gethostname(), pid=os.getpid(), peers=peers)
     if ended is not None:
+        if args.stop_node:
+            stop_node(pacer.node_pid, ended, args.reason_file)
         raise ended
     if pacer.node_gone:
         say(f"heartbeat of rank {args.rank}: its node's process {pacer.node_pid} exited; stopping")
@@ -153,10 +161,41 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
     return 0
 
 
+def stop_node(node_pid: int, ended: ClusterError, reason_file: str | None) -> None:
+    """Tell the node why its part of the run ended (reason_file: `<exit code>\t<reason>`), then SIGTERM it."""
+    if reason_file:
+        save_text(Path(reason_file), f"{ended.exit_code}\t{ended}\n")
+    say(f"stopping the node (pid {node_pid}): {ended}")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(node_pid, signal.SIGTERM)
+
+
+def json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'must be a JSON object, e.g. {{"iteration": 3}} (got {text!r})')
+    return value
+
+
 def cmd_arrive(args: argparse.Namespace) -> int:
     cluster, _ = this_run(args)
-    arrive(cluster, args.iteration, args.phase)
+    arrive(cluster, args.iteration, args.phase, pid=args.pid, data=args.data)
     return 0
+
+
+def print_data(data: dict) -> None:
+    """One `key<TAB>value` line per item, for bash: booleans as 1/0, strings and numbers as they are."""
+    for key, value in data.items():
+        if isinstance(value, bool):
+            value = int(value)
+        elif value is None:
+            value = ""
+        elif not isinstance(value, (str, int, float)):
+            value = json.dumps(value)
+        print(f"{key}\t{value}")
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -176,7 +215,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
         say(f"rank {args.rank}: {args.phase} of iteration {args.iteration}: waiting for ranks {missing} ({waited})")
 
     timing = {"timeout_s": args.timeout, "poll_s": args.poll, "tick_s": args.report_every}
-    wait_barrier(cluster, args.iteration, args.phase, ranks, watcher, on_tick=tick, **timing)
+    result = wait_barrier(cluster, args.iteration, args.phase, ranks, watcher, on_tick=tick, **timing)
+    if args.print_data:
+        merged: dict = {}
+        for rank in ranks:
+            merged |= result.arrivals[rank].data
+        print_data(merged)
     return 0
 
 
@@ -281,13 +325,23 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     beat = _run_parser(subparsers, "heartbeat", cmd_heartbeat, "beat until SIGTERM, stop.json or eviction")
     beat.add_argument("--interval", type=float, default=None, help="seconds (default: the run's)")
     beat.add_argument("--node-pid", type=int, default=None, help="beat while it runs (default: the parent)")
-    _barrier_parser(subparsers, "arrive", cmd_arrive, "record this rank's arrival at a barrier")
+    beat.add_argument(
+        "--stop-node",
+        action="store_true",
+        help="when the run ends for this rank (stop request, eviction, or, if the run aborts on a rank's "
+        "failure, another rank failed or died): write why to --reason-file and SIGTERM the node",
+    )
+    beat.add_argument("--reason-file", default=None, help="with --stop-node: where to write '<exit code>\\t<why>'")
+    arrive = _barrier_parser(subparsers, "arrive", cmd_arrive, "record this rank's arrival at a barrier")
+    arrive.add_argument("--data", type=json_object, default=None, help="a JSON object the waiters can print")
+    arrive.add_argument("--pid", type=int, default=None, help="the node's process (default: this one)")
     wait = _barrier_parser(subparsers, "wait", cmd_wait, "wait until every rank arrived, while they live")
     wait.add_argument("--ranks", type=int_list, default=None, help="comma-separated (default: every rank)")
     wait.add_argument("--timeout", type=float, default=None, help="seconds (default: none)")
     wait.add_argument("--poll", type=float, default=0.2)
     wait.add_argument("--dead-after", type=float, default=None, help="seconds (default: the run's)")
     wait.add_argument("--report-every", type=float, default=30.0, help="seconds between progress lines")
+    wait.add_argument("--print-data", action="store_true", help="print the arrivals' data as key<TAB>value lines")
     fail = _barrier_parser(subparsers, "fail", cmd_fail, "record this rank's failure on its way out")
     fail.add_argument("--reason", required=True)
     fail.add_argument("--exit-code", type=int, required=True)

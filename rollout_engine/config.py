@@ -164,6 +164,9 @@ class EnvConfig:
     #: -1 or 0: every test task
     test_tasks_rollout_size: int = -1
     test_tasks_repeat_times: int = 1
+    #: held-out (test) rollouts sample greedily, one sample per task (temperature 0): the policy's
+    #: deterministic score, without sampling noise (n_samples_per_task and repeats apply to train only)
+    test_greedy: bool = False
     train_tasks_sampler: str = "uniform"
     difficulty_ratio: dict[str, DifficultyBucket] = field(default_factory=dict)
     #: submit the hardest tasks first (WebGym does)

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import time
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_engine.build import build_env, iteration_dir
-from rollout_engine.config import RolloutConfig
+from rollout_engine.config import PolicyConfig, RolloutConfig
 from rollout_engine.envs.base import Env
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
@@ -81,7 +82,7 @@ async def prepare(cfg: RolloutConfig) -> Prepared:
     mine = split_for_rank(sampled, cfg.rank_weights, cfg.rank)
     specs = plan_episodes(mine, cfg.env_config, cfg.split)
     sessions, slots = rank_limits(cfg)
-    policy = PolicyClient(cfg.policy_config, sessions)
+    policy = PolicyClient(sampling_config(cfg), sessions)
     try:
         await policy.check_server()
     except ConfigError:
@@ -101,9 +102,24 @@ async def prepare(cfg: RolloutConfig) -> Prepared:
     return Prepared(env, policy, specs, settings)
 
 
+def sampling_config(cfg: RolloutConfig) -> PolicyConfig:
+    """The policy settings of this rollout: greedy (temperature 0) on test with env_config.test_greedy."""
+    if cfg.split == "test" and cfg.env_config.test_greedy:
+        return dataclasses.replace(cfg.policy_config, temperature=0.0)
+    return cfg.policy_config
+
+
 def status_path(cfg: RolloutConfig) -> Path:
     name = "status.json" if len(cfg.rank_weights) == 1 else f"status.rank_{cfg.rank}.json"
     return Path(cfg.log_path) / name
+
+
+def metrics_path(cfg: RolloutConfig) -> Path:
+    """metrics.jsonl on one node; on several, a file of this rank's own (the master merges them:
+    appends from several NFS clients to one file are not atomic)."""
+    if len(cfg.rank_weights) == 1:
+        return Path(cfg.log_path) / "metrics.jsonl"
+    return Path(cfg.log_path) / "metrics" / f"rank_{cfg.rank}.jsonl"
 
 
 async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
@@ -149,7 +165,7 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
         complete=manifest["complete"],
         interrupted=received.name if received else None,
     )
-    save_metrics(Path(cfg.log_path) / "metrics.jsonl", metrics)
+    save_metrics(metrics_path(cfg), metrics)
     print_summary(metrics)
     if received:
         logger.warning(

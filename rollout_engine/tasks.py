@@ -176,5 +176,7 @@ def rank_limits(cfg: RolloutConfig) -> tuple[int, int]:
 def plan_episodes(tasks: list[Task], cfg: EnvConfig, split: str) -> list[EpisodeSpec]:
     """Every (task, sample) of this rank, hardest first when `hardest_first` (stable otherwise)."""
     samples = cfg.n_samples_per_task * (cfg.test_tasks_repeat_times if split == "test" else 1)
+    if split == "test" and cfg.test_greedy:
+        samples = 1
     ordered = sorted(tasks, key=lambda t: -t.difficulty) if cfg.hardest_first else tasks
     return [EpisodeSpec(task, k) for task in ordered for k in range(samples)]

@@ -7,11 +7,11 @@
 # DIR (default $BATON_QUICKSTART_DIR or ~/baton-quickstart) receives data/ and
 # logs/<run>/. It prepares the model and tasks, then runs the RL loop
 # (scripts/run.sh --rl-phase both, BATON_QUICKSTART_ITERATIONS iterations,
-# default 4, sized for 2 cores): the base model is evaluated on the 80 held-out
-# tasks, each iteration rolls out 128 train tasks x 4 samples and fine-tunes on
-# the successes (RFT, lr 1e-4, 2 epochs), and the last policy is evaluated on
-# the held-out tasks again; it prints success per iteration, the held-out gain
-# and the plot.
+# default 4, sized for 2 cores): the base model is evaluated greedily on the 80
+# held-out tasks, each iteration rolls out 128 train tasks x 4 samples and
+# fine-tunes on the successes (RFT, lr 1e-4, 2 epochs), and the last policy is
+# evaluated greedily on the held-out tasks again; it prints success per
+# iteration, the held-out gain and the plot.
 set -Eeuo pipefail
 [[ -n ${BATON_TRACE:-} ]] && set -x
 
@@ -56,7 +56,7 @@ main() {
   # Held-out evaluation of the base model (iteration 1) and of the last policy (--final-eval) only.
   BATON_VLLM_PORT=$(quickstart_free_port) bash "$ROOT/scripts/run.sh" --data-path "$data" --log-path "$logs" \
     --rl-phase both --eval-interval "$iterations" --max-iterations "$iterations" --final-eval \
-    env_config.train_tasks_rollout_size=128 env_config.n_samples_per_task=4 env_config.test_tasks_rollout_size=-1 \
+    env_config.train_tasks_rollout_size=128 env_config.n_samples_per_task=4 env_config.test_tasks_rollout_size=-1 env_config.test_greedy=true \
     policy_config.max_new_tokens=32 algorithm.learning_rate=1e-4 algorithm.warmup_steps=0 \
     algorithm.num_train_epochs=2 algorithm.per_device_train_batch_size=8 algorithm.gradient_accumulation_steps=1 \
     algorithm.cutoff_len=512 algorithm.selection.positive_samples_to_train=128

@@ -10,15 +10,24 @@ new symlink (made beside it, then `os.replace`), so a reader sees the old
 policy or the whole new one. Older versions beyond `keep_last` are deleted
 (never the current one). A failure before the flip leaves `current` as it was;
 stale staging folders are removed on the next try.
+
+Promotions hold `policy/.promote.lock` (a POSIX lock, which NFSv4 carries), so two
+can never race for the same version number or delete each other's staging folder.
+Promotion is idempotent per iteration: when a version of the same iteration and
+training output already exists (a crash between the promotion and its record),
+that version is made current again instead of promoting a copy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -89,6 +98,53 @@ def promote(
 ) -> int:
     """Make `output_dir` the current policy; return its version."""
     policy_root.mkdir(parents=True, exist_ok=True)
+    with promotion_lock(policy_root):
+        done = promoted_from(policy_root, iteration, output_dir)
+        if done is not None:
+            if (current_version(policy_root) or 0) < done:
+                flip_current(policy_root, f"v{done:04d}")
+            log.info("iteration %d was already promoted as policy v%04d; not promoting a copy", iteration, done)
+            return done
+        return _promote_locked(
+            output_dir, policy_root, iteration, parent_model, keep_last, finetuning_type, keep_optimizer
+        )
+
+
+@contextlib.contextmanager
+def promotion_lock(policy_root: Path) -> Iterator[None]:
+    """Hold policy/.promote.lock (fcntl.lockf: POSIX locks reach the NFS server)."""
+    fd = os.open(policy_root / ".promote.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def promoted_from(policy_root: Path, iteration: int, output_dir: Path) -> int | None:
+    """The version already promoted from this iteration's `output_dir`, if any."""
+    import json
+
+    for version in reversed(versions(policy_root)):
+        record = policy_root / f"v{version:04d}" / "baton_policy.json"
+        try:
+            data = json.loads(record.read_text())
+        except (FileNotFoundError, ValueError):
+            continue
+        if data.get("iteration") == iteration and data.get("source_checkpoint") == str(output_dir):
+            return version
+    return None
+
+
+def _promote_locked(
+    output_dir: Path,
+    policy_root: Path,
+    iteration: int,
+    parent_model: Path,
+    keep_last: int,
+    finetuning_type: str,
+    keep_optimizer: bool,
+) -> int:
     _remove_stale_staging(policy_root)
     version = max([0, *versions(policy_root)]) + 1
     staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"

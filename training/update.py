@@ -65,6 +65,10 @@ class RunPaths:
     merged = property(lambda self: self.run_dir / "merged")
     train_log = property(lambda self: self.run_dir / "train.log")
 
+    def node_log(self, node_rank: int) -> Path:
+        """llamafactory-cli's output on one node: train.log on node 0, train.rank_<r>.log on the others."""
+        return self.train_log if node_rank == 0 else self.run_dir / f"train.rank_{node_rank}.log"
+
 
 def run_update(cfg: UpdateConfig) -> None:
     """Run the phases `cfg.phase` names."""
@@ -187,11 +191,12 @@ def train(cfg: UpdateConfig, paths: RunPaths) -> None:
         raise ConfigError(f"{paths.recipe} does not exist; run phase=prepare first")
     if cfg.launch.node_rank == 0:
         shutil.rmtree(paths.output, ignore_errors=True)  # never write into files a policy may hard-link
-    result = run_training(paths.recipe, paths.train_log, cfg.launch, detect_device())
+    node_log = paths.node_log(cfg.launch.node_rank)
+    result = run_training(paths.recipe, node_log, cfg.launch, detect_device())
     if result.returncode != 0 or result.timed_out:
         why = f"timed out after {cfg.launch.timeout_s:.0f} s" if result.timed_out else f"exit {result.returncode}"
         raise TrainingError(
-            f"training {why}; see {paths.train_log}. policy/current is unchanged; run the same command again to retry"
+            f"training {why}; see {node_log}. policy/current is unchanged; run the same command again to retry"
         )
     if cfg.launch.node_rank == 0:
         stats = parse_training(paths.output, paths.train_log)

@@ -66,3 +66,15 @@ def test_unknown_env_parameter_and_target_are_config_errors() -> None:
         build_env(validate(composed("rollout_test", [*BASE, "env._target_=nowhere.Env"])))
     with pytest.raises(ConfigError, match=r"env\.answer_rule must be one of .* \(got 'middle'\)"):
         build_env(validate(composed("rollout_test", [*BASE, "env.answer_rule=middle"])))
+
+
+@pytest.mark.parametrize(
+    ("name", "greedy", "expected"), [("rollout_test", "true", 0.0), ("rollout_train", "true", 0.7)]
+)
+def test_greedy_held_out_sampling_changes_the_test_rollout_only(name: str, greedy: str, expected: float) -> None:
+    from omegaconf import OmegaConf
+
+    from rollout_engine.runner import sampling_config
+
+    cfg = composed(name, [*BASE, "policy_config.temperature=0.7", f"env_config.test_greedy={greedy}"])
+    assert sampling_config(OmegaConf.to_object(cfg)).temperature == expected

@@ -75,6 +75,13 @@ def test_test_split_takes_first_n_and_repeats() -> None:
     assert [e.episode_id for e in episodes] == ["t0#0", "t0#1", "t1#0", "t1#1", "t2#0", "t2#1"]
 
 
+def test_greedy_held_out_rollouts_take_one_sample_per_task_and_train_keeps_its_samples() -> None:
+    cfg = EnvConfig(n_samples_per_task=4, test_tasks_repeat_times=2, test_greedy=True, hardest_first=False)
+    tasks = make_tasks(3)
+    assert [e.episode_id for e in plan_episodes(tasks, cfg, "test")] == ["t0#0", "t1#0", "t2#0"]
+    assert len(plan_episodes(tasks, cfg, "train")) == 12
+
+
 def test_hardest_first_orders_by_difficulty() -> None:
     episodes = plan_episodes(make_tasks(9), EnvConfig(hardest_first=True), "train")
     assert [e.task.difficulty for e in episodes] == sorted((e.task.difficulty for e in episodes), reverse=True)

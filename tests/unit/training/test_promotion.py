@@ -35,7 +35,7 @@ def test_versions_current_and_pruning(tmp_path: Path) -> None:
             keep_last=2,
         )
         assert version == i and os.readlink(root / "current") == f"v{i:04d}"
-    assert sorted(p.name for p in root.iterdir()) == ["current", "v0003", "v0004"]
+    assert sorted(p.name for p in root.iterdir() if p.name != ".promote.lock") == ["current", "v0003", "v0004"]
     record = json.loads((root / "current" / "baton_policy.json").read_text())
     assert (record["version"], record["iteration"], record["parent"]) == (4, 3, 3)
     assert (root / "current" / "model.safetensors").read_text() == "w4"
@@ -63,4 +63,35 @@ def test_failed_promotion_leaves_current_and_can_be_retried(tmp_path: Path, monk
     assert os.readlink(root / "current") == "v0001" and (root / "current" / "model.safetensors").read_text() == "w1"
     monkeypatch.undo()
     assert promote(out2, root, 1, root / "current", keep_last=3) == 2
-    assert sorted(p.name for p in root.iterdir()) == ["current", "v0001", "v0002"]  # staging left-over removed
+    assert sorted(p.name for p in root.iterdir() if p.name != ".promote.lock") == [
+        "current",
+        "v0001",
+        "v0002",
+    ]  # staging left-over removed
+
+
+def test_promoting_the_same_iteration_again_reuses_its_version(tmp_path: Path) -> None:
+    """A --resume after a crash between the promotion and its record must not promote a copy."""
+    root, base = tmp_path / "policy", tmp_path / "base"
+    base.mkdir()
+    out = fake_output(tmp_path / "out", "w1")
+    assert promote(out, root, iteration=4, parent_model=base, keep_last=3) == 1
+    assert promote(out, root, iteration=4, parent_model=base, keep_last=3) == 1
+    assert [p.name for p in sorted(root.iterdir()) if p.name != ".promote.lock"] == ["current", "v0001"]
+    other = fake_output(tmp_path / "out5", "w2")
+    assert promote(other, root, iteration=5, parent_model=root / "current", keep_last=3) == 2
+
+
+def test_concurrent_promotions_never_share_a_version_or_delete_each_others_staging(tmp_path: Path) -> None:
+    import multiprocessing
+
+    root, base = tmp_path / "policy", tmp_path / "base"
+    base.mkdir()
+    outs = [fake_output(tmp_path / f"out{i}", f"w{i}") for i in range(4)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(4) as pool:
+        got = pool.starmap(promote, [(out, root, i, base, 10) for i, out in enumerate(outs)])
+    assert sorted(got) == [1, 2, 3, 4]
+    iterations = {json.loads((root / f"v{v:04d}" / "baton_policy.json").read_text())["iteration"] for v in got}
+    assert iterations == {0, 1, 2, 3}
+    assert not list(root.glob(".staging-*"))
