@@ -29,6 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from coordinator.barrier import BarrierWait, arrivals, arrive, check_phase, wait_barrier
@@ -247,6 +248,16 @@ def cmd_evict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_record(args: argparse.Namespace) -> int:
+    """The run record as key<TAB>value lines (master_host, master_addr, torchrun_port, ...), for bash."""
+    _, record = this_run(args)
+    data = {k: v for k, v in asdict(record).items() if k != "master"}
+    data |= {"master_host": record.master.host, "master_addr": record.master.addr, "master_pid": record.master.pid}
+    data["rank_weights"] = ",".join(map(str, record.rank_weights))
+    print_data(data)
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     cluster, record = this_run(args)
     ranks = list(range(record.num_nodes))
@@ -351,6 +362,10 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     evict = _run_parser(subparsers, "evict", cmd_evict, "declare a rank dead")
     evict.add_argument("--reason", required=True)
     evict.add_argument("--by-rank", type=int, default=0)
+    show = subparsers.add_parser("record", help="the run record as key<TAB>value lines")
+    show.add_argument("--log-path", required=True)
+    show.add_argument("--run-id", default=None)
+    show.set_defaults(func=cmd_record)
     status = subparsers.add_parser("status", help="ranks, liveness by observation, last barrier")
     status.add_argument("--log-path", required=True)
     status.add_argument("--run-id", default=None)

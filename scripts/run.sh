@@ -24,6 +24,8 @@ source "$ROOT/scripts/lib/cli.sh"
 source "$ROOT/scripts/lib/iteration.sh"
 # shellcheck source=scripts/lib/loop.sh
 source "$ROOT/scripts/lib/loop.sh"
+# shellcheck source=scripts/lib/nodes.sh
+source "$ROOT/scripts/lib/nodes.sh"
 
 # run_print_cmd <label>: print LOOP_CMD as one shell-quoted line.
 run_print_cmd() {
@@ -38,6 +40,10 @@ cmd_dry_run() {
   local -a args
   n=$(iteration_next "$RUN_LOG")
   printf '# iteration %s, --rl-phase %s (dry run: nothing started or written)\n' "$n" "$RUN_PHASE"
+  if nodes_multi; then
+    printf '# rank %s of %s; the master (rank 0) numbers the iterations and chooses the torchrun port\n' "$RUN_RANK" "$RUN_NUM_NODES"
+    NODES_MASTER_ADDR="<master address>" NODES_TORCHRUN_PORT="<torchrun port>"
+  fi
   if [[ $RUN_PHASE != update ]] && ((!RUN_DEBUG)); then
     vllm_choose "" "$(loop_policy_path)" || exit
     mapfile -t args < <(vllm_args "$(loop_policy_path)" "$LOOP_PORT" "$LOOP_MODEL")
@@ -53,7 +59,9 @@ cmd_dry_run() {
   if ((RUN_FINAL_EVAL)); then
     loop_rollout_cmd test "<last+1>" 0 && run_print_cmd "final eval rollout (after the last iteration)"
   fi
-  if [[ $RUN_PHASE != rollout ]]; then
+  if [[ $RUN_PHASE != rollout ]] && nodes_multi; then
+    loop_update_cmd "$n" train && run_print_cmd "update (this node's part of one torchrun; the master runs phase=prepare before and phase=promote after)"
+  elif [[ $RUN_PHASE != rollout ]]; then
     loop_update_cmd "$n" all && run_print_cmd update
   fi
   if [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)); then
@@ -79,12 +87,29 @@ cmd_run() {
   mkdir -p "$LOOP_RUN_DIR/logs"
   mv -f "$resolved" "$LOOP_RUN_DIR/resolved.yaml"
   common_log "run: --rl-phase $RUN_PHASE, log path $RUN_LOG, policy ${LOOP_BASE_URL} (${LOOP_MODEL})"
-  case "$RUN_PHASE" in
-    both) loop_both ;;
-    rollout) loop_rollouts ;;
-    update) loop_updates ;;
-  esac
+  nodes_start
+  loop_steps
   common_log "run finished: $RUN_LOG/metrics.jsonl, $RUN_LOG/plots/success.png"
+}
+
+# cmd_stop: stop the run on --log-path: a multi-node run through its stop
+# request (each node's heartbeat sees it within an interval and stops its node:
+# exit 0), a single node by SIGTERM to the run.sh that owns it on this host.
+cmd_stop() {
+  local file host pid start stopped=0
+  [[ $RUN_LOG == /* && -d $RUN_LOG ]] || cli_bad "--stop needs the --log-path of a run (an existing absolute path; got '$RUN_LOG')"
+  if [[ -f $RUN_LOG/cluster/run.json ]]; then
+    loop_py "$BATON_APP_PY" -m coordinator stop --log-path "$RUN_LOG" --reason "run.sh --stop by $(id -un)@$(hostname)" ||
+      common_die 1 "could not ask the run on $RUN_LOG to stop"
+    common_log "every node of the run stops within a heartbeat interval; resume later with --resume"
+    return 0
+  fi
+  for file in "$RUN_LOG"/run/rank_*/owner.*; do
+    { [[ -f $file ]] && read -r host pid start <"$file"; } || continue
+    [[ $host == "$(hostname)" && $(procs_start_time "$pid") == "$start" ]] || continue
+    kill -TERM "$pid" 2>/dev/null && stopped=1 && common_log "sent SIGTERM to run.sh (pid $pid, ${file##*/owner.})"
+  done
+  ((stopped)) || common_die 1 "nothing to stop: no run.sh of --log-path $RUN_LOG runs on this host"
 }
 
 main() {
@@ -93,10 +118,13 @@ main() {
     cli_usage
     return 0
   fi
-  cli_validate
-  if ((RUN_NUM_NODES > 1)) && ((!RUN_DRY)); then
-    cli_bad "--num-nodes $RUN_NUM_NODES: multi-node runs are not available yet in this version; run with --num-nodes 1"
+  if ((RUN_STOP)); then
+    envs_export
+    LOOP_ROOT=$ROOT
+    cmd_stop
+    return 0
   fi
+  cli_validate
   envs_export
   loop_setup
   if ((RUN_DRY)); then

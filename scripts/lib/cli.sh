@@ -17,13 +17,15 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --num-nodes N              nodes sharing the log path (default 1)
   --rank-weights W0,W1,...   required when N > 1: one integer load weight >= 1 per node
   --master | --worker R      this node's rank (0 | 1..N-1); else $RANK, then $NODE_RANK
+  --node-addr ADDR           the address other nodes reach this one at (default $BATON_NODE_ADDR, else the default route's)
   --debug-mode               use the external vLLM at policy_config.base_url; start/stop nothing
-  --resume                   continue the interrupted iteration (single-node)
+  --resume                   continue the interrupted iteration (on several nodes: give it to every node)
   --max-iterations N         stop after N iterations (default: run until stopped)
   --max-update-failures N    stop after N consecutive failed updates (default 3)
   --final-eval               both, with --max-iterations: evaluate the last promoted policy on the held-out tasks at the end
   --wait-timeout S           update: stop after S seconds with no new train rollout (default: wait until stopped)
   --dry-run                  print the commands each phase would run, then exit
+  --stop                     with --log-path only: stop the run on that log path (every node), at once and cleanly
   -h, --help                 this text
 
 overrides: key=value, +key=value, ~key (Hydra); they reach the rollout and the update
@@ -59,12 +61,12 @@ cli_is_int() {
 cli_parse() {
   RUN_DATA="" RUN_LOG="" RUN_PHASE="" RUN_EVAL_INTERVAL="" RUN_SPLIT="" RUN_NUM_NODES=""
   RUN_RANK_WEIGHTS="" RUN_MASTER="" RUN_WORKER="" RUN_DEBUG=0 RUN_RESUME=0 RUN_MAX_ITER=""
-  RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0 RUN_FINAL_EVAL=0
+  RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0 RUN_FINAL_EVAL=0 RUN_NODE_ADDR="" RUN_STOP=0
   RUN_OVERRIDES=()
   while (($#)); do
     case "$1" in
       --data-path | --log-path | --rl-phase | --eval-interval | --rollout-split | --num-nodes | \
-        --rank-weights | --worker | --max-iterations | --max-update-failures | --wait-timeout)
+        --rank-weights | --worker | --max-iterations | --max-update-failures | --wait-timeout | --node-addr)
         cli_need_value "$1" $#
         cli_parse_valued "$1" "$2"
         shift 2
@@ -75,8 +77,17 @@ cli_parse() {
         RUN_DEBUG=1
         shift
         ;;
-      --resume) RUN_RESUME=1 && shift ;;
+      --resume)
+        # shellcheck disable=SC2034 # read by loop.sh
+        RUN_RESUME=1
+        shift
+        ;;
       --final-eval) RUN_FINAL_EVAL=1 && shift ;;
+      --stop)
+        # shellcheck disable=SC2034 # read by run.sh
+        RUN_STOP=1
+        shift
+        ;;
       --dry-run)
         # shellcheck disable=SC2034 # read by run.sh
         RUN_DRY=1
@@ -111,6 +122,7 @@ cli_parse_valued() {
     --max-iterations) cli_set_once RUN_MAX_ITER "$1" "$2" ;;
     --max-update-failures) cli_set_once RUN_MAX_FAILURES "$1" "$2" ;;
     --wait-timeout) cli_set_once RUN_WAIT "$1" "$2" ;;
+    --node-addr) cli_set_once RUN_NODE_ADDR "$1" "$2" ;;
   esac
 }
 
@@ -132,8 +144,9 @@ cli_validate() {
     auto | float32 | bfloat16 | float16) ;;
     *) cli_bad "BATON_VLLM_DTYPE must be auto, float32, bfloat16 or float16 (got '$BATON_VLLM_DTYPE'); unset it to detect" ;;
   esac
-  if ((RUN_RESUME)) && ((RUN_NUM_NODES > 1)); then
-    cli_bad "--resume is single-node only (got --num-nodes $RUN_NUM_NODES); multi-node iterations restart fresh"
+  RUN_NODE_ADDR=${RUN_NODE_ADDR:-${BATON_NODE_ADDR:-}}
+  if [[ -n $RUN_NODE_ADDR && ! $RUN_NODE_ADDR =~ ^[A-Za-z0-9.:_-]+$ ]]; then
+    cli_bad "--node-addr must be a host name or an IP address (got '$RUN_NODE_ADDR')"
   fi
   return 0
 }

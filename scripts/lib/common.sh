@@ -12,10 +12,13 @@ common_warn() {
   printf '[baton] warning: %s\n' "$*" >&2
 }
 
-# common_die <code> <msg...>: print an error to stderr and exit with <code>.
+# common_die <code> <msg...>: print an error to stderr and exit with <code>
+# (the message stays in COMMON_LAST_ERROR for the EXIT trap).
 common_die() {
   local code=$1
   shift
+  # shellcheck disable=SC2034 # read by nodes.sh's EXIT-trap part
+  COMMON_LAST_ERROR="$*"
   printf '[baton] error: %s\n' "$*" >&2
   exit "$code"
 }

@@ -4,7 +4,7 @@
 # rollout / update / both loops. Globals come from cli.sh (RUN_*) and
 # loop_setup (LOOP_*).
 # Library file: defines functions only. Needs common.sh, envs.sh, procs.sh,
-# vllm.sh, iteration.sh.
+# vllm.sh, iteration.sh, nodes.sh.
 
 # loop_setup: derive the run's paths, port, served name and rank weights (LOOP_* globals).
 loop_setup() {
@@ -18,6 +18,11 @@ loop_setup() {
   LOOP_FAILURES=0
   LOOP_UPDATE_RUNNING=""
   LOOP_SLEEP_PID=""
+  LOOP_WAIT_PID=""
+  # What this node is doing (for the failure flag a multi-node run leaves on its way out).
+  LOOP_N=0 LOOP_PHASE=start LOOP_DONE=0 LOOP_FINAL_DONE=0
+  # A worker serves the version the master's plan names (LOOP_PINNED=1); "" is the base model.
+  LOOP_PINNED=0 LOOP_PIN_VERSION=""
   case "$RUN_PHASE" in
     both) LOOP_ROLES=(rollout update) LOOP_GROUPS=(update rollout-train rollout-test vllm) ;;
     rollout) LOOP_ROLES=(rollout) LOOP_GROUPS=(rollout-train rollout-test vllm) ;;
@@ -90,21 +95,30 @@ loop_compose() {
   ((RUN_DEBUG)) || LOOP_BASE_URL="http://127.0.0.1:$LOOP_PORT/v1"
 }
 
-# loop_policy_version: print the version policy/current points at ("" for none).
+# loop_policy_version: print the version to serve and fine-tune: the pinned
+# one (a rollout step's plan), else the one policy/current points at ("" for none).
 loop_policy_version() {
   local link="$RUN_LOG/policy/current" target
+  if ((LOOP_PINNED)); then
+    [[ -z $LOOP_PIN_VERSION ]] || printf '%s\n' "$LOOP_PIN_VERSION"
+    return 0
+  fi
   [[ -L $link ]] || return 0
   target=$(readlink "$link")
   [[ $target =~ ^v0*([0-9]+)$ ]] && printf '%s\n' "${BASH_REMATCH[1]}"
   return 0
 }
 
-# loop_policy_path: print the model to serve and fine-tune: policy/current, else the base model.
+# loop_policy_path: print the model to serve and fine-tune: that version's folder, else the base model.
 loop_policy_path() {
-  if [[ -n $(loop_policy_version) ]]; then
-    readlink -f "$RUN_LOG/policy/current"
-  else
+  local version
+  version=$(loop_policy_version)
+  if [[ -z $version ]]; then
     printf '%s\n' "$LOOP_BASE_MODEL"
+  elif ((LOOP_PINNED)); then
+    printf '%s/policy/v%04d\n' "$RUN_LOG" "$version"
+  else
+    readlink -f "$RUN_LOG/policy/current"
   fi
 }
 
@@ -121,16 +135,24 @@ loop_rollout_cmd() {
   LOOP_CMD+=("${LOOP_ROLLOUT_OVR[@]}")
 }
 
+# loop_free_port: print a free TCP port on the loopback interface.
+loop_free_port() {
+  loop_py "$BATON_APP_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 # loop_update_cmd <iteration> <phase>: set LOOP_CMD to the update command.
-# A single node takes a free torchrun port (29500 may be another job's); an
-# override of launch.master_port, which comes later, still wins.
+# A single node takes a free torchrun port (29500 may be another job's); on
+# several, every node uses the master's address and the port it chose at the
+# start of the run. An override of launch.master_port, which comes later, still wins.
 loop_update_cmd() {
-  local port=29500
-  ((RUN_NUM_NODES > 1)) || port=$(loop_py "$BATON_APP_PY" -c \
-    'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local -a launch=("launch.nnodes=$RUN_NUM_NODES" "launch.node_rank=$RUN_RANK")
+  if nodes_multi; then
+    launch+=("launch.master_addr=$NODES_MASTER_ADDR" "launch.master_port=$NODES_TORCHRUN_PORT")
+  else
+    launch+=("launch.master_port=$(loop_free_port)")
+  fi
   LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_TRAIN_PY" -m training --config-name update
-    "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2"
-    "launch.nnodes=$RUN_NUM_NODES" "launch.node_rank=$RUN_RANK" "launch.master_port=$port" "${LOOP_UPDATE_OVR[@]}")
+    "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2" "${launch[@]}" "${LOOP_UPDATE_OVR[@]}")
 }
 
 # loop_run <name> <logfile> <cmd...>: run <cmd> as a tracked process group and
@@ -176,31 +198,51 @@ loop_serve_current() {
   LOOP_SERVED_VERSION=$version LOOP_SERVE_HOW="v$version by $VLLM_SERVED_HOW"
 }
 
-# loop_timed <n> <phase> <fn...>: run <fn...>, recording its seconds for iteration <n>.
+# loop_timed <n> <phase> <fn...>: run <fn...>, recording its seconds for iteration <n> (the master records).
 loop_timed() {
   local n=$1 phase=$2 start=$SECONDS rc=0
   shift 2
+  LOOP_PHASE=$phase
   "$@" || rc=$?
-  iteration_add_time "$RUN_LOG" "$n" "$phase" $((SECONDS - start))
+  ! nodes_is_master || iteration_add_time "$RUN_LOG" "$n" "$phase" $((SECONDS - start))
   return "$rc"
 }
 
-# loop_rollout <split> <iteration>: one rollout phase (skipped when done; resumed with --resume).
+# loop_mark <n> <phase> [content]: record that <phase> of iteration <n> is done (the master's record).
+loop_mark() {
+  ! nodes_is_master || iteration_mark "$@"
+}
+
+# loop_rollout <split> <iteration>: one rollout phase (skipped when done; resumed
+# with --resume). On several nodes each rolls out its share, then waits for
+# the others; the master merges their journals' metrics.
 loop_rollout() {
-  local split=$1 n=$2 phase="${1}_rollout" resume=0
+  local split=$1 n=$2 phase="${1}_rollout" resume=0 start=$SECONDS
   iteration_is_done "$RUN_LOG" "$n" "$phase" && return 0
-  ((RUN_RESUME)) && [[ -s $RUN_LOG/trajectories/$split/$(printf 'iter_%04d' "$n")/rank_$RUN_RANK.jsonl ]] && resume=1
+  ((LOOP_RESUME)) && [[ -s $RUN_LOG/trajectories/$split/$(printf 'iter_%04d' "$n")/rank_$RUN_RANK.jsonl ]] && resume=1
   loop_rollout_cmd "$split" "$n" "$resume"
-  loop_timed "$n" "$phase" loop_run "rollout-$split" "$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").$split.log" \
-    "${LOOP_CMD[@]}" || common_die 1 "the $split rollout of iteration $n failed; fix the cause, then rerun with --resume"
-  iteration_mark "$RUN_LOG" "$n" "$phase"
+  loop_timed "$n" "$phase" loop_rollout_run "$split" "$n" ||
+    common_die 1 "the $split rollout of iteration $n failed; fix the cause, then rerun with --resume"
+  if nodes_multi; then
+    nodes_is_master || return 0
+    loop_py "$BATON_APP_PY" -m coordinator aggregate --log-path "$RUN_LOG" --split "$split" --iteration "$n" \
+      --num-nodes "$RUN_NUM_NODES" --wall-s $((SECONDS - start)) >/dev/null ||
+      common_die 1 "could not merge the ranks' $split rollouts of iteration $n"
+  fi
+  loop_mark "$RUN_LOG" "$n" "$phase"
+}
+
+# loop_rollout_run <split> <iteration>: run LOOP_CMD, then (several nodes) the barrier.
+loop_rollout_run() {
+  loop_run "rollout-$1" "$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$2").$1.log" "${LOOP_CMD[@]}" || return
+  nodes_sync "$2" "${1}_rollout"
 }
 
 # loop_update_phase <iteration>: the training phase to run for <iteration>
 # ("all", or "promote" when --resume finds a finished training not yet promoted).
 loop_update_phase() {
   local n=$1
-  if ((RUN_RESUME)) && [[ -f $RUN_LOG/training/$(printf 'iter_%04d' "$n")/output/config.json ]] &&
+  if ((LOOP_RESUME)) && [[ -f $RUN_LOG/training/$(printf 'iter_%04d' "$n")/output/config.json ]] &&
     grep -q "\"kind\": \"training\", \"iteration\": $n," "$RUN_LOG/metrics.jsonl" 2>/dev/null; then
     printf 'promote\n'
   else
@@ -214,13 +256,18 @@ loop_update() {
   local n=$1 rc=0 log outcome
   iteration_is_done "$RUN_LOG" "$n" update && return 0
   log="$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").update.log"
-  loop_update_cmd "$n" "$(loop_update_phase "$n")"
   # Only a run that serves (both) may put its own vLLM to sleep; an update-only run leaves servers alone.
   [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)) && { vllm_sleep "$LOOP_PORT" || common_warn "could not put vLLM to sleep; training beside it"; }
   LOOP_UPDATE_RUNNING=$n
-  loop_timed "$n" update loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
+  if nodes_multi; then
+    loop_timed "$n" update loop_update_nodes "$n" "$log" || rc=$?
+  else
+    loop_update_cmd "$n" "$(loop_update_phase "$n")"
+    loop_timed "$n" update loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
+  fi
   LOOP_UPDATE_RUNNING=""
   [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)) && { vllm_wake "$LOOP_PORT" || common_warn "could not wake vLLM up"; }
+  nodes_is_master || return 0
   if ((rc == 0)); then
     LOOP_FAILURES=0
     outcome="promoted v$(loop_policy_version)"
@@ -234,20 +281,58 @@ loop_update() {
     ((LOOP_FAILURES < RUN_MAX_FAILURES)) ||
       common_die 1 "$LOOP_FAILURES updates failed in a row (--max-update-failures $RUN_MAX_FAILURES); see $log"
   fi
-  iteration_mark "$RUN_LOG" "$n" update "$outcome"
+  loop_mark "$RUN_LOG" "$n" update "$outcome"
+}
+
+# loop_update_nodes <iteration> <log>: the update on several nodes. The master
+# prepares the dataset and tells the others whether to train; every node runs
+# its torchrun node of the training; the master promotes; all wait for that.
+# Returns the master's outcome (0 promoted, 3 nothing to train, else failed).
+loop_update_nodes() {
+  local n=$1 log=$2 rc=0 train=1
+  local -A decided=()
+  if nodes_is_master; then
+    if [[ $(loop_update_phase "$n") == all ]]; then
+      loop_update_cmd "$n" prepare
+      loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
+      ((rc == 0)) || train=0
+    else
+      train=0 # --resume: trained already, promote only
+    fi
+    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc}"
+  else
+    nodes_receive "$n" update_plan decided
+    train=${decided[train]:-0}
+  fi
+  if ((train)); then
+    loop_update_cmd "$n" train
+    loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
+  fi
+  if nodes_is_master && ((rc == 0)); then
+    loop_update_cmd "$n" promote
+    loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
+  fi
+  nodes_sync "$n" update "{\"exit\": $rc}"
+  return "$rc"
 }
 
 # loop_serve <iteration>: serve the promoted policy before the next iteration.
+# (Each node serves its own; only the master's marker is skipped on --resume.)
 loop_serve() {
   local n=$1
-  iteration_is_done "$RUN_LOG" "$n" serve && return 0
+  nodes_is_master && iteration_is_done "$RUN_LOG" "$n" serve && return 0
   loop_timed "$n" serve loop_serve_current
-  iteration_mark "$RUN_LOG" "$n" serve "${LOOP_SERVE_HOW:-no new policy}"
+  loop_mark "$RUN_LOG" "$n" serve "${LOOP_SERVE_HOW:-no new policy}"
 }
 
-# loop_finish <iteration>: metrics record, plot, and the iteration's end marker.
+# loop_finish <iteration>: metrics record, plot, and the iteration's end marker (the master's).
 loop_finish() {
   local n=$1 plot
+  LOOP_PHASE=finish
+  if ! nodes_is_master; then
+    common_log "iteration $n done on rank $RUN_RANK"
+    return 0
+  fi
   loop_py "$BATON_APP_PY" -m coordinator summarize --log-path "$RUN_LOG" --iteration "$n" \
     --served-version "${2:-}" >/dev/null || common_warn "could not summarize iteration $n"
   plot=$(loop_py "$BATON_APP_PY" -m coordinator plot --log-path "$RUN_LOG") || common_warn "could not draw the plot"
@@ -255,14 +340,18 @@ loop_finish() {
   common_log "iteration $n done; metrics: $RUN_LOG/metrics.jsonl, plot: ${plot:-none}"
 }
 
-# loop_begin <iteration>: create the iteration's state with its resolved config.
+# loop_begin <iteration>: create the iteration's state with its resolved config (the master's).
 loop_begin() {
   local n=$1 dir
-  ((RUN_RESUME)) || iteration_restart "$RUN_LOG" "$n"
-  dir=$(iteration_dir "$RUN_LOG" "$n")
-  mkdir -p "$dir"
-  cp -f "$LOOP_RUN_DIR/resolved.yaml" "$dir/config.yaml"
-  common_log "iteration $n ($RUN_PHASE)"
+  # shellcheck disable=SC2034 # LOOP_PHASE is read by nodes_leave (the failure flag)
+  LOOP_N=$n LOOP_PHASE=begin
+  if nodes_is_master; then
+    ((LOOP_RESUME)) || iteration_restart "$RUN_LOG" "$n"
+    dir=$(iteration_dir "$RUN_LOG" "$n")
+    mkdir -p "$dir"
+    cp -f "$LOOP_RUN_DIR/resolved.yaml" "$dir/config.yaml"
+  fi
+  if nodes_multi; then common_log "iteration $n ($RUN_PHASE, rank $RUN_RANK of $RUN_NUM_NODES)"; else common_log "iteration $n ($RUN_PHASE)"; fi
 }
 
 # loop_should_continue <done>: true while fewer than --max-iterations ran (always without it).
@@ -270,77 +359,76 @@ loop_should_continue() {
   [[ -z $RUN_MAX_ITER ]] || (($1 < RUN_MAX_ITER))
 }
 
-# loop_final_eval: evaluate the policy the last iteration promoted on the
-# held-out tasks, as one more iteration that holds only a test rollout (so the
-# table and the plot show it after the others; --resume continues it).
-loop_final_eval() {
-  local n policy="the base model"
-  n=$(iteration_next "$RUN_LOG")
-  [[ -z $(loop_policy_version) ]] || policy="v$(loop_policy_version)"
-  loop_begin "$n"
-  common_log "final held-out evaluation of $policy (iteration $n)"
-  loop_rollout test "$n"
-  loop_finish "$n" "$(loop_policy_version)"
-}
-
-# loop_both: train rollout, eval when due, update, serve the new policy; repeat;
-# with --final-eval, evaluate the last policy at the end.
-loop_both() {
-  local n done_count=0 served
-  loop_ensure_vllm
-  while loop_should_continue "$done_count"; do
-    n=$(iteration_next "$RUN_LOG")
-    loop_begin "$n"
-    served=$(loop_policy_version)
-    loop_rollout train "$n"
-    if iteration_eval_due "$n" "$RUN_EVAL_INTERVAL"; then loop_rollout test "$n"; fi
-    loop_update "$n"
-    loop_serve "$n"
-    loop_finish "$n" "$served"
-    done_count=$((done_count + 1))
-  done
-  ((!RUN_FINAL_EVAL)) || loop_final_eval
-}
-
-# loop_rollouts: rollouts of one split per iteration, serving any newer policy first.
-loop_rollouts() {
-  local n done_count=0 split="train"
-  [[ $RUN_SPLIT == eval-only ]] && split="test"
-  loop_ensure_vllm
-  while loop_should_continue "$done_count"; do
-    n=$(iteration_next "$RUN_LOG")
-    loop_begin "$n"
-    loop_serve_current
-    loop_rollout "$split" "$n"
-    loop_finish "$n" "$(loop_policy_version)"
-    done_count=$((done_count + 1))
-  done
-}
-
-# loop_untrained: print the newest iteration with a finished train rollout and no update yet.
-loop_untrained() {
-  local n
-  for ((n = $(iteration_last "$RUN_LOG"); n >= 1; n--)); do
-    iteration_is_done "$RUN_LOG" "$n" update && return 1
-    iteration_is_done "$RUN_LOG" "$n" train_rollout && printf '%s\n' "$n" && return 0
-  done
-  return 1
-}
-
-# loop_updates: train whenever a newer train rollout is there; never twice on
-# the same data. With nothing new it waits (polling), for at most --wait-timeout.
-loop_updates() {
-  local n done_count=0 poll=${BATON_UPDATE_POLL_S:-30} since=$SECONDS said=-1 waited
-  while loop_should_continue "$done_count"; do
-    if n=$(loop_untrained); then
-      loop_update "$n"
-      done_count=$((done_count + 1)) since=$SECONDS said=-1
-      continue
+# loop_next <step>: decide what step <step> of this run does (LOOP_N, the
+# iteration; LOOP_TRAIN, LOOP_EVAL, LOOP_UPDATE, LOOP_FINAL; LOOP_RESUME);
+# false when the run is over. The master (or a single node) decides and, on
+# several nodes, publishes the plan; a worker waits for it: iteration numbers,
+# --max-iterations, --resume and the policy version a rollout serves are the
+# master's.
+loop_next() {
+  local step=$1
+  local -A plan=()
+  LOOP_TRAIN=0 LOOP_EVAL=0 LOOP_UPDATE=0 LOOP_FINAL=0 LOOP_RESUME=$RUN_RESUME
+  if ! nodes_is_master; then
+    nodes_receive "$step" plan plan
+    ((!${plan[stop]:-0})) || return 1
+    LOOP_N=${plan[iteration]} LOOP_TRAIN=${plan[train]} LOOP_EVAL=${plan[eval]} LOOP_UPDATE=${plan[update]}
+    LOOP_FINAL=${plan[final]} LOOP_RESUME=${plan[resume]}
+    [[ $RUN_PHASE != rollout ]] || LOOP_PINNED=1 LOOP_PIN_VERSION=${plan[version]}
+    return 0
+  fi
+  local go=0
+  case "$RUN_PHASE" in
+    both) loop_plan_both && go=1 ;;
+    rollout) loop_plan_rollout && go=1 ;;
+    update) loop_plan_update && go=1 ;;
+  esac
+  if nodes_multi; then
+    if ((go)); then
+      nodes_publish "$step" plan "$(printf '{"iteration": %d, "train": %d, "eval": %d, "update": %d, "final": %d, "resume": %d, "version": "%s"}' \
+        "$LOOP_N" "$LOOP_TRAIN" "$LOOP_EVAL" "$LOOP_UPDATE" "$LOOP_FINAL" "$LOOP_RESUME" "$(loop_policy_version)")"
+    else
+      nodes_publish "$step" plan '{"stop": 1}'
     fi
+  fi
+  ((go))
+}
+
+# loop_plan_both: train rollout, eval when due, update; after --max-iterations,
+# the --final-eval step (a test rollout only).
+loop_plan_both() {
+  if loop_should_continue "$LOOP_DONE"; then
+    LOOP_N=$(iteration_next "$RUN_LOG") LOOP_TRAIN=1 LOOP_UPDATE=1
+    ! iteration_eval_due "$LOOP_N" "$RUN_EVAL_INTERVAL" || LOOP_EVAL=1
+  elif ((RUN_FINAL_EVAL && !LOOP_FINAL_DONE)); then
+    LOOP_N=$(iteration_next "$RUN_LOG") LOOP_EVAL=1 LOOP_FINAL=1
+  else
+    return 1
+  fi
+}
+
+# loop_plan_rollout: one rollout of --rollout-split per step.
+loop_plan_rollout() {
+  loop_should_continue "$LOOP_DONE" || return 1
+  LOOP_N=$(iteration_next "$RUN_LOG")
+  if [[ $RUN_SPLIT == eval-only ]]; then LOOP_EVAL=1; else LOOP_TRAIN=1; fi
+  # Serve a newer policy (from an update run on this log path) before rolling out with it; the
+  # step keeps that version (the plan names it to the workers) even if a newer one comes meanwhile.
+  LOOP_PINNED=0
+  loop_serve_current
+  LOOP_PINNED=1 LOOP_PIN_VERSION=${LOOP_SERVED_VERSION:-}
+}
+
+# loop_plan_update: the newest train rollout not trained on yet; with nothing
+# new it waits (polling), for at most --wait-timeout.
+loop_plan_update() {
+  local n poll=${BATON_UPDATE_POLL_S:-30} since=$SECONDS said=-1 waited
+  loop_should_continue "$LOOP_DONE" || return 1
+  until n=$(loop_untrained); do
     waited=$((SECONDS - since))
     if [[ -n $RUN_WAIT ]] && ((waited >= RUN_WAIT)); then
-      loop_wait_expired "$done_count" "$waited"
-      return 0
+      loop_wait_expired "$LOOP_DONE" "$waited"
+      return 1
     fi
     if ((said < 0 || waited - said >= 600)); then
       common_log "waiting for a new train rollout under $RUN_LOG/trajectories/train (from --rl-phase rollout" \
@@ -353,6 +441,47 @@ loop_updates() {
     wait "$LOOP_SLEEP_PID" || true
     LOOP_SLEEP_PID=""
   done
+  LOOP_N=$n LOOP_UPDATE=1
+}
+
+# loop_steps: run the steps the plan gives (every --rl-phase): each node rolls
+# out its share, trains its part, serves the promoted policy; the master
+# records each iteration.
+loop_steps() {
+  local step=0 served
+  [[ $RUN_PHASE == update ]] || loop_ensure_vllm
+  while loop_next $((++step)); do
+    if [[ $RUN_PHASE == update ]]; then
+      loop_update "$LOOP_N"
+      LOOP_DONE=$((LOOP_DONE + 1))
+      continue
+    fi
+    loop_begin "$LOOP_N"
+    if ((LOOP_FINAL)); then
+      served=$(loop_policy_version)
+      common_log "final held-out evaluation of ${served:+v}${served:-the base model}"
+    fi
+    ((!LOOP_PINNED)) || loop_serve_current
+    served=$(loop_policy_version)
+    ((!LOOP_TRAIN)) || loop_rollout train "$LOOP_N"
+    ((!LOOP_EVAL)) || loop_rollout test "$LOOP_N"
+    if ((LOOP_UPDATE)); then
+      loop_update "$LOOP_N"
+      loop_serve "$LOOP_N"
+    fi
+    loop_finish "$LOOP_N" "$served"
+    if ((LOOP_FINAL)); then LOOP_FINAL_DONE=1; else LOOP_DONE=$((LOOP_DONE + 1)); fi
+  done
+}
+
+# loop_untrained: print the newest iteration with a finished train rollout and no update yet.
+loop_untrained() {
+  local n
+  for ((n = $(iteration_last "$RUN_LOG"); n >= 1; n--)); do
+    iteration_is_done "$RUN_LOG" "$n" update && return 1
+    iteration_is_done "$RUN_LOG" "$n" train_rollout && printf '%s\n' "$n" && return 0
+  done
+  return 1
 }
 
 # loop_wait_expired <updates_done> <waited_s>: --wait-timeout ran out; fine after
@@ -394,12 +523,19 @@ loop_stop_update() {
 # run never stops a rollout run's vLLM), then give up the roles. Shared data and
 # the log path's files stay.
 loop_cleanup() {
-  local name
+  local rc=$? name
+  # Clean-up runs to the end: a second Ctrl+C or SIGTERM (or a heartbeat that stops this node) must not cut it short.
+  trap '' INT TERM
   [[ -n ${LOOP_RUN_DIR:-} && -d $LOOP_RUN_DIR ]] || return 0
   [[ -z ${LOOP_SLEEP_PID:-} ]] || kill "$LOOP_SLEEP_PID" 2>/dev/null || true
+  [[ -z ${LOOP_WAIT_PID:-} ]] || kill "$LOOP_WAIT_PID" 2>/dev/null || true
+  # Several nodes: flag this node's failure first, so that the others stop now rather than at their next barrier.
+  nodes_leave "$rc"
   if ((${#LOOP_CLAIMED[@]})); then
     [[ " ${LOOP_GROUPS[*]} " != *" update "* ]] || loop_stop_update
     for name in "${LOOP_GROUPS[@]}"; do procs_stop "$LOOP_RUN_DIR" "$name" 10; done
   fi
+  [[ -z ${NODES_RUN_ID:-} ]] || procs_stop "$LOOP_RUN_DIR" heartbeat 5
   loop_release
+  [[ -z ${NODES_RUN_ID:-} ]] || exit "$NODES_EXIT"
 }

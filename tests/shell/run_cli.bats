@@ -80,9 +80,19 @@ run_bad() {
   NODE_RANK=x run_bad "NODE_RANK must be an integer in 0..1" "${base[@]}" --num-nodes 2 --rank-weights 1,1
 }
 
-@test "--resume is single-node only; --max-iterations and --max-update-failures are integers >= 1" {
+@test "--node-addr is a host or an address; --stop needs the log path of a run" {
   local -a base=(--data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split eval-only)
-  run_bad "--resume is single-node only (got --num-nodes 2)" "${base[@]}" --resume --num-nodes 2 --rank-weights 1,1 --master
+  run_bad "--node-addr must be a host name or an IP address (got 'a b')" "${base[@]}" --num-nodes 2 --rank-weights 1,1 \
+    --master --node-addr "a b"
+  BATON_NODE_ADDR='x;y' run_bad "--node-addr must be a host name or an IP address (got 'x;y')" "${base[@]}"
+  run_bad "--stop needs the --log-path of a run (an existing absolute path; got '$LOG')" --stop --log-path "$LOG"
+  mkdir -p "$LOG"
+  run -1 --separate-stderr bash "$ROOT/scripts/run.sh" --stop --log-path "$LOG"
+  [[ $stderr == *"nothing to stop: no run.sh of --log-path $LOG runs on this host"* ]]
+}
+
+@test "--max-iterations and --max-update-failures are integers >= 1" {
+  local -a base=(--data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split eval-only)
   run_bad "--max-iterations must be an integer >= 1 (got '0')" "${base[@]}" --max-iterations 0
   run_bad "--max-update-failures must be an integer >= 1 (got '-1')" "${base[@]}" --max-update-failures -1
 }
@@ -101,10 +111,6 @@ run_bad() {
   run_bad "--rl-phase is given twice ('update' and 'both')" --data-path "$DATA" --log-path "$LOG" --rl-phase update --rl-phase both
 }
 
-@test "multi-node runs are refused for now, after validation, with nothing written" {
-  run_bad "multi-node runs are not available yet" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
-    --num-nodes 2 --rank-weights 1,1 --worker 1
-}
 
 @test "--final-eval needs --rl-phase both and --max-iterations; BATON_VLLM_DTYPE must be a dtype" {
   run_bad "--final-eval needs --rl-phase both and --max-iterations N" \

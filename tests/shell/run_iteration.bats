@@ -76,11 +76,11 @@ setup() {
     --dry-run --num-nodes 2 --rank-weights 2,1 --worker 1
   [[ $(grep '^\[train rollout\]' <<<"$output") == *" iteration=1 rank=1 rank_weights="'\[2\,1\]'" "* ]]
   [[ $(grep '^\[eval rollout\]' <<<"$output") == *" iteration=1 rank=1 rank_weights="'\[2\,1\]'" "* ]]
-  [[ $(grep '^\[update\]' <<<"$output") == *" phase=all launch.nnodes=2 launch.node_rank=1 launch.master_port=29500"* ]]
+  [[ $(grep '^\[update ' <<<"$output") == *" phase=train launch.nnodes=2 launch.node_rank=1 launch.master_addr="*" launch.master_port="* ]]
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
     --dry-run --num-nodes 2 --rank-weights 2,1 --master
   [[ $(grep '^\[train rollout\]' <<<"$output") == *" rank=0 rank_weights="'\[2\,1\]'" "* ]]
-  [[ $(grep '^\[update\]' <<<"$output") == *" launch.nnodes=2 launch.node_rank=0 "* ]]
+  [[ $(grep '^\[update ' <<<"$output") == *" launch.nnodes=2 launch.node_rank=0 "* ]]
   # a single node: its one given weight
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split train-only \
     --dry-run --rank-weights 3

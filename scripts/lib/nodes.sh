@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Multi-node coordination of run.sh over the shared log path: start or join
+# the run, beat, publish / await each step's plan, and the phase barriers.
+# The protocol and its files (<log>/cluster/) are coordinator/'s; this file
+# calls `python -m coordinator ...`, keeps the processes it needs tracked, and
+# turns the protocol's outcomes into run.sh's exit codes (docs/multinode.md).
+# With --num-nodes 1 every function here does nothing.
+# Library file: defines functions only. Needs common.sh, procs.sh and loop.sh (loop_py, LOOP_*).
+
+# nodes_multi: true when several nodes share this run.
+nodes_multi() {
+  ((RUN_NUM_NODES > 1))
+}
+
+# nodes_is_master: true on rank 0 (and on a single node): the rank that decides and records.
+nodes_is_master() {
+  ((RUN_RANK == 0))
+}
+
+# nodes_cli <subcommand> <args...>: run a protocol subcommand on this log path.
+nodes_cli() {
+  local sub=$1
+  shift
+  loop_py "$BATON_APP_PY" -m coordinator "$sub" --log-path "$RUN_LOG" "$@"
+}
+
+# nodes_start: the master starts a run (a new run id: files of earlier runs
+# are fenced off), a worker waits for a master it sees beating and joins; then
+# the heartbeat runs beside this node as a tracked group. Sets NODES_RUN_ID,
+# NODES_MASTER_ADDR and NODES_TORCHRUN_PORT.
+nodes_start() {
+  NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT=""
+  nodes_multi || return 0
+  local rc=0 key value
+  local -a node=(--num-nodes "$RUN_NUM_NODES" --rank-weights "$RUN_RANK_WEIGHTS" --pid $$ --vllm-port "$LOOP_PORT")
+  [[ -z $RUN_NODE_ADDR ]] || node+=(--addr "$RUN_NODE_ADDR")
+  if nodes_is_master; then
+    NODES_RUN_ID=$(nodes_cli start-run "${node[@]}" --torchrun-port "$(loop_free_port)" \
+      --on-rank-failure abort --start-iteration "$(iteration_next "$RUN_LOG")" \
+      --heartbeat-interval "${BATON_HEARTBEAT_S:-5}" --dead-after "${BATON_DEAD_AFTER_S:-30}") || rc=$?
+  else
+    common_log "rank $RUN_RANK: waiting for the master (rank 0) on $RUN_LOG (at most ${BATON_JOIN_WAIT_S:-600}s)"
+    NODES_RUN_ID=$(nodes_cli join --rank "$RUN_RANK" "${node[@]}" --wait "${BATON_JOIN_WAIT_S:-600}") || rc=$?
+  fi
+  ((rc == 0)) || nodes_exit "$rc" "could not $(nodes_is_master && echo start || echo join) the multi-node run"
+  while IFS=$'\t' read -r key value; do
+    case "$key" in
+      master_addr) NODES_MASTER_ADDR=$value ;;
+      torchrun_port) NODES_TORCHRUN_PORT=$value ;;
+    esac
+  done < <(nodes_cli record --run-id "$NODES_RUN_ID")
+  rm -f "$LOOP_RUN_DIR/ended"
+  procs_start "$LOOP_RUN_DIR" heartbeat "$LOOP_RUN_DIR/logs/heartbeat.log" env PYTHONPATH="$LOOP_ROOT" \
+    "$BATON_APP_PY" -m coordinator heartbeat --log-path "$RUN_LOG" --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" \
+    --node-pid $$ --stop-node --reason-file "$LOOP_RUN_DIR/ended" >/dev/null
+  common_log "rank $RUN_RANK of $RUN_NUM_NODES: run $NODES_RUN_ID, master $NODES_MASTER_ADDR" \
+    "(torchrun port $NODES_TORCHRUN_PORT); status: python -m coordinator status --log-path $RUN_LOG"
+}
+
+# nodes_wait_bg <out> <iteration> <phase> [wait args...]: wait for a barrier in
+# the background (so that run.sh's traps run at once), its output to <out>;
+# a protocol outcome other than success ends this node (nodes_exit).
+nodes_wait_bg() {
+  local out=$1 n=$2 phase=$3 rc=0
+  shift 3
+  nodes_cli wait --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "$n" --phase "$phase" "$@" >"$out" &
+  LOOP_WAIT_PID=$!
+  wait "$LOOP_WAIT_PID" || rc=$?
+  LOOP_WAIT_PID=""
+  ((rc == 0)) || nodes_exit "$rc" "the $phase barrier of iteration $n"
+}
+
+# nodes_sync <iteration> <phase> [data-json]: arrive at the barrier, then wait
+# until every rank has, while they live.
+nodes_sync() {
+  nodes_multi || return 0
+  local n=$1 phase=$2 data=${3:-}
+  local -a extra=()
+  [[ -z $data ]] || extra=(--data "$data")
+  nodes_cli arrive --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "$n" --phase "$phase" \
+    --pid $$ "${extra[@]}" || nodes_exit $? "arriving at the $phase barrier of iteration $n"
+  nodes_wait_bg /dev/null "$n" "$phase"
+}
+
+# nodes_publish <step> <phase> <data-json>: the master tells every rank what it decided.
+nodes_publish() {
+  nodes_cli arrive --run-id "$NODES_RUN_ID" --rank 0 --iteration "$1" --phase "$2" --pid $$ --data "$3" ||
+    nodes_exit $? "publishing the $2 of step $1"
+}
+
+# nodes_receive <step> <phase> <var>: a worker waits for the master's decision
+# and stores its key<TAB>value lines in the associative array named <var>.
+nodes_receive() {
+  local step=$1 phase=$2 out key value
+  local -n into=$3
+  out=$(mktemp)
+  nodes_wait_bg "$out" "$step" "$phase" --ranks 0 --print-data --report-every 600
+  into=()
+  # shellcheck disable=SC2034 # a nameref: the caller's array
+  while IFS=$'\t' read -r key value; do into["$key"]=$value; done <"$out"
+  rm -f "$out"
+}
+
+# nodes_exit <code> <what>: end this node after a protocol outcome: 3 another
+# rank failed or died, 4 the run was stopped (exit 0), 5 this rank was evicted.
+nodes_exit() {
+  local code=$1 what=$2
+  case "$code" in
+    3) common_die 1 "$what: another rank failed or died (above); stopping this node. Fix it, then start every node again with --resume" ;;
+    4)
+      NODES_STOPPED=1
+      common_log "the run was asked to stop ($what); this node stops"
+      exit 0
+      ;;
+    5) common_die 1 "$what: this rank was evicted by the master (declared dead); restart it with --resume to join again" ;;
+    2) common_die 2 "$what: bad input (above)" ;;
+    *) common_die 1 "$what failed (exit $code)" ;;
+  esac
+}
+
+# nodes_ended: print why the heartbeat stopped this node ("<code>\t<reason>"), if it did.
+nodes_ended() {
+  [[ -n ${LOOP_RUN_DIR:-} && -s $LOOP_RUN_DIR/ended ]] && cat "$LOOP_RUN_DIR/ended"
+  return 0
+}
+
+# nodes_leave <exit code>: the EXIT trap's part: on a failure of this node,
+# flag it so that the other ranks stop at once instead of waiting; report why
+# the heartbeat ended this node. Sets NODES_EXIT, the exit code run.sh ends with.
+nodes_leave() {
+  local rc=$1 ended code reason
+  NODES_EXIT=$rc
+  [[ -n ${NODES_RUN_ID:-} ]] || return 0
+  ended=$(nodes_ended)
+  if [[ -n $ended ]]; then
+    IFS=$'\t' read -r code reason <<<"$ended"
+    case "$code" in
+      4) common_log "stopped: $reason" && rc=0 ;;
+      3) common_warn "stopping this node: $reason; start every node again with --resume once it is fixed" && rc=1 ;;
+      5) common_warn "this rank was evicted: $reason" && rc=1 ;;
+    esac
+  elif ((rc != 0)) && ((!${NODES_STOPPED:-0})); then
+    case "$rc" in
+      130) reason="stopped by SIGINT" ;;
+      143) reason="stopped by SIGTERM" ;;
+      *) reason=${COMMON_LAST_ERROR:-run.sh exited $rc} ;;
+    esac
+    nodes_cli fail --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "${LOOP_N:-0}" \
+      --phase "${LOOP_PHASE:-run}" --reason "$reason" --exit-code "$rc" \
+      --pid $$ 2>/dev/null || true
+  fi
+  # shellcheck disable=SC2034 # read by loop_cleanup
+  NODES_EXIT=$rc
+}
