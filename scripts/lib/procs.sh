@@ -53,6 +53,22 @@ procs_group_alive() {
   ps -e -o pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
 }
 
+# procs_group_listens <pgid> <port>: true when a process of group <pgid> holds
+# the listening TCP socket of <port> (so that whoever answers there is that group).
+procs_group_listens() {
+  local pgid=$1 port=$2 pid fd link inodes
+  inodes=$(awk -v p="$(printf ':%04X' "$port")" \
+    '$4 == "0A" && substr($2, length($2) - 4) == p { printf " %s ", $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+  [[ -n $inodes ]] || return 1
+  for pid in $(ps -e -o pid=,pgid= | awk -v g="$pgid" '$2 == g { print $1 }'); do
+    for fd in /proc/"$pid"/fd/*; do
+      link=$(readlink "$fd" 2>/dev/null) || continue
+      [[ $link =~ ^socket:\[([0-9]+)\]$ && $inodes == *" ${BASH_REMATCH[1]} "* ]] && return 0
+    done
+  done
+  return 1
+}
+
 # procs_stop <run_dir> <name> [grace_s]: SIGTERM the recorded group, wait up to
 # grace_s (default 20) seconds, then SIGKILL what is left; forget the record.
 procs_stop() {
