@@ -14,10 +14,16 @@ Opening without resume never overwrites: an existing journal (and manifest) is
 renamed to `rank_<r>.jsonl.aside-<UTC time>` with a warning. Opening with resume
 keeps it (removing a stale manifest) and reports which episodes are done.
 Cancelled episodes are never journaled, so resume runs them again.
+
+The rollout writes through `await journal.write(t)`: the line is written in a
+worker thread and a cancellation that arrives meanwhile waits for that write
+before it propagates, so `seal` (which refuses to run while a write is in
+flight) reads a file that nothing is still appending to.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import json
@@ -73,6 +79,7 @@ class Journal:
         self.path = path
         self.manifest_path = path.with_name(path.name.replace(".jsonl", ".manifest.json"))
         self.done: list[Trajectory] = []
+        self._writes: set[asyncio.Future] = set()
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume:
             self.done = read_journal(path)
@@ -100,8 +107,29 @@ class Journal:
     def append(self, trajectory: Trajectory) -> None:
         append_line(self.path, json.dumps(trajectory.to_json(), ensure_ascii=False))
 
+    async def write(self, trajectory: Trajectory) -> None:
+        """Append `trajectory` in a worker thread; once started, the write always finishes.
+
+        A cancellation that arrives during the write waits for it to end, then
+        propagates: the line is in the file and the caller must count it.
+        """
+        write = asyncio.ensure_future(asyncio.to_thread(self.append, trajectory))
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+        cancelled: asyncio.CancelledError | None = None
+        while not write.done():
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError as exc:
+                cancelled = cancelled or exc
+        write.result()  # the write's own error (OSError) wins over the cancellation
+        if cancelled is not None:
+            raise cancelled
+
     def seal(self, planned: int) -> dict:
-        """Write the manifest atomically; returns it."""
+        """Write the manifest atomically; returns it. Refuses while a `write` is in flight."""
+        if self._writes:
+            raise RuntimeError(f"journal {self.path}: seal() while {len(self._writes)} write(s) are in flight")
         trajectories = read_journal(self.path)
         data = self.path.read_bytes() if self.path.exists() else b""
         ids = {t.episode_id for t in trajectories}

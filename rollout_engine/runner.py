@@ -9,7 +9,9 @@
    the journal (resume skips what it holds; otherwise an old one is moved
    aside), start the environment and the live view, schedule the episodes.
 3. On SIGINT / SIGTERM: stop launching, cancel in-flight episodes (their
-   `teardown_state` runs), close the environment, seal what finished, exit
+   `teardown_state` runs; a journal write under way finishes first),
+   close the environment, seal what finished once the scheduler has
+   returned (no write in flight: `Journal.seal` checks), exit
    130 / 143. Always: seal the journal, append metrics, print the summary.
 """
 

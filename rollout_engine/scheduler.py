@@ -12,7 +12,8 @@ Failures are recorded on the trajectory (`Failure`): env_error, model_error,
 context_overflow, timeout, judge_error. env_error, model_error and timeout are
 re-run up to `infra_retries` times per episode within a rollout-wide
 `infra_retry_budget`. Turns played before a failure are kept. Finished
-trajectories are journaled as they complete; cancelled episodes are not.
+trajectories are journaled as they complete; cancelled episodes are not, and a
+cancellation during a journal write lets the write finish and counts it.
 """
 
 from __future__ import annotations
@@ -72,14 +73,22 @@ class Scheduler:
         try:
             for next_done in asyncio.as_completed(tasks):
                 trajectory = await next_done
-                await asyncio.to_thread(self.journal.append, trajectory)
-                self.finished.append(trajectory)
-                self.progress.finish(trajectory)
+                try:
+                    await self.journal.write(trajectory)
+                except asyncio.CancelledError:
+                    self.record(trajectory)  # Journal.write finished the write first: the line is in the file
+                    raise
+                self.record(trajectory)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         return self.finished
+
+    def record(self, trajectory: Trajectory) -> None:
+        """Count a journaled trajectory as finished."""
+        self.finished.append(trajectory)
+        self.progress.finish(trajectory)
 
     async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
         """One episode with its infrastructure retries."""

@@ -5,9 +5,9 @@
 
 The command runs in its own session (its process group id is its pid; that
 group and those of torchrun's workers, which start sessions of their own, are
-listed in `<log_file>.pgid` while it runs) with FORCE_TORCHRUN=1, NPROC_PER_NODE (the
-local GPUs, 1 on CPU, unless configured), and NNODES / NODE_RANK / MASTER_ADDR
-/ MASTER_PORT. The train environment's bin/ goes first on PATH so that
+listed in `<log_file>.pgid` while it runs, one "pgid leader_start_time" a
+line) with FORCE_TORCHRUN=1, NPROC_PER_NODE (the local GPUs, 1 on CPU, unless
+configured), and NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT. The train environment's bin/ goes first on PATH so that
 `torchrun` resolves. After `timeout_s` the groups get SIGTERM, after `grace_s`
 more SIGKILL; on any exception here (Ctrl-C included) they are stopped the
 same way (training/groups.py). Output goes to `log_file`. `exit_on_signals()` turns SIGTERM and
@@ -29,7 +29,15 @@ from pathlib import Path
 
 from rollout_engine.files import save_text
 from training.config import LaunchConfig
-from training.groups import become_subreaper, descendant_groups, groups_alive, reap_adopted, stop_groups
+from training.groups import (
+    Group,
+    become_subreaper,
+    descendant_groups,
+    groups_alive,
+    leader_group,
+    reap_adopted,
+    stop_groups,
+)
 from training.recipe import Device
 
 log = logging.getLogger(__name__)
@@ -100,22 +108,24 @@ def run_training(recipe: Path, log_file: Path, cfg: LaunchConfig, device: Device
 
 def run_group(cmd: list[str], log_file: Path, env: dict[str, str], timeout_s: float, grace_s: float) -> TrainResult:
     """Start `cmd` in a new session, wait, and stop every group it made (torchrun workers included) on
-    timeout, error or signal. The groups are listed in `<log_file>.pgid`, one per line, while it runs."""
+    timeout, error or signal. The groups are listed in `<log_file>.pgid`, one per line, while it runs
+    (`Group.record`: the leader's start time beside the id, so that run.sh never kills a reused pid)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     pgid_file = log_file.with_name(log_file.name + ".pgid")
     become_subreaper()
     started = time.monotonic()
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    groups = {proc.pid}
-    save_text(pgid_file, f"{proc.pid}\n")
+    groups = {leader_group(proc.pid)}
+    save_text(pgid_file, "".join(group.record() for group in groups))
     log.info("started %s (pgid %d), log %s", " ".join(cmd), proc.pid, log_file)
     timed_out = False
     try:
         while proc.poll() is None:
             if time.monotonic() - started > timeout_s:
                 timed_out = True
-                log.error("training exceeded %.0f s; stopping process groups %s", timeout_s, sorted(groups))
+                pgids = sorted(group.pgid for group in groups)
+                log.error("training exceeded %.0f s; stopping process groups %s", timeout_s, pgids)
                 break
             groups = _track(groups, pgid_file)
             reap_adopted(keep=frozenset({proc.pid}))
@@ -129,11 +139,12 @@ def run_group(cmd: list[str], log_file: Path, env: dict[str, str], timeout_s: fl
     return TrainResult(proc.returncode, timed_out, time.monotonic() - started)
 
 
-def _track(groups: set[int], pgid_file: Path) -> set[int]:
+def _track(groups: set[Group], pgid_file: Path) -> set[Group]:
     """Add the groups our descendants run in (torchrun workers start sessions of their own) to the record."""
-    found = descendant_groups(os.getpid())
-    if found <= groups:
+    known = {group.pgid for group in groups}
+    found = {group for group in descendant_groups(os.getpid()) if group.pgid not in known}
+    if not found:
         return groups
     groups = groups | found
-    save_text(pgid_file, "".join(f"{pgid}\n" for pgid in sorted(groups)))
+    save_text(pgid_file, "".join(group.record() for group in sorted(groups)))
     return groups

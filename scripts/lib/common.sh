@@ -35,6 +35,24 @@ common_baton_home() {
   printf '%s\n' "${BATON_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/baton}"
 }
 
+# common_atomic_copy <src> <dst>: replace <dst> with a copy of <src>, atomically
+# and durably: copy to a temp file in <dst>'s directory (so the rename never
+# crosses filesystems), fsync it, rename it over <dst>, fsync the directory.
+# Readers see the old <dst> or the whole new one, never a part. The copy is 0644
+# (the log path is shared). On failure <dst> is untouched, no temp file is left,
+# and it returns non-zero.
+common_atomic_copy() {
+  local src=$1 dst=$2 dir tmp
+  dir=$(dirname -- "$dst")
+  tmp=$(mktemp -- "$dir/.${dst##*/}.XXXXXX") || return 1
+  if cp -- "$src" "$tmp" && chmod 0644 -- "$tmp" && sync -- "$tmp" && mv -f -- "$tmp" "$dst"; then
+    sync -- "$dir"
+    return
+  fi
+  rm -f -- "$tmp"
+  return 1
+}
+
 # common_is_tty: true when stderr is a terminal.
 common_is_tty() {
   [[ -t 2 ]]

@@ -499,22 +499,26 @@ loop_wait_expired() {
 # SIGTERM makes python -m training stop the LLaMA-Factory and torchrun worker
 # groups it started (within launch.grace_s = 10 s; SIGTERM rather than SIGINT,
 # which a run started in the background inherits as ignored); as a last resort
-# SIGKILL the groups it listed in training/iter_<N>/*.log.pgid.
+# SIGKILL the groups it listed in training/iter_<N>/*.log.pgid. Every group is
+# signalled only while its pid does not name another process than the recorded
+# leader (the start time beside it: procs_signal), so a reused pid is never hit.
 loop_stop_update() {
-  local pgid waited=0 file
-  pgid=$(procs_pgid "$LOOP_RUN_DIR" update) || return 0
-  kill -TERM -- "-$pgid" 2>/dev/null || true
-  while procs_group_alive "$pgid" && ((waited < 150)); do
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  local file="$LOOP_RUN_DIR/pids/update.pgid" pgid start waited=0 groups
+  [[ -f $file ]] || return 0
+  read -r pgid start <"$file" || true
+  if procs_signal "$pgid" "$start" TERM; then
+    while procs_group_ours "$pgid" "$start" && procs_group_alive "$pgid" && ((waited < 150)); do
+      sleep 0.1
+      waited=$((waited + 1))
+    done
+  fi
   procs_stop "$LOOP_RUN_DIR" update 5
   [[ -n ${LOOP_UPDATE_RUNNING:-} ]] || return 0
-  for file in "$RUN_LOG/training/$(printf 'iter_%04d' "$LOOP_UPDATE_RUNNING")"/*.log.pgid; do
-    [[ -f $file ]] || continue
-    while read -r pgid; do
-      [[ $pgid =~ ^[0-9]+$ ]] && procs_group_alive "$pgid" && kill -KILL -- "-$pgid" 2>/dev/null
-    done <"$file"
+  for groups in "$RUN_LOG/training/$(printf 'iter_%04d' "$LOOP_UPDATE_RUNNING")"/*.log.pgid; do
+    [[ -f $groups ]] || continue
+    while read -r pgid start; do
+      procs_signal "$pgid" "$start" KILL || true
+    done <"$groups"
   done
   return 0
 }

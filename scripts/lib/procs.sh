@@ -53,25 +53,62 @@ procs_group_alive() {
   ps -e -o pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
 }
 
+# procs_group_listens <pgid> <port>: true when a process of group <pgid> holds
+# the listening TCP socket of <port> (so that whoever answers there is that group).
+procs_group_listens() {
+  local pgid=$1 port=$2 pid fd link inodes
+  inodes=$(awk -v p="$(printf ':%04X' "$port")" \
+    '$4 == "0A" && substr($2, length($2) - 4) == p { printf " %s ", $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+  [[ -n $inodes ]] || return 1
+  for pid in $(ps -e -o pid=,pgid= | awk -v g="$pgid" '$2 == g { print $1 }'); do
+    for fd in /proc/"$pid"/fd/*; do
+      link=$(readlink "$fd" 2>/dev/null) || continue
+      [[ $link =~ ^socket:\[([0-9]+)\]$ && $inodes == *" ${BASH_REMATCH[1]} "* ]] && return 0
+    done
+  done
+  return 1
+}
+
+# procs_group_ours <pgid> <start_time>: false when pid <pgid> now names another
+# process than the leader recorded with <start_time> (a reused pid). With no
+# process of that pid, members that outlived the leader are still the recorded
+# group: Linux does not reuse a pid while a group of that id has members.
+procs_group_ours() {
+  local now
+  [[ $1 =~ ^[0-9]+$ ]] || return 1
+  now=$(procs_start_time "$1") || return 0
+  [[ $now == "$2" ]]
+}
+
+# procs_signal <pgid> <start_time> <signal>: send <signal> (TERM, KILL) to group
+# <pgid> while it runs and is the group recorded with <start_time>
+# (procs_group_ours); false when nothing was sent.
+procs_signal() {
+  procs_group_ours "$1" "$2" && procs_group_alive "$1" && kill "-$3" -- "-$1" 2>/dev/null
+}
+
 # procs_stop <run_dir> <name> [grace_s]: SIGTERM the recorded group, wait up to
 # grace_s (default 20) seconds, then SIGKILL what is left; forget the record.
+# A record whose pid now names another process is never signalled.
 procs_stop() {
-  local run_dir=$1 name=$2 grace=${3:-20} pgid waited=0
-  pgid=$(procs_pgid "$run_dir" "$name") || return 0
-  if [[ $pgid =~ ^[0-9]+$ ]] && procs_group_alive "$pgid"; then
-    kill -TERM -- "-$pgid" 2>/dev/null || true
-    while procs_group_alive "$pgid" && ((waited < grace * 10)); do
+  local run_dir=$1 name=$2 grace=${3:-20} file="$1/pids/$2.pgid" pgid start waited=0
+  [[ -f $file ]] || return 0
+  read -r pgid start <"$file" || true
+  if procs_signal "$pgid" "$start" TERM; then
+    while procs_group_ours "$pgid" "$start" && procs_group_alive "$pgid" && ((waited < grace * 10)); do
       sleep 0.1
       waited=$((waited + 1))
     done
-    if procs_group_alive "$pgid"; then
+    if procs_group_ours "$pgid" "$start" && procs_group_alive "$pgid"; then
       common_warn "$name (group $pgid) ignored SIGTERM for ${grace}s; sending SIGKILL"
-      kill -KILL -- "-$pgid" 2>/dev/null || true
+      procs_signal "$pgid" "$start" KILL || true
       sleep 0.2
     fi
     wait "$pgid" 2>/dev/null || true # reap it when it is our child
+  elif [[ $pgid =~ ^[0-9]+$ ]] && ! procs_group_ours "$pgid" "$start"; then
+    common_warn "$name: the recorded pid $pgid now names another process; not signalled"
   fi
-  rm -f "$run_dir/pids/$name.pgid"
+  rm -f "$file"
 }
 
 # procs_start_time <pid>: print the start time of <pid> (clock ticks since boot;

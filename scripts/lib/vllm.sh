@@ -58,6 +58,27 @@ vllm_serves() {
   [[ -z $model || $models == *"\"root\":\"$model\""* ]]
 }
 
+# vllm_reuse <run_dir> <port> <served_name> [model_dir]: keep the server this run
+# directory recorded when its leader still runs (same start time), its group holds
+# <port> and it answers there with <served_name> (from <model_dir>, when given).
+# Otherwise stop it (a record whose pid now names another process is only
+# forgotten) and return 1, so that the caller starts a new one.
+vllm_reuse() {
+  local run_dir=$1 port=$2 name=$3 model=${4:-} pgid
+  pgid=$(procs_pgid "$run_dir" vllm) || return 1
+  if ! procs_leader_alive "$run_dir" vllm; then
+    procs_stop_stale "$run_dir" vllm
+    return 1
+  fi
+  if procs_group_listens "$pgid" "$port" && vllm_serves "$port" "$name" "$model"; then
+    common_log "vLLM on port $port (group $pgid, started by this run) already serves $name${model:+ from $model}; reusing it"
+    return 0
+  fi
+  common_warn "the vLLM this run started (group $pgid) does not serve $name${model:+ from $model} on port $port; restarting it"
+  procs_stop "$run_dir" vllm 10
+  return 1
+}
+
 # vllm_wait <run_dir> <port> <served_name> <deadline_s>: wait until the server
 # we started answers; fail early if its process group is gone.
 vllm_wait() {
@@ -73,19 +94,14 @@ vllm_wait() {
 
 # vllm_start <run_dir> <model_dir> <port> <served_name> [deadline_s]: start a
 # server (up to 3 attempts) and wait for it; reuse the one this run directory
-# recorded if it still serves the same model on <port>. A server on <port> that
-# this run directory did not start is never reused, reloaded or stopped.
+# recorded if it still serves the same model on <port> (vllm_reuse). A server
+# on <port> that this run directory did not start is never reused, reloaded or
+# stopped.
 # Logs go to <run_dir>/logs/vllm.log.
 vllm_start() {
   local run_dir=$1 model=$2 port=$3 name=$4 deadline=${5:-600} attempt log
   local -a args
-  if procs_leader_alive "$run_dir" vllm; then
-    if vllm_serves "$port" "$name" "$model"; then
-      common_log "vLLM on port $port (group $(procs_pgid "$run_dir" vllm), started by this run) already serves $name from $model; reusing it"
-      return 0
-    fi
-    procs_stop "$run_dir" vllm 10
-  fi
+  vllm_reuse "$run_dir" "$port" "$name" "$model" && return 0
   if curl -fsS --max-time 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
     common_die 1 "port $port is held by a server that this run did not start; stop it or choose another port" \
       "(BATON_VLLM_PORT), or use it with --debug-mode"

@@ -150,7 +150,7 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
     )
     groups = log / "training/iter_0001/train.log.pgid"
     deadline = time.monotonic() + UPDATE_S
-    while not (groups.exists() and len(groups.read_text().split()) >= 2):  # LLaMA-Factory's group + a worker's
+    while not (groups.exists() and len(groups.read_text().splitlines()) >= 2):  # LLaMA-Factory's group + a worker's
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)

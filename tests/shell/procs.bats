@@ -78,3 +78,15 @@ setup() {
   run -0 procs_claim "$RUN" update 1
   [ -e "$RUN/owner.update" ]
 }
+
+@test "procs_stop never signals a recorded pid that now names another process" {
+  setsid sleep 300 &
+  local other=$!
+  mkdir -p "$RUN/pids"
+  printf '%s 1\n' "$other" >"$RUN/pids/job.pgid" # the job ended and its pid was reused
+  run -0 procs_stop "$RUN" job 1
+  kill -0 "$other"
+  [ "$output" = "[baton] warning: job: the recorded pid $other now names another process; not signalled" ]
+  [ ! -e "$RUN/pids/job.pgid" ]
+  kill "$other"
+}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,27 @@ def test_seal_writes_counts_and_checksum(tmp_path: Path) -> None:
     assert on_disk == manifest
     assert manifest["episodes"] == 1 and manifest["complete"] is False and manifest["by_status"] == {"ok": 1}
     assert manifest["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+async def test_a_cancelled_write_finishes_and_seal_refuses_while_one_is_in_flight(tmp_path: Path) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    class SlowJournal(Journal):
+        def append(self, trajectory: Trajectory) -> None:
+            started.set()
+            release.wait(5)
+            super().append(trajectory)
+
+    journal = SlowJournal(tmp_path / "rank_0.jsonl", resume=False)
+    write = asyncio.create_task(journal.write(traj(1)))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    write.cancel()
+    await asyncio.sleep(0.05)
+    assert not write.done()  # the cancellation waits for the write
+    with pytest.raises(RuntimeError, match="in flight"):
+        journal.seal(planned=1)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await write
+    assert journal.seal(planned=1)["episodes"] == 1

@@ -6,6 +6,8 @@ Uses a tiny fake environment and a scripted policy (the real ones are covered by
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import threading
 from pathlib import Path
 
 from rollout_engine.envs.base import Env, EpisodeState, Score, StepResult
@@ -131,3 +133,30 @@ async def test_cancel_journals_only_finished_and_tears_down(tmp_path: Path) -> N
     assert {t.episode_id for t in journaled} == {t.episode_id for t in sched.finished}
     assert all(t.status is not Failure.CANCELLED for t in journaled)
     assert env.live == 0
+
+
+async def test_cancel_during_a_journal_write_waits_for_it_before_the_seal(tmp_path: Path) -> None:
+    """A cancellation while a line is being written: the seal reads the file after the write (issue 11, item 6)."""
+    started, release = threading.Event(), threading.Event()
+
+    class SlowJournal(Journal):
+        def append(self, trajectory) -> None:
+            started.set()
+            release.wait(5)  # the write is under way in its thread when the rollout is cancelled
+            super().append(trajectory)
+
+    journal = SlowJournal(tmp_path / "rank_0.jsonl", resume=False)
+    sched = Scheduler(FakeEnv(), EchoPolicy(), journal, settings(), Progress())
+    work = asyncio.create_task(sched.run(specs("ok-1")))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    work.cancel()
+    threading.Timer(0.2, release.set).start()
+    await asyncio.gather(work, return_exceptions=True)
+    manifest = journal.seal(planned=1)
+    release.wait(5)
+    await asyncio.sleep(0.2)  # a write the cancellation left behind lands now, after the seal
+    data = (tmp_path / "rank_0.jsonl").read_bytes()
+    assert manifest["episodes"] == len(read_journal(tmp_path / "rank_0.jsonl")) == 1
+    assert manifest["sha256"] == hashlib.sha256(data).hexdigest() and manifest["bytes"] == len(data)
+    assert [t.episode_id for t in sched.finished] == ["ok-1#0"]  # metrics count what the file holds

@@ -73,7 +73,8 @@ def test_a_signalled_launcher_stops_the_workers_in_their_own_sessions(
     proc = _launch(tmp_path)
     _wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip())
     worker = int((tmp_path / "worker.pid").read_text())
-    assert os.getpgid(worker) == worker, "the stand-in worker runs in a session of its own"
+    # the stand-in worker runs in a session of its own (once setsid, which bash's $! names before it runs, has run)
+    _wait_for(lambda: os.getpgid(worker) == worker)
     # the record lists the launched group and, once seen, the worker's group (for run.sh's last resort)
     _wait_for(lambda: str(worker) in (tmp_path / "train.log.pgid").read_text().split())
     proc.send_signal(sig)

@@ -1,0 +1,108 @@
+#!/usr/bin/env bats
+# vllm.sh: a recorded vLLM is reused only when it is the server answering on the
+# expected port with the expected served name (a tiny fake server stands in for vLLM).
+
+bats_require_minimum_version 1.5.0
+
+setup() {
+  ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
+  source "$ROOT/scripts/lib/common.sh"
+  source "$ROOT/scripts/lib/envs.sh"
+  source "$ROOT/scripts/lib/procs.sh"
+  source "$ROOT/scripts/lib/vllm.sh"
+  PY=$(envs_python app)
+  RUN="$BATS_TEST_TMPDIR/run"
+  MODEL="$BATS_TEST_TMPDIR/models/m"
+  BG=()
+}
+
+teardown() {
+  local pid
+  procs_stop "$RUN" vllm 2 2>/dev/null
+  for pid in "${BG[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+}
+
+# free_port: print a TCP port that nothing listens on.
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# answers <port>: wait (at most 20 s) until a server answers on <port>.
+answers() {
+  local tries
+  for ((tries = 0; tries < 200; tries++)); do
+    curl -fsS --max-time 1 "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# serve <port> <served_name>: start the fake server as this run's recorded vLLM; sets PGID.
+serve() {
+  PGID=$(procs_start "$RUN" vllm "$RUN/vllm.log" "$PY" "$BATS_TEST_DIRNAME/fake_vllm.py" \
+    --port "$1" --served-model-name "$2" --model "$MODEL")
+  answers "$1"
+}
+
+# serve_outsider <port> <served_name>: start the fake server as someone else's; sets OUTSIDER.
+serve_outsider() {
+  "$PY" "$BATS_TEST_DIRNAME/fake_vllm.py" --port "$1" --served-model-name "$2" --model "$MODEL" &
+  OUTSIDER=$!
+  BG+=("$OUTSIDER")
+  answers "$1"
+}
+
+@test "vllm_reuse keeps the recorded server that answers on its port with the served name" {
+  port=$(free_port)
+  serve "$port" policy
+  run -0 vllm_reuse "$RUN" "$port" policy
+  [ "$output" = "[baton] vLLM on port $port (group $PGID, started by this run) already serves policy; reusing it" ]
+  run -0 vllm_reuse "$RUN" "$port" policy "$MODEL"
+  procs_group_alive "$PGID"
+  [ -f "$RUN/pids/vllm.pgid" ]
+}
+
+@test "vllm_reuse stops a recorded server that serves another name" {
+  port=$(free_port)
+  serve "$port" other
+  run -1 vllm_reuse "$RUN" "$port" policy
+  [ "$output" = "[baton] warning: the vLLM this run started (group $PGID) does not serve policy on port $port; restarting it" ]
+  run -1 procs_group_alive "$PGID"
+  [ ! -e "$RUN/pids/vllm.pgid" ]
+}
+
+@test "vllm_reuse stops a recorded server on another port, even when the expected port answers with the name" {
+  ours=$(free_port)
+  serve "$ours" policy
+  port=$(free_port)
+  serve_outsider "$port" policy
+  run -1 vllm_reuse "$RUN" "$port" policy
+  [[ $output == *"(group $PGID) does not serve policy on port $port; restarting it"* ]]
+  run -1 procs_group_alive "$PGID"
+  kill -0 "$OUTSIDER"
+}
+
+@test "vllm_start never takes a server it did not start for the recorded one" {
+  ours=$(free_port)
+  serve "$ours" policy
+  port=$(free_port)
+  serve_outsider "$port" policy
+  run -1 vllm_start "$RUN" "$MODEL" "$port" policy 5
+  [[ $output != *"reusing it"* ]]
+  [[ $output == *"port $port is held by a server that this run did not start; stop it or choose another port"* ]]
+  run -1 procs_group_alive "$PGID"
+  kill -0 "$OUTSIDER"
+}
+
+@test "vllm_reuse forgets a record whose pid now names another process, and never signals it" {
+  setsid sleep 300 &
+  other=$!
+  BG+=("$other")
+  mkdir -p "$RUN/pids"
+  printf '%s 1\n' "$other" >"$RUN/pids/vllm.pgid"
+  run -1 vllm_reuse "$RUN" "$(free_port)" policy
+  kill -0 "$other"
+  [ ! -e "$RUN/pids/vllm.pgid" ]
+}
