@@ -85,7 +85,8 @@ cmd_run() {
   trap 'exit 130' INT
   trap 'exit 143' TERM
   mkdir -p "$LOOP_RUN_DIR/logs"
-  mv -f "$resolved" "$LOOP_RUN_DIR/resolved.yaml"
+  common_atomic_copy "$resolved" "$LOOP_RUN_DIR/resolved.yaml" || common_die 1 "cannot write $LOOP_RUN_DIR/resolved.yaml (error above)"
+  rm -f "$resolved"
   common_log "run: --rl-phase $RUN_PHASE, log path $RUN_LOG, policy ${LOOP_BASE_URL} (${LOOP_MODEL})"
   nodes_start
   loop_steps

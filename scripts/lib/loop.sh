@@ -174,10 +174,16 @@ loop_run() {
   return "$rc"
 }
 
-# loop_ensure_vllm: serve the current policy (reuse a server that already does).
+# loop_ensure_vllm: serve the current policy. A recorded server that still
+# answers on this port with the served name is reused, and given the current
+# policy's weights (it may hold older ones: a run that died after a promotion).
 loop_ensure_vllm() {
   ((RUN_DEBUG)) && return 0
-  procs_leader_alive "$LOOP_RUN_DIR" vllm && return 0
+  if vllm_reuse "$LOOP_RUN_DIR" "$LOOP_PORT" "$LOOP_MODEL"; then
+    LOOP_SERVED_VERSION=unknown
+    loop_serve_current
+    return 0
+  fi
   vllm_start "$LOOP_RUN_DIR" "$(loop_policy_path)" "$LOOP_PORT" "$LOOP_MODEL" 600
   LOOP_SERVED_VERSION=$(loop_policy_version)
 }

@@ -106,3 +106,25 @@ serve_outsider() {
   kill -0 "$other"
   [ ! -e "$RUN/pids/vllm.pgid" ]
 }
+
+@test "loop_ensure_vllm restarts a recorded vLLM unless it answers on the port with the served name, and reloads a reused one" {
+  source "$ROOT/scripts/lib/loop.sh"
+  vllm_start() { printf 'vllm_start %s\n' "$*"; }
+  vllm_serve_new() {
+    printf 'vllm_serve_new %s\n' "$*"
+    VLLM_SERVED_HOW=reload
+  }
+  loop_policy_path() { printf '%s\n' "$MODEL"; }
+  loop_policy_version() { :; }
+  RUN_DEBUG=0 LOOP_RUN_DIR=$RUN LOOP_PORT=$(free_port) LOOP_MODEL=policy
+  serve "$LOOP_PORT" other
+  run -0 loop_ensure_vllm
+  [[ $output == *"(group $PGID) does not serve policy on port $LOOP_PORT; restarting it"* ]]
+  [[ $output == *"vllm_start $RUN $MODEL $LOOP_PORT policy 600"* ]]
+  run -1 procs_group_alive "$PGID"
+  serve "$LOOP_PORT" policy
+  run -0 loop_ensure_vllm
+  [[ $output == *"already serves policy; reusing it"* && $output != *vllm_start* ]]
+  # it may hold the weights of an older policy (a run that died after a promotion): the current one is loaded
+  [[ $output == *"vllm_serve_new $RUN $LOOP_PORT policy $MODEL"* ]]
+}
