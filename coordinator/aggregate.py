@@ -5,8 +5,9 @@
 After a rollout barrier, the master reads `trajectories/<split>/iter_NNNN/rank_<r>.jsonl`
 and `rank_<r>.manifest.json` of every rank and writes
 
-- `trajectories/<split>/iter_NNNN/manifest.json`: the ranks' manifests, the episodes
-  and planned episodes of all ranks, and `complete` (every rank's journal sealed complete);
+- `trajectories/<split>/iter_NNNN/manifest.json`: the ranks' manifests (each with
+  `verified`: the journal's sha256 is the one sealed), the episodes and planned episodes
+  of all ranks, and `complete` (every rank's journal sealed complete and verified);
 - one `"kind": "rollout"` record to `<log>/metrics.jsonl` with `rank: null` and
   `ranks: N`, computed from the union of the journals exactly as a single node computes
   its own (rollout_engine.metrics), with `wall_s` the phase's wall time and `per_rank`
@@ -18,6 +19,7 @@ are not atomic.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -55,12 +57,17 @@ def aggregate(log_path: Path, split: str, iteration: int, num_nodes: int, wall_s
     """Write the iteration's manifest and append the merged metrics record; return the record."""
     directory = Path(log_path) / "trajectories" / split / f"iter_{iteration:04d}"
     manifests = {rank: _manifest(directory / f"rank_{rank}.manifest.json") for rank in range(num_nodes)}
+    for rank, manifest in manifests.items():
+        if manifest is not None:  # the journal is byte for byte what the rank sealed
+            journal = directory / f"rank_{rank}.jsonl"
+            data = journal.read_bytes() if journal.exists() else b""
+            manifest["verified"] = hashlib.sha256(data).hexdigest() == manifest.get("sha256")
     by_episode: dict[str, Trajectory] = {}
     for rank in range(num_nodes):
         for trajectory in read_journal(directory / f"rank_{rank}.jsonl"):
             by_episode[trajectory.episode_id] = trajectory
     planned = sum(m.get("planned", 0) for m in manifests.values() if m)
-    complete = all(m is not None and m.get("complete") for m in manifests.values())
+    complete = all(m is not None and m.get("complete") and m["verified"] for m in manifests.values())
     save_json(
         directory / "manifest.json",
         {

@@ -318,7 +318,14 @@ loop_update_nodes() {
     loop_update_cmd "$n" promote
     loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
   fi
-  nodes_sync "$n" update "{\"exit\": $rc}"
+  if nodes_is_master; then
+    nodes_sync "$n" update "{\"exit\": $rc, \"version\": \"$(loop_policy_version)\"}"
+  else
+    # Serve the version the master promoted (its word, not policy/current, which NFS may show late).
+    nodes_sync "$n" update "" decided
+    LOOP_PINNED=1 LOOP_PIN_VERSION=${decided[version]:-}
+    rc=${decided[exit]:-1}
+  fi
   return "$rc"
 }
 
@@ -380,7 +387,8 @@ loop_next() {
     ((!${plan[stop]:-0})) || return 1
     LOOP_N=${plan[iteration]} LOOP_TRAIN=${plan[train]} LOOP_EVAL=${plan[eval]} LOOP_UPDATE=${plan[update]}
     LOOP_FINAL=${plan[final]} LOOP_RESUME=${plan[resume]}
-    [[ $RUN_PHASE != rollout ]] || LOOP_PINNED=1 LOOP_PIN_VERSION=${plan[version]}
+    # The policy version this step serves and fine-tunes is the master's ("" for the base model).
+    LOOP_PINNED=1 LOOP_PIN_VERSION=${plan[version]}
     return 0
   fi
   local go=0

@@ -70,16 +70,27 @@ nodes_wait_bg() {
   ((rc == 0)) || nodes_exit "$rc" "the $phase barrier of iteration $n"
 }
 
-# nodes_sync <iteration> <phase> [data-json]: arrive at the barrier, then wait
-# until every rank has, while they live.
+# nodes_sync <iteration> <phase> [data-json] [var]: arrive at the barrier (with
+# data for the others), then wait until every rank has, while they live; with
+# <var>, the associative array of that name receives the arrivals' data.
 nodes_sync() {
   nodes_multi || return 0
-  local n=$1 phase=$2 data=${3:-}
+  local n=$1 phase=$2 data=${3:-} out key value
   local -a extra=()
   [[ -z $data ]] || extra=(--data "$data")
   nodes_cli arrive --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "$n" --phase "$phase" \
     --pid $$ "${extra[@]}" || nodes_exit $? "arriving at the $phase barrier of iteration $n"
-  nodes_wait_bg /dev/null "$n" "$phase"
+  if [[ -z ${4:-} ]]; then
+    nodes_wait_bg /dev/null "$n" "$phase"
+    return 0
+  fi
+  local -n got=$4
+  out=$(mktemp)
+  nodes_wait_bg "$out" "$n" "$phase" --print-data
+  got=()
+  # shellcheck disable=SC2034 # a nameref: the caller's array
+  while IFS=$'\t' read -r key value; do got["$key"]=$value; done <"$out"
+  rm -f "$out"
 }
 
 # nodes_publish <step> <phase> <data-json>: the master tells every rank what it decided.
@@ -102,7 +113,8 @@ nodes_receive() {
 }
 
 # nodes_exit <code> <what>: end this node after a protocol outcome: 3 another
-# rank failed or died, 4 the run was stopped (exit 0), 5 this rank was evicted.
+# rank failed or died (exit 1), 4 the run was stopped (exit 143, like SIGTERM),
+# 5 this rank was evicted (exit 1).
 nodes_exit() {
   local code=$1 what=$2
   case "$code" in
@@ -110,7 +122,7 @@ nodes_exit() {
     4)
       NODES_STOPPED=1
       common_log "the run was asked to stop ($what); this node stops"
-      exit 0
+      exit 143
       ;;
     5) common_die 1 "$what: this rank was evicted by the master (declared dead); restart it with --resume to join again" ;;
     2) common_die 2 "$what: bad input (above)" ;;
@@ -135,10 +147,15 @@ nodes_leave() {
   if [[ -n $ended ]]; then
     IFS=$'\t' read -r code reason <<<"$ended"
     case "$code" in
-      4) common_log "stopped: $reason" && rc=0 ;;
+      4) common_log "stopped: $reason" && rc=143 ;;
       3) common_warn "stopping this node: $reason; start every node again with --resume once it is fixed" && rc=1 ;;
       5) common_warn "this rank was evicted: $reason" && rc=1 ;;
     esac
+  elif ((rc == 130 || rc == 143)) && nodes_is_master; then
+    # Ctrl+C or SIGTERM on the master stops the whole run: a stop, not a failure.
+    reason="SIGINT on the master"
+    ((rc == 130)) || reason="SIGTERM on the master"
+    nodes_cli stop --run-id "$NODES_RUN_ID" --reason "$reason" 2>/dev/null || true
   elif ((rc != 0)) && ((!${NODES_STOPPED:-0})); then
     case "$rc" in
       130) reason="stopped by SIGINT" ;;

@@ -1,13 +1,15 @@
 """Several run.sh "nodes" sharing one log path (docs/multinode.md), each with its own vLLM, on this machine.
 
-- `--rl-phase both` on two nodes (one by `--master`, one by `RANK=1`): each rolls out its
-  share, both train as the two nodes of one torchrun, the master promotes, both serve
-  the new policy (the final held-out evaluation on both ranks carries its version),
-  and metrics.jsonl holds one merged record per rollout.
-- A worker node that dies (run.sh and every group it started, SIGKILLed at once) stops
-  the master, which names the dead rank, instead of hanging.
-- `run.sh --stop` ends every node cleanly (exit 0, nothing left running); `--resume` on
-  both nodes then finishes the interrupted iteration: every planned episode once.
+- `--rl-phase both` on two nodes with weights 2,1 (the worker by `RANK=1`, started before
+  the master): each rolls out its share (2:1, disjoint), both train as the two nodes of one
+  torchrun, the master promotes, both serve the new policy (the final held-out evaluation
+  on both ranks carries its version), and metrics.jsonl holds one merged record per rollout.
+- A node that dies (run.sh and every group it started, SIGKILLed at once) stops the
+  others, which name the dead rank, instead of hanging: a worker mid-rollout, then the master.
+- `run.sh --stop` ends every node (exit 143, nothing left running); `--resume` on both
+  continues, the worker started first beside the stopped run's files waits for the new
+  master; SIGTERM on the master stops the worker too, as a stop; a last `--resume`
+  finishes the iteration with every planned episode exactly once.
 """
 
 from __future__ import annotations
@@ -29,16 +31,29 @@ from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_
 pytestmark = pytest.mark.e2e
 
 TWO = ["--num-nodes", "2", "--rank-weights", "1,1"]
+TWO_ONE = ["--num-nodes", "2", "--rank-weights", "2,1"]
 SMALL = ["policy_config.max_new_tokens=32", "env_config.max_vllm_sessions=8", "env_config.live_view=plain"]
 #: heartbeats every second, a rank silent for 10 s is dead (defaults: 5 s and 30 s)
 FAST_LIVENESS = {"BATON_HEARTBEAT_S": "1", "BATON_DEAD_AFTER_S": "10"}
 
 
-def node(data: Path, log: Path, rank: str | None, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def node(
+    data: Path, log: Path, rank: str | None, *args: str, env: dict[str, str] | None = None, nodes: list[str] = TWO
+) -> subprocess.Popen:
     """One node: run.sh in a session of its own, with its own vLLM port."""
     extra = {"BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": "127.0.0.1", **FAST_LIVENESS, **(env or {})}
     flags = [] if rank is None else (["--master"] if rank == "0" else ["--worker", rank])
-    cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data), "--log-path", str(log), *TWO, *flags, *args]
+    cmd = [
+        "bash",
+        str(REPO / "scripts/run.sh"),
+        "--data-path",
+        str(data),
+        "--log-path",
+        str(log),
+        *nodes,
+        *flags,
+        *args,
+    ]
     return subprocess.Popen(
         cmd,
         cwd=REPO,
@@ -108,8 +123,9 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
         "algorithm.gradient_accumulation_steps=1",
         "algorithm.cutoff_len=512",
     ]
-    master = node(data_dir, log, "0", *args)
-    worker = node(data_dir, log, None, *args, env={"RANK": "1"})  # the seed's "export RANK=r" form
+    worker = node(data_dir, log, None, *args, env={"RANK": "1"}, nodes=TWO_ONE)  # the seed's "export RANK=r" form
+    wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])
+    master = node(data_dir, log, "0", *args, nodes=TWO_ONE)
     # two vLLM starts, 96 + 8 + 8 episodes, a 2-node update and the reload of both servers
     budget = 2 * VLLM_START_S + generation_s(112, 32) + 2 * UPDATE_S
     out_w = communicate_waiting(worker, waiting_for="the worker (RANK=1) to finish the run", timeout=budget)
@@ -117,7 +133,7 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
     assert (master.returncode, worker.returncode) == (0, 0), out_m[-3000:] + out_w[-3000:]
     train = [episodes(log, "train", 1, rank) for rank in (0, 1)]
     ids = [{t["episode_id"] for t in share} for share in train]
-    assert len(ids[0]) == len(ids[1]) == 48 and not ids[0] & ids[1]  # disjoint halves of the 96
+    assert (len(ids[0]), len(ids[1])) == (64, 32) and not ids[0] & ids[1]  # disjoint 2:1 shares of the 96
     assert (log / "training" / "iter_0001" / "train.rank_1.log").exists()  # the worker was a torchrun node
     assert os.readlink(log / "policy" / "current") == "v0001"
     for rank in (0, 1):  # the final evaluation (iteration 2): each node served the promoted policy
@@ -135,36 +151,47 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
     assert_nothing_left(log)
 
 
-def test_a_dead_worker_stops_the_master_which_names_it(data_dir: Path, tmp_path: Path) -> None:
+def test_a_dead_node_stops_the_others_which_name_it(data_dir: Path, tmp_path: Path) -> None:
     log = tmp_path / "exp"
     args = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
     args += ["env_config.train_tasks_rollout_size=400", "env_config.n_samples_per_task=1"]
-    master, worker = node(data_dir, log, "0", *args), node(data_dir, log, "1", *args)
-    wait_for(
-        lambda: episodes(log, "train", 1, 1),
-        "the worker's first journaled episode",
-        2 * VLLM_START_S + generation_s(8, 32),
-        [master, worker],
-    )
-    kill_node(log, 1, worker)
-    out = communicate_waiting(master, waiting_for="the master to notice that rank 1 died", timeout=10 + 120)
-    assert master.returncode == 1, out[-3000:]
-    assert "rank 1: dead: no heartbeat change seen for" in out, out[-3000:]
-    assert not list((log / "run" / "rank_0" / "pids").glob("*.pgid"))
-    assert not processes_mentioning(str(log / "run" / "rank_0"))
+    for dead, survivor, extra in ((1, 0, []), (0, 1, ["--resume"])):
+        nodes = {0: node(data_dir, log, "0", *args, *extra), 1: node(data_dir, log, "1", *args, *extra)}
+        before = len(episodes(log, "train", 1, dead))
+        wait_for(
+            lambda dead=dead, before=before: len(episodes(log, "train", 1, dead)) > before,
+            f"rank {dead}'s next journaled episode",
+            2 * VLLM_START_S + generation_s(8, 32),
+            list(nodes.values()),
+        )
+        kill_node(log, dead, nodes[dead])
+        waiting_for = f"rank {survivor} to notice that rank {dead} died"
+        out = communicate_waiting(nodes[survivor], waiting_for=waiting_for, timeout=10 + 120)
+        assert nodes[survivor].returncode == 1, out[-3000:]
+        assert f"rank {dead}: dead: no heartbeat change seen for" in out, out[-3000:]
+        assert not list((log / "run" / f"rank_{survivor}" / "pids").glob("*.pgid"))
+        assert not processes_mentioning(str(log / "run" / f"rank_{survivor}"))
 
 
-def test_stop_ends_every_node_cleanly_and_resume_finishes_the_iteration(data_dir: Path, tmp_path: Path) -> None:
+def run_id(log: Path) -> str:
+    return json.loads((log / "cluster" / "run.json").read_text())["run_id"]
+
+
+def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_iteration(
+    data_dir: Path, tmp_path: Path
+) -> None:
     log = tmp_path / "exp"
     args = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
     args += ["env_config.train_tasks_rollout_size=160", "env_config.n_samples_per_task=1"]
+    both_started = 2 * VLLM_START_S + generation_s(16, 32)
+
+    def journaled_more(before: list[int]):
+        return lambda: all(len(episodes(log, "train", 1, rank)) > before[rank] for rank in (0, 1))
+
+    # 1. run.sh --stop: every node stops (143), nothing left
     nodes = [node(data_dir, log, "0", *args), node(data_dir, log, "1", *args)]
-    wait_for(
-        lambda: all(episodes(log, "train", 1, rank) for rank in (0, 1)),
-        "a journaled episode on both nodes",
-        2 * VLLM_START_S + generation_s(16, 32),
-        nodes,
-    )
+    wait_for(journaled_more([0, 0]), "a journaled episode on both nodes", both_started, nodes)
+    first_run = run_id(log)
     stop = subprocess.run(
         ["bash", str(REPO / "scripts/run.sh"), "--stop", "--log-path", str(log)],
         cwd=REPO,
@@ -175,19 +202,33 @@ def test_stop_ends_every_node_cleanly_and_resume_finishes_the_iteration(data_dir
     )
     assert stop.returncode == 0, stop.stderr
     outs = [communicate_waiting(proc, waiting_for="a node to stop after run.sh --stop", timeout=120) for proc in nodes]
-    assert [proc.returncode for proc in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
-    assert all("stopped: " in out for out in outs), outs
+    assert [proc.returncode for proc in nodes] == [143, 143], outs[0][-2000:] + outs[1][-2000:]
+    assert all("stopped: " in out and "run.sh --stop" in out for out in outs), outs
     assert_nothing_left(log)
-    done = [len(episodes(log, "train", 1, rank)) for rank in (0, 1)]
-    assert sum(done) < 160  # stopped mid-iteration
 
+    # 2. --resume, the worker first: beside the stopped run's files it waits for a live master,
+    #    then joins the new run; SIGTERM on the master stops the worker too, as a stop
+    before = [len(episodes(log, "train", 1, rank)) for rank in (0, 1)]
+    worker = node(data_dir, log, "1", *args, "--resume")
+    wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])
+    master = node(data_dir, log, "0", *args, "--resume")
+    wait_for(journaled_more(before), "a journaled episode on both resumed nodes", both_started, [master, worker])
+    assert run_id(log) != first_run
+    os.kill(master.pid, signal.SIGTERM)
+    out_m = communicate_waiting(master, waiting_for="the master to stop on SIGTERM", timeout=120)
+    out_w = communicate_waiting(worker, waiting_for="the worker to stop after the master's SIGTERM", timeout=120)
+    assert (master.returncode, worker.returncode) == (143, 143), out_m[-2000:] + out_w[-2000:]
+    assert "stopped: " in out_w and "SIGTERM on the master" in out_w, out_w[-2000:]
+    assert_nothing_left(log)
+
+    # 3. --resume finishes the iteration: every planned episode once, the stopped parts kept
     nodes = [node(data_dir, log, "0", *args, "--resume"), node(data_dir, log, "1", *args, "--resume")]
     budget = 2 * VLLM_START_S + generation_s(160, 32)
     waiting_for = "both nodes to finish the resumed iteration"
     outs = [communicate_waiting(proc, waiting_for=waiting_for, timeout=budget) for proc in nodes]
     assert [proc.returncode for proc in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
     ids = [t["episode_id"] for rank in (0, 1) for t in episodes(log, "train", 1, rank)]
-    assert len(ids) == len(set(ids)) == 160  # every planned episode once: the stopped part kept, not redone
+    assert len(ids) == len(set(ids)) == 160
     merged = [r for r in metrics(log) if r["kind"] == "rollout" and r["iteration"] == 1]
     assert len(merged) == 1 and merged[0]["complete"] and merged[0]["episodes"] == 160
     assert_nothing_left(log)

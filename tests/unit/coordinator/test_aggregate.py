@@ -48,3 +48,14 @@ def test_a_rank_without_a_sealed_journal_makes_the_iteration_incomplete(tmp_path
     record = aggregate(tmp_path, "train", 2, num_nodes=2, wall_s=5.0)
     assert record["complete"] is False and record["per_rank"]["1"] is None
     assert record["episodes"] == 1
+
+
+def test_a_journal_changed_after_its_seal_is_not_verified(tmp_path: Path) -> None:
+    write_rank(tmp_path, 0, [trajectory("e0", success=True)], 1)
+    write_rank(tmp_path, 1, [trajectory("f0", success=False)], 1)
+    journal = tmp_path / "trajectories/train/iter_0002/rank_1.jsonl"
+    journal.write_text(journal.read_text() + journal.read_text().replace('"f0"', '"f1"'))
+    record = aggregate(tmp_path, "train", 2, num_nodes=2, wall_s=5.0)
+    manifest = json.loads((tmp_path / "trajectories/train/iter_0002/manifest.json").read_text())
+    assert manifest["ranks"]["0"]["verified"] and not manifest["ranks"]["1"]["verified"]
+    assert record["complete"] is False and manifest["complete"] is False

@@ -1,0 +1,135 @@
+"""Overhead of a multi-node iteration: the share of its wall time spent outside rollouts and optimizer steps.
+
+    PYTHONPATH=. $BATON_APP_PY -m bench.multinode_overhead [--nodes 2] [--tasks 64] [--single-too]
+
+Starts N real `scripts/run.sh` nodes (--master / --worker R, each with its own vLLM,
+one shared temporary log path) for one iteration of `--rl-phase both` on the default
+model and tasks, then splits the master's iteration wall time (run/state/iter_0001/times:
+rollouts, update, serving the new policy) into useful work, the engines' own rollout
+time (the slowest rank's `wall_s`, train and held-out) plus LLaMA-Factory's
+`train_runtime_s`, and everything else: LLaMA-Factory and torchrun start-up,
+dataset preparation, barriers, the master's merge, promotion and the reload of every
+node's vLLM. With --single-too it measures one node on the same work beside it, so
+the two shares come from one run. vLLM's start before the iteration is not counted.
+Outside CI: about 10 minutes per configuration on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_line() -> str:
+    model, flags = "?", []
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name") and model == "?":
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags") and not flags:
+            wanted = ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "fma", "f16c")
+            flags = [f for f in line.split(":", 1)[1].split() if f in wanted]
+    return f"{model}, {os.cpu_count()} cores, flags {' '.join(flags)}"
+
+
+def run_nodes(data: Path, log: Path, nodes: int, overrides: list[str]) -> float:
+    """Run one iteration on `nodes` nodes; return the wall time of the whole command."""
+    base = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data), "--log-path", str(log)]
+    base += ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "1", *overrides]
+    procs = []
+    start = time.monotonic()
+    for rank in range(nodes):
+        cmd = list(base)
+        if nodes > 1:
+            cmd += ["--num-nodes", str(nodes), "--rank-weights", ",".join(["1"] * nodes)]
+            cmd += ["--master"] if rank == 0 else ["--worker", str(rank)]
+        env = {**os.environ, "BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": "127.0.0.1"}
+        out = open(log.parent / f"{log.name}.node{rank}.log", "w")  # noqa: SIM115 (closed with the process)
+        procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), out))
+    for proc, out in procs:
+        proc.wait()
+        out.close()
+        if proc.returncode != 0:
+            sys.exit(f"a node failed (exit {proc.returncode}); see {out.name}")
+    return time.monotonic() - start
+
+
+def split(log: Path) -> dict[str, float]:
+    """The master's iteration time, split into useful work and overhead."""
+    times: dict[str, float] = {}
+    for line in (log / "run" / "state" / "iter_0001" / "times").read_text().splitlines():
+        name, _, seconds = line.partition(" ")
+        times[name] = times.get(name, 0.0) + float(seconds)
+    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rollout = 0.0
+    for split_name in ("train", "test"):
+        row = next(r for r in rows if r.get("kind") == "rollout" and r.get("split") == split_name)
+        walls = [r["wall_s"] for r in (row.get("per_rank") or {}).values() if r] or [row["wall_s"]]
+        rollout += max(walls)
+    training = next(r for r in rows if r.get("kind") == "training")
+    iteration = sum(times.values())
+    useful = rollout + training["train_runtime_s"]
+    return {
+        "iteration_s": iteration,
+        "rollout_s": rollout,
+        "optimizer_s": training["train_runtime_s"],
+        "overhead_s": iteration - useful,
+        "overhead_share": (iteration - useful) / iteration,
+        **{f"phase_{k}_s": v for k, v in times.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=64, help="train tasks (x 4 samples)")
+    parser.add_argument("--single-too", action="store_true", help="also one node on the same work, beside it")
+    parser.add_argument(
+        "--data-path", default=os.environ.get("BATON_DATA", str(Path.home() / ".cache/baton/bench-data"))
+    )
+    args = parser.parse_args()
+    overrides = [
+        f"env_config.train_tasks_rollout_size={args.tasks}",
+        "env_config.n_samples_per_task=4",
+        "env_config.test_tasks_rollout_size=-1",
+        "env_config.test_greedy=true",
+        "env_config.live_view=off",
+        "policy_config.max_new_tokens=32",
+        "algorithm.learning_rate=1e-4",
+        "algorithm.warmup_steps=0",
+        "algorithm.num_train_epochs=2",
+        "algorithm.per_device_train_batch_size=4",
+        "algorithm.gradient_accumulation_steps=1",
+        "algorithm.cutoff_len=512",
+    ]
+    print(f"# {cpu_line()}")
+    configs = [args.nodes, 1] if args.single_too else [args.nodes]
+    with tempfile.TemporaryDirectory(prefix="baton-overhead-") as tmp:
+        for nodes in configs:
+            log = Path(tmp) / f"nodes{nodes}"
+            wall = run_nodes(Path(args.data_path), log, nodes, overrides)
+            parts = split(log)
+            print(
+                f"{nodes} node(s): iteration {parts['iteration_s']:.0f} s = rollouts {parts['rollout_s']:.0f} s"
+                f" + optimizer steps {parts['optimizer_s']:.0f} s + overhead {parts['overhead_s']:.0f} s"
+                f" -> overhead share {100 * parts['overhead_share']:.1f} % (whole command {wall:.0f} s)"
+            )
+            print("   " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items() if k.startswith("phase_")))
+
+
+if __name__ == "__main__":
+    main()
