@@ -50,7 +50,15 @@ from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+#: a split deployment's runs (a rollout run and an update run on the same log path) coordinate apart
+GROUPS = ("rollout", "update")
+GROUP_HELP = "the run of a split deployment: its files are under <log>/split/<group>/cluster/"
 Command = Callable[[argparse.Namespace], int]
+
+
+def protocol_root(log_path: str, group: str | None) -> Path:
+    """Where a run's protocol files live: <log>/cluster/, or <log>/split/<group>/cluster/ for a split deployment."""
+    return Path(log_path) / "split" / group if group else Path(log_path)
 
 
 def say(line: str) -> None:
@@ -364,10 +372,12 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     evict.add_argument("--by-rank", type=int, default=0)
     show = subparsers.add_parser("record", help="the run record as key<TAB>value lines")
     show.add_argument("--log-path", required=True)
+    show.add_argument("--group", choices=GROUPS, default=None, help=GROUP_HELP)
     show.add_argument("--run-id", default=None)
     show.set_defaults(func=cmd_record)
     status = subparsers.add_parser("status", help="ranks, liveness by observation, last barrier")
     status.add_argument("--log-path", required=True)
+    status.add_argument("--group", choices=GROUPS, default=None, help=GROUP_HELP)
     status.add_argument("--run-id", default=None)
     status.add_argument("--window", type=float, default=None, help="seconds to watch heartbeats")
     status.set_defaults(func=cmd_status)
@@ -375,6 +385,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_node_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-path", required=True)
+    parser.add_argument("--group", choices=GROUPS, default=None, help=GROUP_HELP)
     parser.add_argument("--num-nodes", type=int, required=True)
     parser.add_argument("--rank-weights", type=int_list, required=True)
     parser.add_argument("--host", default=None, help="default: hostname")
@@ -389,6 +400,7 @@ def _run_parser(
 ) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(name, help=help_text)
     parser.add_argument("--log-path", required=True)
+    parser.add_argument("--group", choices=GROUPS, default=None, help=GROUP_HELP)
     parser.add_argument("--run-id", required=rank_required, default=None)
     parser.add_argument("--rank", type=int, required=rank_required, default=None)
     parser.set_defaults(func=func)
@@ -412,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def dispatch(args: argparse.Namespace) -> int:
     """Run a parsed subcommand; protocol errors become their exit codes (2 bad input, 3 rank failed, ...)."""
+    if getattr(args, "group", None):
+        args.log_path = str(protocol_root(args.log_path, args.group))
     try:
         return args.func(args)
     except ConfigError as exc:

@@ -97,11 +97,15 @@ cmd_run() {
 # request (each node's heartbeat sees it within an interval and stops its node:
 # exit 0), a single node by SIGTERM to the run.sh that owns it on this host.
 cmd_stop() {
-  local file host pid start stopped=0
+  local file host pid start group stopped=0
   [[ $RUN_LOG == /* && -d $RUN_LOG ]] || cli_bad "--stop needs the --log-path of a run (an existing absolute path; got '$RUN_LOG')"
-  if [[ -f $RUN_LOG/cluster/run.json ]]; then
-    loop_py "$BATON_APP_PY" -m coordinator stop --log-path "$RUN_LOG" --reason "run.sh --stop by $(id -un)@$(hostname)" ||
-      common_die 1 "could not ask the run on $RUN_LOG to stop"
+  for group in "" rollout update; do # --rl-phase both, then a split deployment's runs
+    [[ -f $RUN_LOG/${group:+split/$group/}cluster/run.json ]] || continue
+    loop_py "$BATON_APP_PY" -m coordinator stop --log-path "$RUN_LOG" ${group:+--group "$group"} \
+      --reason "run.sh --stop by $(id -un)@$(hostname)" || common_die 1 "could not ask the run on $RUN_LOG to stop"
+    stopped=1
+  done
+  if ((stopped)); then
     common_log "every node of the run stops within a heartbeat interval; resume later with --resume"
     return 0
   fi

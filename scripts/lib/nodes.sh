@@ -17,11 +17,19 @@ nodes_is_master() {
   ((RUN_RANK == 0))
 }
 
-# nodes_cli <subcommand> <args...>: run a protocol subcommand on this log path.
+# nodes_group: print this run's protocol group: "" for --rl-phase both (files
+# under <log>/cluster/), else the phase: a split deployment's rollout run and
+# update run on the same log path coordinate apart (<log>/split/<phase>/cluster/).
+nodes_group() {
+  [[ $RUN_PHASE == both ]] || printf '%s\n' "$RUN_PHASE"
+}
+
+# nodes_cli <subcommand> <args...>: run a protocol subcommand on this run's files.
 nodes_cli() {
-  local sub=$1
+  local sub=$1 group
   shift
-  loop_py "$BATON_APP_PY" -m coordinator "$sub" --log-path "$RUN_LOG" "$@"
+  group=$(nodes_group)
+  loop_py "$BATON_APP_PY" -m coordinator "$sub" --log-path "$RUN_LOG" ${group:+--group "$group"} "$@"
 }
 
 # nodes_start: the master starts a run (a new run id: files of earlier runs
@@ -31,7 +39,7 @@ nodes_cli() {
 nodes_start() {
   NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT=""
   nodes_multi || return 0
-  local rc=0 key value
+  local rc=0 key value group
   local -a node=(--num-nodes "$RUN_NUM_NODES" --rank-weights "$RUN_RANK_WEIGHTS" --pid $$ --vllm-port "$LOOP_PORT")
   [[ -z $RUN_NODE_ADDR ]] || node+=(--addr "$RUN_NODE_ADDR")
   if nodes_is_master; then
@@ -50,11 +58,12 @@ nodes_start() {
     esac
   done < <(nodes_cli record --run-id "$NODES_RUN_ID")
   rm -f "$LOOP_RUN_DIR/ended"
+  group=$(nodes_group)
   procs_start "$LOOP_RUN_DIR" heartbeat "$LOOP_RUN_DIR/logs/heartbeat.log" env PYTHONPATH="$LOOP_ROOT" \
-    "$BATON_APP_PY" -m coordinator heartbeat --log-path "$RUN_LOG" --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" \
-    --node-pid $$ --stop-node --reason-file "$LOOP_RUN_DIR/ended" >/dev/null
+    "$BATON_APP_PY" -m coordinator heartbeat --log-path "$RUN_LOG" ${group:+--group "$group"} \
+    --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --node-pid $$ --stop-node --reason-file "$LOOP_RUN_DIR/ended" >/dev/null
   common_log "rank $RUN_RANK of $RUN_NUM_NODES: run $NODES_RUN_ID, master $NODES_MASTER_ADDR" \
-    "(torchrun port $NODES_TORCHRUN_PORT); status: python -m coordinator status --log-path $RUN_LOG"
+    "(torchrun port $NODES_TORCHRUN_PORT); status: python -m coordinator status --log-path $RUN_LOG${group:+ --group $group}"
 }
 
 # nodes_wait_bg <out> <iteration> <phase> [wait args...]: wait for a barrier in

@@ -165,3 +165,19 @@ seq_of() {
   run -2 --separate-stderr "${CLI[@]}" wait --log-path "$LOG" --run-id nope --rank 1 --iteration 0 --phase start
   [[ $stderr == "[baton] error: --run-id nope names no run on $LOG ("*"/cluster/runs/nope is missing)" ]]
 }
+
+@test "a split deployment's rollout run and update run coordinate apart (--group), beside a both run's files" {
+  start
+  beat 0
+  run -0 --separate-stderr "${CLI[@]}" start-run --log-path "$LOG" --group rollout --num-nodes 2 --rank-weights 1,1 \
+    --alive-window 0.5 --pid $$
+  local rollout=$output
+  run -0 --separate-stderr "${CLI[@]}" start-run --log-path "$LOG" --group update --num-nodes 2 --rank-weights 1,1 \
+    --alive-window 0.5 --pid $$
+  local update=$output
+  [[ $rollout != "$update" && $rollout != "$RUN" ]]
+  [ -d "$LOG/split/rollout/cluster/runs/$rollout" ] && [ -d "$LOG/split/update/cluster/runs/$update" ]
+  [ -d "$LOG/cluster/runs/$RUN" ] && [ ! -e "$LOG/cluster/runs/$rollout" ]
+  run -0 "${CLI[@]}" stop --log-path "$LOG" --group rollout --reason "test"
+  [ -f "$LOG/split/rollout/cluster/runs/$rollout/stop.json" ] && [ ! -e "$LOG/split/update/cluster/runs/$update/stop.json" ]
+}
