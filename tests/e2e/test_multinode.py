@@ -232,3 +232,29 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     merged = [r for r in metrics(log) if r["kind"] == "rollout" and r["iteration"] == 1]
     assert len(merged) == 1 and merged[0]["complete"] and merged[0]["episodes"] == 160
     assert_nothing_left(log)
+
+
+def test_split_deployment_a_rollout_run_and_an_update_run_on_two_nodes_each(data_dir: Path, tmp_path: Path) -> None:
+    """The seed's split deployment with several nodes: the update run trains (on both nodes) what the rollout run
+    (on both nodes) collected, each run coordinating in its own group."""
+    log = tmp_path / "exp"
+    rollout = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
+    rollout += ["env_config.train_tasks_rollout_size=24", "env_config.n_samples_per_task=4"]
+    update = ["--rl-phase", "update", "--max-iterations", "1", "algorithm.max_steps=1", "algorithm.learning_rate=1e-4"]
+    update += ["algorithm.per_device_train_batch_size=1", "algorithm.gradient_accumulation_steps=1"]
+    update += ["algorithm.cutoff_len=512"]
+    poll = {"BATON_UPDATE_POLL_S": "2"}
+    nodes = [node(data_dir, log, "0", *update, env=poll), node(data_dir, log, "1", *update, env=poll)]
+    nodes += [node(data_dir, log, "0", *rollout), node(data_dir, log, "1", *rollout)]
+    budget = 2 * VLLM_START_S + generation_s(96, 32) + 2 * UPDATE_S
+    outs = [
+        communicate_waiting(proc, waiting_for="the four nodes of the split deployment", timeout=budget)
+        for proc in nodes
+    ]
+    assert [proc.returncode for proc in nodes] == [0, 0, 0, 0], "\n".join(out[-1500:] for out in outs)
+    assert len(episodes(log, "train", 1, 0)) + len(episodes(log, "train", 1, 1)) == 96
+    record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
+    assert record["iteration"] == 1 and (log / "training" / "iter_0001" / "train.rank_1.log").exists()
+    assert (log / "split" / "rollout" / "cluster" / "run.json").exists()
+    assert (log / "split" / "update" / "cluster" / "run.json").exists() and not (log / "cluster").exists()
+    assert_nothing_left(log)
