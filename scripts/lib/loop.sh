@@ -553,7 +553,7 @@ loop_cleanup() {
     [[ " ${LOOP_GROUPS[*]} " != *" update "* ]] || loop_stop_update
     for name in "${LOOP_GROUPS[@]}"; do procs_stop "$LOOP_RUN_DIR" "$name" 10; done
   fi
-  [[ -z ${NODES_RUN_ID:-} ]] || procs_stop "$LOOP_RUN_DIR" heartbeat 5
+  [[ -z ${NODES_RUN_ID:-} ]] || procs_stop "$LOOP_RUN_DIR" "$NODES_BEAT" 5
   loop_release
   [[ -z ${NODES_RUN_ID:-} ]] || exit "$NODES_EXIT"
 }

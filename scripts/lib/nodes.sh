@@ -57,11 +57,13 @@ nodes_start() {
       torchrun_port) NODES_TORCHRUN_PORT=$value ;;
     esac
   done < <(nodes_cli record --run-id "$NODES_RUN_ID")
-  rm -f "$LOOP_RUN_DIR/ended"
   group=$(nodes_group)
-  procs_start "$LOOP_RUN_DIR" heartbeat "$LOOP_RUN_DIR/logs/heartbeat.log" env PYTHONPATH="$LOOP_ROOT" \
+  # A split deployment's two runs share this rank's run directory: each has its own heartbeat and reason file.
+  NODES_BEAT=heartbeat${group:+-$group} NODES_ENDED=$LOOP_RUN_DIR/ended${group:+-$group}
+  rm -f "$NODES_ENDED"
+  procs_start "$LOOP_RUN_DIR" "$NODES_BEAT" "$LOOP_RUN_DIR/logs/$NODES_BEAT.log" env PYTHONPATH="$LOOP_ROOT" \
     "$BATON_APP_PY" -m coordinator heartbeat --log-path "$RUN_LOG" ${group:+--group "$group"} \
-    --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --node-pid $$ --stop-node --reason-file "$LOOP_RUN_DIR/ended" >/dev/null
+    --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --node-pid $$ --stop-node --reason-file "$NODES_ENDED" >/dev/null
   common_log "rank $RUN_RANK of $RUN_NUM_NODES: run $NODES_RUN_ID, master $NODES_MASTER_ADDR" \
     "(torchrun port $NODES_TORCHRUN_PORT); status: python -m coordinator status --log-path $RUN_LOG${group:+ --group $group}"
 }
@@ -141,7 +143,7 @@ nodes_exit() {
 
 # nodes_ended: print why the heartbeat stopped this node ("<code>\t<reason>"), if it did.
 nodes_ended() {
-  [[ -n ${LOOP_RUN_DIR:-} && -s $LOOP_RUN_DIR/ended ]] && cat "$LOOP_RUN_DIR/ended"
+  [[ -n ${NODES_ENDED:-} && -s $NODES_ENDED ]] && cat "$NODES_ENDED"
   return 0
 }
 
