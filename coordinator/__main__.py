@@ -70,6 +70,13 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_env(args: argparse.Namespace) -> int:
+    from coordinator.nodefile import export_lines, load_node_file, node_env
+
+    print(export_lines(node_env(load_node_file(Path(args.node_file), args.num_nodes), args.rank)), end="")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from coordinator.plot import save_plot
 
@@ -177,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--num-nodes", type=int, required=True)
     merge.add_argument("--wall-s", type=float, required=True)
     merge.set_defaults(func=cmd_aggregate)
+    node_file = sub.add_parser("node-env", help="this node's settings from a node file, as export lines")
+    node_file.add_argument("--node-file", required=True)
+    node_file.add_argument("--rank", type=int, required=True)
+    node_file.add_argument("--num-nodes", type=int, required=True)
+    node_file.set_defaults(func=cmd_node_env)
     for name, func in (("plot", cmd_plot), ("table", cmd_table)):
         command = sub.add_parser(name)
         command.add_argument("--log-path", required=True)

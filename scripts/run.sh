@@ -131,6 +131,7 @@ main() {
   fi
   cli_validate
   envs_export
+  nodes_apply_file
   loop_setup
   if ((RUN_DRY)); then
     loop_compose

@@ -18,6 +18,7 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --rank-weights W0,W1,...   required when N > 1: one integer load weight >= 1 per node
   --master | --worker R      this node's rank (0 | 1..N-1); else $RANK, then $NODE_RANK
   --node-addr ADDR           the address other nodes reach this one at (default $BATON_NODE_ADDR, else the default route's)
+  --node-file FILE           per-node settings (environment variables, interpreters, vLLM port) by rank (default $BATON_NODE_FILE)
   --debug-mode               use the external vLLM at policy_config.base_url; start/stop nothing
   --resume                   continue the interrupted iteration (on several nodes: give it to every node)
   --max-iterations N         stop after N iterations (default: run until stopped)
@@ -61,12 +62,13 @@ cli_is_int() {
 cli_parse() {
   RUN_DATA="" RUN_LOG="" RUN_PHASE="" RUN_EVAL_INTERVAL="" RUN_SPLIT="" RUN_NUM_NODES=""
   RUN_RANK_WEIGHTS="" RUN_MASTER="" RUN_WORKER="" RUN_DEBUG=0 RUN_RESUME=0 RUN_MAX_ITER=""
-  RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0 RUN_FINAL_EVAL=0 RUN_NODE_ADDR="" RUN_STOP=0
+  # shellcheck disable=SC2034 # RUN_NODE_FILE is read by nodes.sh
+  RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0 RUN_FINAL_EVAL=0 RUN_NODE_ADDR="" RUN_STOP=0 RUN_NODE_FILE=""
   RUN_OVERRIDES=()
   while (($#)); do
     case "$1" in
       --data-path | --log-path | --rl-phase | --eval-interval | --rollout-split | --num-nodes | \
-        --rank-weights | --worker | --max-iterations | --max-update-failures | --wait-timeout | --node-addr)
+        --rank-weights | --worker | --max-iterations | --max-update-failures | --wait-timeout | --node-addr | --node-file)
         cli_need_value "$1" $#
         cli_parse_valued "$1" "$2"
         shift 2
@@ -123,6 +125,7 @@ cli_parse_valued() {
     --max-update-failures) cli_set_once RUN_MAX_FAILURES "$1" "$2" ;;
     --wait-timeout) cli_set_once RUN_WAIT "$1" "$2" ;;
     --node-addr) cli_set_once RUN_NODE_ADDR "$1" "$2" ;;
+    --node-file) cli_set_once RUN_NODE_FILE "$1" "$2" ;;
   esac
 }
 

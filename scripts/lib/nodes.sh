@@ -17,6 +17,19 @@ nodes_is_master() {
   ((RUN_RANK == 0))
 }
 
+# nodes_apply_file: export this rank's settings from --node-file (or
+# BATON_NODE_FILE): environment variables, interpreters, vLLM port, address.
+# A bad file exits 2 naming the problem, before anything starts.
+nodes_apply_file() {
+  local file=${RUN_NODE_FILE:-${BATON_NODE_FILE:-}} exports
+  [[ -n $file ]] || return 0
+  exports=$(PYTHONPATH="$ROOT" "$BATON_APP_PY" -m coordinator node-env --node-file "$file" --rank "$RUN_RANK" \
+    --num-nodes "$RUN_NUM_NODES") || cli_bad "--node-file $file: see the problems above"
+  eval "$exports"
+  [[ -z ${BATON_NODE_ADDR:-} || -n $RUN_NODE_ADDR ]] || RUN_NODE_ADDR=$BATON_NODE_ADDR
+  [[ -z $exports ]] || common_log "node file $file: rank $RUN_RANK sets $(cut -d= -f1 <<<"${exports//export /}" | paste -sd' ')"
+}
+
 # nodes_group: print this run's protocol group: "" for --rl-phase both (files
 # under <log>/cluster/), else the phase: a split deployment's rollout run and
 # update run on the same log path coordinate apart (<log>/split/<phase>/cluster/).

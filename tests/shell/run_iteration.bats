@@ -135,3 +135,26 @@ setup() {
   [[ $stderr == *"add --debug-mode to use an external server"* ]]
   [ ! -e "$LOG" ]
 }
+
+@test "--node-file: this rank's variables and port reach its vLLM, other ranks keep the defaults; a bad file exits 2" {
+  cat >"$BATS_TEST_TMPDIR/nodes.yaml" <<YAML
+node_groups:
+  - label: small
+    node_ranks: 1
+    env_vars: {VLLM_CPU_KVCACHE_SPACE: "3"}
+    vllm_port: 18555
+    node_addr: 10.1.2.3
+YAML
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
+    --dry-run --num-nodes 2 --rank-weights 1,1 --worker 1 --node-file "$BATS_TEST_TMPDIR/nodes.yaml"
+  [[ $output == *"node file $BATS_TEST_TMPDIR/nodes.yaml: rank 1 sets VLLM_CPU_KVCACHE_SPACE BATON_VLLM_PORT BATON_NODE_ADDR"* ]]
+  [[ $(grep '^\[serve\]' <<<"$output") == *"VLLM_CPU_KVCACHE_SPACE=3 "*"--port 18555"* ]]
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
+    --dry-run --num-nodes 2 --rank-weights 1,1 --master --node-file "$BATS_TEST_TMPDIR/nodes.yaml"
+  [[ $output != *"node file"* && $(grep '^\[serve\]' <<<"$output") == *"--port 8999"* ]]
+  printf 'node_groups: [{node_ranks: 5}]\n' >"$BATS_TEST_TMPDIR/bad.yaml"
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both \
+    --eval-interval 1 --num-nodes 2 --rank-weights 1,1 --master --node-file "$BATS_TEST_TMPDIR/bad.yaml"
+  [[ $stderr == *"node_groups[0].node_ranks [5] are outside 0..1 (--num-nodes 2)"* ]]
+  [ ! -e "$LOG" ]
+}
