@@ -245,6 +245,10 @@ def cmd_fail(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     cluster, _ = this_run(args)
+    earlier = cluster.stop_request()
+    if earlier is not None:  # the first request's reason is the one every node reports
+        say(f"run {cluster.run_id} was already asked to stop: {earlier.reason}")
+        return 0
     cluster.request_stop(StopRequest(args.reason, args.rank, socket.gethostname(), os.getppid()))
     say(f"asked run {cluster.run_id} to stop: {args.reason}")
     return 0

@@ -175,7 +175,7 @@ nodes_leave() {
       3) common_warn "stopping this node: $reason; start every node again with --resume once it is fixed" && rc=1 ;;
       5) common_warn "this rank was evicted: $reason" && rc=1 ;;
     esac
-  elif ((rc == 130 || rc == 143)) && nodes_is_master; then
+  elif ((rc == 130 || rc == 143)) && nodes_is_master && ((!${NODES_STOPPED:-0})); then
     # Ctrl+C or SIGTERM on the master stops the whole run: a stop, not a failure.
     reason="SIGINT on the master"
     ((rc == 130)) || reason="SIGTERM on the master"

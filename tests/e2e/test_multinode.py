@@ -182,7 +182,7 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
 ) -> None:
     log = tmp_path / "exp"
     args = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
-    args += ["env_config.train_tasks_rollout_size=160", "env_config.n_samples_per_task=1"]
+    args += ["env_config.train_tasks_rollout_size=400", "env_config.n_samples_per_task=1"]
     both_started = 2 * VLLM_START_S + generation_s(16, 32)
 
     def journaled_more(before: list[int]):
@@ -223,14 +223,14 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
 
     # 3. --resume finishes the iteration: every planned episode once, the stopped parts kept
     nodes = [node(data_dir, log, "0", *args, "--resume"), node(data_dir, log, "1", *args, "--resume")]
-    budget = 2 * VLLM_START_S + generation_s(160, 32)
+    budget = 2 * VLLM_START_S + generation_s(400, 32)
     waiting_for = "both nodes to finish the resumed iteration"
     outs = [communicate_waiting(proc, waiting_for=waiting_for, timeout=budget) for proc in nodes]
     assert [proc.returncode for proc in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
     ids = [t["episode_id"] for rank in (0, 1) for t in episodes(log, "train", 1, rank)]
-    assert len(ids) == len(set(ids)) == 160
+    assert len(ids) == len(set(ids)) == 400
     merged = [r for r in metrics(log) if r["kind"] == "rollout" and r["iteration"] == 1]
-    assert len(merged) == 1 and merged[0]["complete"] and merged[0]["episodes"] == 160
+    assert len(merged) == 1 and merged[0]["complete"] and merged[0]["episodes"] == 400
     assert_nothing_left(log)
 
 

@@ -181,3 +181,11 @@ seq_of() {
   run -0 "${CLI[@]}" stop --log-path "$LOG" --group rollout --reason "test"
   [ -f "$LOG/split/rollout/cluster/runs/$rollout/stop.json" ] && [ ! -e "$LOG/split/update/cluster/runs/$update/stop.json" ]
 }
+
+@test "a second stop request keeps the first one's reason (every node reports why the run stopped)" {
+  start
+  run -0 "${CLI[@]}" stop --log-path "$LOG" --reason "operator: disk full"
+  run -0 --separate-stderr "${CLI[@]}" stop --log-path "$LOG" --reason "SIGTERM on the master"
+  [[ $stderr == *"was already asked to stop: operator: disk full"* ]]
+  grep -q '"reason": "operator: disk full"' "$LOG/cluster/runs/$RUN/stop.json"
+}
