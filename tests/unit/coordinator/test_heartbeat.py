@@ -129,3 +129,26 @@ def test_run_heartbeat_ends_by_itself_on_stop_and_on_eviction(tmp_path: Path) ->
     ended = run_heartbeat(other, 2, 0.05, stop.wait, host="h", pid=7)
     assert ended is not None and ended.exit_code == 5
     assert "silent" in str(ended)
+
+
+def test_peer_watch_ends_the_heartbeat_when_a_seen_peer_falls_silent_or_fails(tmp_path: Path) -> None:
+    """Abort mode: the heartbeat stops its node when another rank failed or, once seen beating, fell silent;
+    a rank that never beat yet (still joining) is left to the barriers."""
+    from coordinator.cluster import FailureRecord
+    from coordinator.heartbeat import PeerWatch
+
+    clock = FakeClock()
+    cluster = Cluster(tmp_path, "r1", rank=0)
+    watch = PeerWatch(cluster, [0, 1, 2], dead_after_s=30)
+    watch.watcher = LivenessWatcher(cluster, watch.ranks, 30, clock=clock)
+    beat(cluster, 1, 1)
+    assert watch() is None
+    beat(cluster, 1, 2)  # rank 1 seen beating; rank 2 never beat
+    clock.now += 10
+    assert watch() is None
+    clock.now += 31
+    ended = watch()
+    assert ended is not None and ended.exit_code == 3 and str(ended).startswith("rank 1: dead: no heartbeat change")
+    cluster.fail(FailureRecord(2, 3, "update", "training exit 1", 1, "h", 9))
+    ended = PeerWatch(cluster, [0, 1, 2], dead_after_s=30)()
+    assert ended is not None and str(ended) == "rank 2: failed in update of iteration 3: training exit 1"
