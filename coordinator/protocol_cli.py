@@ -50,15 +50,15 @@ from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-#: a split deployment's runs (a rollout run and an update run on the same log path) coordinate apart
+#: rollout-only and update-only runs coordinate apart: a split deployment runs both on one log path
 GROUPS = ("rollout", "update")
-GROUP_HELP = "the run of a split deployment: its files are under <log>/split/<group>/cluster/"
+GROUP_HELP = "a rollout-only or update-only run: its files are under <log>/roles/<group>/cluster/"
 Command = Callable[[argparse.Namespace], int]
 
 
 def protocol_root(log_path: str, group: str | None) -> Path:
-    """Where a run's protocol files live: <log>/cluster/, or <log>/split/<group>/cluster/ for a split deployment."""
-    return Path(log_path) / "split" / group if group else Path(log_path)
+    """Where a run's protocol files live: <log>/cluster/ (both), <log>/roles/<group>/cluster/ (rollout, update)."""
+    return Path(log_path) / "roles" / group if group else Path(log_path)
 
 
 def say(line: str) -> None:

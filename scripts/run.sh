@@ -100,7 +100,7 @@ cmd_stop() {
   local file host pid start group stopped=0
   [[ $RUN_LOG == /* && -d $RUN_LOG ]] || cli_bad "--stop needs the --log-path of a run (an existing absolute path; got '$RUN_LOG')"
   for group in "" rollout update; do # --rl-phase both, then a split deployment's runs
-    [[ -f $RUN_LOG/${group:+split/$group/}cluster/run.json ]] || continue
+    [[ -f $RUN_LOG/${group:+roles/$group/}cluster/run.json ]] || continue
     loop_py "$BATON_APP_PY" -m coordinator stop --log-path "$RUN_LOG" ${group:+--group "$group"} \
       --reason "run.sh --stop by $(id -un)@$(hostname)" || common_die 1 "could not ask the run on $RUN_LOG to stop"
     stopped=1

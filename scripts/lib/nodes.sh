@@ -32,7 +32,7 @@ nodes_apply_file() {
 
 # nodes_group: print this run's protocol group: "" for --rl-phase both (files
 # under <log>/cluster/), else the phase: a split deployment's rollout run and
-# update run on the same log path coordinate apart (<log>/split/<phase>/cluster/).
+# update run on the same log path coordinate apart (<log>/roles/<phase>/cluster/).
 nodes_group() {
   [[ $RUN_PHASE == both ]] || printf '%s\n' "$RUN_PHASE"
 }

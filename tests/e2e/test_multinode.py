@@ -174,7 +174,7 @@ def test_a_dead_node_stops_the_others_which_name_it(data_dir: Path, tmp_path: Pa
 
 
 def run_id(log: Path) -> str:
-    return json.loads((log / "cluster" / "run.json").read_text())["run_id"]
+    return json.loads((log / "roles" / "rollout" / "cluster" / "run.json").read_text())["run_id"]
 
 
 def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_iteration(
@@ -255,6 +255,6 @@ def test_split_deployment_a_rollout_run_and_an_update_run_on_two_nodes_each(data
     assert len(episodes(log, "train", 1, 0)) + len(episodes(log, "train", 1, 1)) == 96
     record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
     assert record["iteration"] == 1 and (log / "training" / "iter_0001" / "train.rank_1.log").exists()
-    assert (log / "split" / "rollout" / "cluster" / "run.json").exists()
-    assert (log / "split" / "update" / "cluster" / "run.json").exists() and not (log / "cluster").exists()
+    assert (log / "roles" / "rollout" / "cluster" / "run.json").exists()
+    assert (log / "roles" / "update" / "cluster" / "run.json").exists() and not (log / "cluster").exists()
     assert_nothing_left(log)

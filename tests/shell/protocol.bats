@@ -176,10 +176,10 @@ seq_of() {
     --alive-window 0.5 --pid $$
   local update=$output
   [[ $rollout != "$update" && $rollout != "$RUN" ]]
-  [ -d "$LOG/split/rollout/cluster/runs/$rollout" ] && [ -d "$LOG/split/update/cluster/runs/$update" ]
+  [ -d "$LOG/roles/rollout/cluster/runs/$rollout" ] && [ -d "$LOG/roles/update/cluster/runs/$update" ]
   [ -d "$LOG/cluster/runs/$RUN" ] && [ ! -e "$LOG/cluster/runs/$rollout" ]
   run -0 "${CLI[@]}" stop --log-path "$LOG" --group rollout --reason "test"
-  [ -f "$LOG/split/rollout/cluster/runs/$rollout/stop.json" ] && [ ! -e "$LOG/split/update/cluster/runs/$update/stop.json" ]
+  [ -f "$LOG/roles/rollout/cluster/runs/$rollout/stop.json" ] && [ ! -e "$LOG/roles/update/cluster/runs/$update/stop.json" ]
 }
 
 @test "a second stop request keeps the first one's reason (every node reports why the run stopped)" {
