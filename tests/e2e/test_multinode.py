@@ -230,9 +230,10 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     outs = [communicate_waiting(proc, waiting_for=waiting_for, timeout=budget) for proc in nodes]
     assert [proc.returncode for proc in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
     ids = [t["episode_id"] for rank in (0, 1) for t in episodes(log, "train", 1, rank)]
-    assert len(ids) == len(set(ids)) == 400
     merged = [r for r in metrics(log) if r["kind"] == "rollout" and r["iteration"] == 1]
-    assert len(merged) == 1 and merged[0]["complete"] and merged[0]["episodes"] == 400
+    assert len(merged) == 1 and merged[0]["complete"]
+    planned = merged[0]["planned"]  # every train task once (the data's 320 when fewer than 400)
+    assert planned >= 300 and len(ids) == len(set(ids)) == merged[0]["episodes"] == planned
     assert_nothing_left(log)
 
 
