@@ -3,7 +3,8 @@
 - `--rl-phase both --max-iterations 2`: trajectories of both iterations, a
   promoted policy that serves iteration 2 (its policy version on every
   trajectory, the in-place reload recorded), metrics and plot, no process left.
-- SIGINT during a rollout: run.sh exits within 30 s with nothing of it left;
+- SIGINT during a rollout, then SIGTERM during the clean-up: run.sh exits (130) within 30 s
+  with nothing of it left;
   `--resume` completes the iteration without duplicate episodes.
 - `--debug-mode` against a vLLM started outside the run: used, and still
   running afterwards.
@@ -138,9 +139,11 @@ def test_sigint_during_rollout_stops_everything_then_resume_completes(data_dir: 
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     stopped = time.monotonic()
-    rc, out = finish(proc, "run.sh to stop after Ctrl+C", 60)
+    time.sleep(0.5)  # clean-up under way (it stops the rollout, then vLLM): a second signal must not cut it short
+    proc.send_signal(signal.SIGTERM)
+    rc, out = finish(proc, "run.sh to stop after Ctrl+C and a SIGTERM", 60)
     assert time.monotonic() - stopped < 30, out[-3000:]
-    assert rc == 130, out[-3000:]
+    assert rc == 130, out[-3000:]  # the first signal's code: the second was ignored during clean-up
     assert not processes_mentioning(str(log), f"--port {port}") and not serves(port)
     partial = len(journal(log, "test", 1))
     assert 0 < partial < 48
