@@ -4,7 +4,7 @@
 # The protocol and its files (<log>/cluster/) are coordinator/'s; this file
 # calls `python -m coordinator ...`, keeps the processes it needs tracked, and
 # turns the protocol's outcomes into run.sh's exit codes (docs/multinode.md).
-# With --num-nodes 1 every function here does nothing.
+# With --num-nodes 1 they do nothing, except nodes_apply_file (a node file applies to one node too).
 # Library file: defines functions only. Needs common.sh, procs.sh and loop.sh (loop_py, LOOP_*).
 
 # nodes_multi: true when several nodes share this run.
