@@ -96,7 +96,8 @@ loop_compose() {
 }
 
 # loop_policy_version: print the version to serve and fine-tune: the pinned
-# one (a rollout step's plan), else the one policy/current points at ("" for none).
+# one (a worker's: the master named it; a rollout run's for its step), else the
+# one policy/current points at ("" for none: the base model).
 loop_policy_version() {
   local link="$RUN_LOG/policy/current" target
   if ((LOOP_PINNED)); then
@@ -214,7 +215,7 @@ loop_timed() {
   return "$rc"
 }
 
-# loop_mark <n> <phase> [content]: record that <phase> of iteration <n> is done (the master's record).
+# loop_mark <log> <n> <phase> [content]: iteration_mark on the master (and a single node) only.
 loop_mark() {
   ! nodes_is_master || iteration_mark "$@"
 }
