@@ -278,6 +278,10 @@ loop_update() {
   if ((rc == 0)); then
     LOOP_FAILURES=0
     outcome="promoted v$(loop_policy_version)"
+  elif ((rc == 2)); then # python -m training: bad input (a config only the train environment checks)
+    loop_mark "$RUN_LOG" "$n" update "failed (exit 2: bad input)"
+    common_die 2 "iteration $n: the update rejected its input (see $log); fix the configuration, then rerun" \
+      "with --resume (the rollouts are kept; every further update would fail the same way)"
   elif ((rc == 3)); then # python -m training: too little data for one optimizer step
     outcome="skipped: too little to train on"
     common_warn "iteration $n: too few usable samples to train on (see $log); keeping the served policy"
