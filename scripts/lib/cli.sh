@@ -20,7 +20,7 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --node-addr ADDR           the address other nodes reach this one at (default $BATON_NODE_ADDR, else the default route's)
   --node-file FILE           per-node settings (environment variables, interpreters, vLLM port) by rank (default $BATON_NODE_FILE)
   --debug-mode               use the external vLLM at policy_config.base_url; start/stop nothing
-  --resume                   continue the interrupted iteration (on several nodes: give it to every node)
+  --resume                   continue the interrupted iteration (on several nodes the master's decides for all)
   --max-iterations N         stop after N iterations (default: run until stopped)
   --max-update-failures N    stop after N consecutive failed updates (default 3)
   --final-eval               both, with --max-iterations: evaluate the last promoted policy on the held-out tasks at the end
