@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, default_sigint
-from tests.e2e.conftest import free_port, processes_mentioning
+from tests.e2e.conftest import ONE_STEP_LOOP, free_port, processes_mentioning
 from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
 
 pytestmark = pytest.mark.e2e
@@ -113,15 +113,8 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
         "1",
         "--final-eval",
         *SMALL,
-        # 96 episodes at the base model's ~8% success: P(fewer than the 2 rows one optimizer step needs) < 1%
-        "env_config.train_tasks_rollout_size=24",
-        "env_config.n_samples_per_task=4",
+        *ONE_STEP_LOOP,
         "env_config.test_tasks_rollout_size=8",
-        "algorithm.max_steps=1",
-        "algorithm.learning_rate=1e-4",
-        "algorithm.per_device_train_batch_size=1",
-        "algorithm.gradient_accumulation_steps=1",
-        "algorithm.cutoff_len=512",
     ]
     worker = node(data_dir, log, None, *args, env={"RANK": "1"}, nodes=TWO_ONE)  # the seed's "export RANK=r" form
     wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])

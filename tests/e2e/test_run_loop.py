@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, default_sigint
-from tests.e2e.conftest import free_port, processes_mentioning
+from tests.e2e.conftest import ONE_STEP_LOOP, free_port, processes_mentioning
 from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
 
 pytestmark = pytest.mark.e2e
@@ -76,15 +76,8 @@ def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: 
         "--max-iterations",
         "2",
         *TINY,
-        # 96 episodes at the base model's ~8% success: P(no success to train on in an iteration) < 0.1%
-        "env_config.train_tasks_rollout_size=24",
-        "env_config.n_samples_per_task=4",
+        *ONE_STEP_LOOP,
         "env_config.test_tasks_rollout_size=8",
-        "algorithm.max_steps=1",
-        "algorithm.learning_rate=1e-4",
-        "algorithm.per_device_train_batch_size=1",
-        "algorithm.gradient_accumulation_steps=1",
-        "algorithm.cutoff_len=512",
         port=port,
     )
     # 2 x (96 train + 8 eval episodes of 32 tokens), 2 updates, a vLLM start and a reload
