@@ -82,9 +82,11 @@ procs_group_ours() {
 
 # procs_signal <pgid> <start_time> <signal>: send <signal> (TERM, KILL) to group
 # <pgid> while it runs and is the group recorded with <start_time>
-# (procs_group_ours); false when nothing was sent.
+# (procs_group_ours); false when nothing was sent. A SIGTERM is followed by a
+# SIGCONT (as systemd does), so a stopped group (SIGSTOP, ^Z) handles it now.
 procs_signal() {
-  procs_group_ours "$1" "$2" && procs_group_alive "$1" && kill "-$3" -- "-$1" 2>/dev/null
+  procs_group_ours "$1" "$2" && procs_group_alive "$1" && kill "-$3" -- "-$1" 2>/dev/null || return 1
+  [[ $3 != TERM ]] || kill -CONT -- "-$1" 2>/dev/null || true
 }
 
 # procs_stop <run_dir> <name> [grace_s]: SIGTERM the recorded group, wait up to

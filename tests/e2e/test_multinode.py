@@ -10,6 +10,10 @@
   continues, the worker started first beside the stopped run's files waits for the new
   master; SIGTERM on the master stops the worker too, as a stop; a last `--resume`
   finishes the iteration with every planned episode exactly once.
+
+A node that must still be mid-rollout when the test acts has its rollout engine held with
+SIGSTOP (`hold_rollouts_after_next_episode`) right after the episode the test waited for: a slow node, whatever
+the speed of the machine (a fast one finishes a 160-episode share in seconds).
 """
 
 from __future__ import annotations
@@ -75,8 +79,8 @@ def metrics(log: Path) -> list[dict]:
     return [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def wait_for(condition, waiting_for: str, timeout: float, procs: list[subprocess.Popen]) -> None:
-    """Poll `condition` until true; fail naming what was awaited (or which node exited first)."""
+def wait_for(condition, waiting_for: str, timeout: float, procs: list[subprocess.Popen], every: float = 0.5) -> None:
+    """Poll `condition` every `every` s until true; fail naming what was awaited (or which node exited first)."""
     deadline = time.monotonic() + timeout
     while not condition():
         for proc in procs:
@@ -84,7 +88,26 @@ def wait_for(condition, waiting_for: str, timeout: float, procs: list[subprocess
                 pytest.fail(f"a node exited ({proc.returncode}) while waiting for {waiting_for}:\n{proc.stdout.read()}")
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {waiting_for}")
-        time.sleep(0.5)
+        time.sleep(every)
+
+
+def hold_rollouts_after_next_episode(
+    log: Path, ranks: list[int], timeout: float, procs: list[subprocess.Popen]
+) -> None:
+    """Wait for each rank's next journaled episode and SIGSTOP its rollout engine at once: the node stays
+    alive (heartbeat, run.sh) and mid-rollout, a slow node, until its run.sh stops the group (SIGTERM + SIGCONT)."""
+    before = {rank: len(episodes(log, "train", 1, rank)) for rank in ranks}
+    held: set[int] = set()
+
+    def hold_the_ready() -> bool:
+        for rank in set(ranks) - held:
+            if len(episodes(log, "train", 1, rank)) > before[rank]:
+                pids = log / "run" / f"rank_{rank}" / "pids"
+                os.killpg(int((pids / "rollout-train.pgid").read_text().split()[0]), signal.SIGSTOP)
+                held.add(rank)
+        return held == set(ranks)
+
+    wait_for(hold_the_ready, f"the next journaled episode of ranks {ranks}", timeout, procs, every=0.02)
 
 
 def kill_node(log: Path, rank: int, proc: subprocess.Popen) -> None:
@@ -148,22 +171,27 @@ def test_a_dead_node_stops_the_others_which_name_it(data_dir: Path, tmp_path: Pa
     log = tmp_path / "exp"
     args = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
     args += ["env_config.train_tasks_rollout_size=400", "env_config.n_samples_per_task=1"]
-    for dead, survivor, extra in ((1, 0, []), (0, 1, ["--resume"])):
-        nodes = {0: node(data_dir, log, "0", *args, *extra), 1: node(data_dir, log, "1", *args, *extra)}
-        before = len(episodes(log, "train", 1, dead))
-        wait_for(
-            lambda dead=dead, before=before: len(episodes(log, "train", 1, dead)) > before,
-            f"rank {dead}'s next journaled episode",
-            2 * VLLM_START_S + generation_s(8, 32),
-            list(nodes.values()),
-        )
-        kill_node(log, dead, nodes[dead])
-        waiting_for = f"rank {survivor} to notice that rank {dead} died"
-        out = communicate_waiting(nodes[survivor], waiting_for=waiting_for, timeout=10 + 120)
-        assert nodes[survivor].returncode == 1, out[-3000:]
-        assert f"rank {dead}: dead: no heartbeat change seen for" in out, out[-3000:]
-        assert not list((log / "run" / f"rank_{survivor}" / "pids").glob("*.pgid"))
-        assert not processes_mentioning(str(log / "run" / f"rank_{survivor}"))
+    started = 2 * VLLM_START_S + generation_s(8, 32)
+    # 1. the worker dies mid-rollout (right after an episode: most of its share is left)
+    nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
+    more = lambda: len(episodes(log, "train", 1, 1)) > 0  # noqa: E731
+    wait_for(more, "rank 1's first journaled episode", started, list(nodes.values()), every=0.02)
+    kill_node(log, 1, nodes[1])
+    assert_survivor_names_the_dead(log, nodes[0], survivor=0, dead=1)
+    # 2. --resume, then the master dies while the worker is still mid-rollout (held: its share is not done)
+    nodes = {0: node(data_dir, log, "0", *args, "--resume"), 1: node(data_dir, log, "1", *args, "--resume")}
+    hold_rollouts_after_next_episode(log, [1], started, list(nodes.values()))
+    kill_node(log, 0, nodes[0])
+    assert_survivor_names_the_dead(log, nodes[1], survivor=1, dead=0)
+
+
+def assert_survivor_names_the_dead(log: Path, survivor_proc: subprocess.Popen, survivor: int, dead: int) -> None:
+    waiting_for = f"rank {survivor} to notice that rank {dead} died"
+    out = communicate_waiting(survivor_proc, waiting_for=waiting_for, timeout=10 + 120)
+    assert survivor_proc.returncode == 1, out[-3000:]
+    assert f"rank {dead}: dead: no heartbeat change seen for" in out, out[-3000:]
+    assert not list((log / "run" / f"rank_{survivor}" / "pids").glob("*.pgid"))
+    assert not processes_mentioning(str(log / "run" / f"rank_{survivor}"))
 
 
 def run_id(log: Path) -> str:
@@ -178,12 +206,9 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     args += ["env_config.train_tasks_rollout_size=400", "env_config.n_samples_per_task=1"]
     both_started = 2 * VLLM_START_S + generation_s(16, 32)
 
-    def journaled_more(before: list[int]):
-        return lambda: all(len(episodes(log, "train", 1, rank)) > before[rank] for rank in (0, 1))
-
-    # 1. run.sh --stop: every node stops (143), nothing left
+    # 1. run.sh --stop: every node stops (143), nothing left (both held mid-rollout after an episode)
     nodes = [node(data_dir, log, "0", *args), node(data_dir, log, "1", *args)]
-    wait_for(journaled_more([0, 0]), "a journaled episode on both nodes", both_started, nodes)
+    hold_rollouts_after_next_episode(log, [0, 1], both_started, nodes)
     first_run = run_id(log)
     stop = subprocess.run(
         ["bash", str(REPO / "scripts/run.sh"), "--stop", "--log-path", str(log)],
@@ -201,13 +226,11 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
 
     # 2. --resume, the worker first: beside the stopped run's files it waits for a live master,
     #    then joins the new run; SIGTERM on the master stops the worker too, as a stop
-    before = [len(episodes(log, "train", 1, rank)) for rank in (0, 1)]
     worker = node(data_dir, log, "1", *args, "--resume")
     wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])
     master = node(data_dir, log, "0", *args, "--resume")
-    # (a rank whose share was all journaled before the stop has nothing left to do: wait for the others)
-    more = lambda: sum(len(episodes(log, "train", 1, rank)) for rank in (0, 1)) > sum(before)  # noqa: E731
-    wait_for(more, "a new journaled episode after the resume", both_started, [master, worker])
+    # (the worker held mid-rollout, so the iteration is not done when the master stops)
+    hold_rollouts_after_next_episode(log, [1], both_started, [master, worker])
     assert run_id(log) != first_run
     os.kill(master.pid, signal.SIGTERM)
     out_m = communicate_waiting(master, waiting_for="the master to stop on SIGTERM", timeout=120)

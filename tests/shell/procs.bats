@@ -29,6 +29,16 @@ setup() {
   run -1 procs_group_alive "$pgid"
 }
 
+@test "procs_stop: a stopped group (SIGSTOP) handles its SIGTERM at once" {
+  pgid=$(procs_start "$RUN" frozen "$RUN/f.log" bash -c "trap 'echo handled >$RUN/term; exit 0' TERM; while :; do sleep 0.1; done")
+  sleep 0.3
+  kill -STOP -- "-$pgid"
+  run -0 procs_stop "$RUN" frozen 10
+  [[ $output != *"ignored SIGTERM"* ]]
+  [ "$(cat "$RUN/term")" = handled ]
+  run -1 procs_group_alive "$pgid"
+}
+
 @test "procs_stop leaves processes it did not start alone" {
   sleep 300 &
   local outsider=$!
