@@ -5,9 +5,11 @@
 #
 # With no stage named, runs them all in that order: lint (shellcheck + ruff),
 # unit (pytest tests/unit), shell (bats tests/shell), e2e (pytest tests/e2e:
-# real vLLM, LLaMA-Factory, Chromium). Every stage runs even after a failure;
-# the exit code is non-zero if any failed. Extra pytest arguments can be
-# passed in BATON_PYTEST_ARGS (e.g. "-k textworld").
+# real vLLM, LLaMA-Factory, Chromium). Every stage runs even after a failure.
+# The last line tallies the tests: passed, failed, skipped and deselected
+# (the `gpu` tests on a machine without an NVIDIA GPU). The exit code is
+# non-zero if a stage failed or any test was skipped: nothing may be skipped.
+# Extra pytest arguments can be passed in BATON_PYTEST_ARGS (e.g. "-k textworld").
 set -Eeuo pipefail
 [[ -n ${BATON_TRACE:-} ]] && set -x
 
@@ -16,6 +18,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 source "$ROOT/scripts/lib/common.sh"
 # shellcheck source=scripts/lib/envs.sh
 source "$ROOT/scripts/lib/envs.sh"
+# shellcheck source=scripts/lib/testreport.sh
+source "$ROOT/scripts/lib/testreport.sh"
 
 REPORTS=""
 declare -A STAGE_RESULT=() STAGE_TIME=()
@@ -30,13 +34,16 @@ test_lint() {
     (cd "$ROOT" && ruff check . && ruff format --check coordinator rollout_engine training tests bench)
 }
 
-# test_pytest <name> <dir>: run pytest on <dir> with a JUnit report.
+# test_pytest <name> <dir>: run pytest on <dir> with a JUnit report, the `gpu`
+# tests deselected on a machine without a GPU (BATON_PYTEST_ARGS comes last: its -m wins).
 # shellcheck disable=SC2329 # called through test_stage
 test_pytest() {
   local name=$1 dir=$2
-  local -a extra=()
+  local -a filter=() extra=()
+  mapfile -t filter < <(testreport_pytest_filter)
   read -r -a extra <<<"${BATON_PYTEST_ARGS:-}"
-  (cd "$ROOT" && "$BATON_APP_PY" -m pytest "$dir" -p no:cacheprovider --junitxml="$REPORTS/$name.xml" "${extra[@]}")
+  (cd "$ROOT" && "$BATON_APP_PY" -m pytest "$dir" -p no:cacheprovider --junitxml="$REPORTS/$name.xml" \
+    "${filter[@]}" "${extra[@]}")
 }
 
 # test_bats: run the shell tests with a TAP report.
@@ -55,26 +62,9 @@ test_stage() {
   STAGE_TIME[$name]=$((SECONDS - start))
 }
 
-# test_count: print "passed failed" summed over the JUnit and TAP reports.
-test_count() {
-  "$BATON_APP_PY" - "$REPORTS" <<'PY'
-import glob, sys, xml.etree.ElementTree as ET
-passed = failed = 0
-for path in glob.glob(f"{sys.argv[1]}/*.xml"):
-    for suite in ET.parse(path).getroot().iter("testsuite"):
-        bad = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-        passed += int(suite.get("tests", 0)) - bad - int(suite.get("skipped", 0))
-        failed += bad
-for path in glob.glob(f"{sys.argv[1]}/*.tap"):
-    for line in open(path):
-        passed += line.startswith("ok ")
-        failed += line.startswith("not ok ")
-print(passed, failed)
-PY
-}
-
+# main [stage...]: set up, run the stages, print the stage table and the test tally.
 main() {
-  local stage failed=0 passed_n failed_n
+  local stage failed=0 rc=0
   local -a stages=("$@")
   ((${#stages[@]})) || stages=(lint unit shell e2e)
   for stage in "${stages[@]}"; do
@@ -85,6 +75,7 @@ main() {
   PATH="$(dirname "$BATON_APP_PY"):$PATH"
   export PATH
   REPORTS=$(mktemp -d)
+  export BATON_TEST_REPORTS=$REPORTS # tests/conftest.py lists deselected tests there
   for stage in "${stages[@]}"; do
     case "$stage" in
       lint) test_stage lint test_lint ;;
@@ -102,13 +93,9 @@ main() {
       failed=1
     fi
   done
-  read -r passed_n failed_n < <(test_count)
+  testreport_summary "$REPORTS" "$failed" || rc=$?
   rm -rf "$REPORTS"
-  if ((failed)) && ((failed_n == 0)); then
-    failed_n=1 # a stage failed outside any counted test (lint, collection)
-  fi
-  printf 'tests: %s passed, %s failed\n' "$passed_n" "$failed_n"
-  return "$failed"
+  return "$rc"
 }
 
 # One line: bash parses it whole, so an edit of this file while it runs (git pull) cannot run stray bytes.

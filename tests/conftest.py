@@ -43,3 +43,14 @@ def default_sigint() -> None:
     """Popen preexec_fn: SIGINT as a terminal gives it. A test run started in the background (CI, nohup)
     inherits SIGINT as ignored, and bash cannot trap a signal ignored at its start."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """List the deselected tests for scripts/test.sh's tally (JUnit XML has no place for them): one
+    `gpu|other <node id>` line each, appended to $BATON_TEST_REPORTS/pytest.deselected when that is set."""
+    reports = os.environ.get("BATON_TEST_REPORTS")
+    if not reports:
+        return
+    with open(Path(reports) / "pytest.deselected", "a") as out:
+        for item in items:
+            out.write(f"{'gpu' if item.get_closest_marker('gpu') else 'other'} {item.nodeid}\n")
