@@ -44,6 +44,9 @@ cmd_dry_run() {
     printf '# rank %s of %s; the master (rank 0) numbers the iterations and chooses the torchrun port\n' "$RUN_RANK" "$RUN_NUM_NODES"
     NODES_MASTER_ADDR="<master address>" NODES_TORCHRUN_PORT="<torchrun port>"
   fi
+  if [[ $RUN_PHASE != rollout ]]; then
+    loop_update_cmd "$n" check && run_print_cmd "update-check (once per run, before the first rollout or update)"
+  fi
   if [[ $RUN_PHASE != update ]] && ((!RUN_DEBUG)); then
     vllm_choose "" "$(loop_policy_path)" || exit
     mapfile -t args < <(vllm_args "$(loop_policy_path)" "$LOOP_PORT" "$LOOP_MODEL")

@@ -1,11 +1,17 @@
 """Entry point of the update phase (run in the train environment).
 
     python -m training --config-name update log_path=L iteration=N [model_path=M] [algorithm=rft|kto|dpo] ...
+    python -m training --config-name update phase=check log_path=L iteration=N model_path=M ...
 
 Exit codes: 0 done, 2 bad input (nothing written, nothing launched), 1 the
 training failed (policy/current unchanged; run again to retry), 3 too little
-data to fill one optimizer step (nothing written), 130 / 143
-stopped by SIGINT / SIGTERM (the LLaMA-Factory group is stopped first).
+data to fill one optimizer step (nothing written), 130 / 143 stopped by SIGINT /
+SIGTERM (the LLaMA-Factory group is stopped first).
+
+`phase=check` validates the config, asks LLaMA-Factory about it (template,
+argument parser, tokenizer, DeepSpeed preset) and stops: exit 0 accepted, 2
+rejected. It writes nothing and launches nothing; run.sh runs it before the
+first rollout.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ other and collects every problem into one `ConfigError`.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from rollout_engine.errors import ConfigError
 
 STAGES = ("sft", "kto", "dpo")
 FINETUNING_TYPES = ("full", "lora")
-PHASES = ("prepare", "train", "promote", "all")
+PHASES = ("prepare", "train", "promote", "all", "check")
 DEEPSPEED_PRESETS = ("auto", "none", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
 
 
@@ -186,7 +187,8 @@ class UpdateConfig:
     #: the system prompt LLaMA-Factory uses when a sample has none (null = the template's own); it must
     #: equal the one the model's chat template inserts, or token fidelity fails
     default_system: str | None = None
-    #: prepare | train | promote | all (multi-node: node 0 prepares and promotes, every node trains)
+    #: prepare | train | promote | all (multi-node: node 0 prepares and promotes, every node trains);
+    #: check = ask LLaMA-Factory about this config and stop (run.sh does it before the first rollout)
     phase: str = "all"
     algorithm: AlgorithmConfig = MISSING
     data: DataConfig = field(default_factory=DataConfig)
@@ -269,10 +271,11 @@ def _check_template(name: str) -> list[str]:
         return []
     if name in TEMPLATES:
         return []
-    close = sorted(t for t in TEMPLATES if t.startswith(name[:3]))[:8]
+    common = [t for t in ("smollm2", "chatml", "llama3", "qwen3", "mistral", "gemma3", "phi4") if t in TEMPLATES]
+    shown = difflib.get_close_matches(name, TEMPLATES, n=4, cutoff=0.6) or common
     return [
-        f"template {name!r} is not a LLaMA-Factory template (similar: {', '.join(close) or 'none'}); "
-        "use smollm2 for the default model"
+        f"template={name!r} is not a LLaMA-Factory template; one of: {', '.join(shown)}, ... ({len(TEMPLATES)} "
+        "in all: llamafactory/data/template.py); smollm2 renders the default model's chat template"
     ]
 
 

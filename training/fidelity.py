@@ -28,6 +28,7 @@ from typing import Any
 
 from rollout_engine.errors import ConfigError
 from training.dataset import load_token_ids
+from training.recipe import load_template, parse_recipe
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
@@ -198,20 +199,15 @@ def _load(recipe: dict[str, Any], name: str) -> tuple[_Encoder, list[dict[str, A
     """LLaMA-Factory's tokenizer, template and the aligned (not yet tokenized) dataset `name`."""
     from llamafactory.data.loader import _get_merged_dataset
     from llamafactory.data.processor import SupervisedDatasetProcessor
-    from llamafactory.data.template import get_template_and_fix_tokenizer
-    from llamafactory.hparams import get_train_args
-    from llamafactory.model import load_tokenizer
 
-    args = {k: v for k, v in recipe.items() if k not in ("deepspeed", "eval_dataset", "do_eval", "eval_strategy")}
-    model_args, data_args, training_args, finetuning_args, _ = get_train_args(args)
-    tokenizer_module = load_tokenizer(model_args)
+    args = parse_recipe(recipe)
+    tokenizer_module, template = load_template(args)
     tokenizer = tokenizer_module["tokenizer"]
-    template = get_template_and_fix_tokenizer(tokenizer, data_args)
-    stage = finetuning_args.stage
+    stage = args.finetuning.stage
     # LLaMA-Factory's dpo workflow loads its pairwise data as stage "rm"
-    dataset = _get_merged_dataset([name], model_args, data_args, training_args, "rm" if stage == "dpo" else stage)
+    dataset = _get_merged_dataset([name], args.model, args.data, args.training, "rm" if stage == "dpo" else stage)
     processor = SupervisedDatasetProcessor(
-        template=template, tokenizer=tokenizer, processor=tokenizer_module["processor"], data_args=data_args
+        template=template, tokenizer=tokenizer, processor=tokenizer_module["processor"], data_args=args.data
     )
     return _Encoder(tokenizer, template, processor, stage), list(dataset)
 

@@ -2,15 +2,20 @@
 
     recipe = build_recipe(cfg, files, model, output_dir, device)   # a dict
     save_recipe(path, recipe)
+    args = parse_recipe(recipe)                                     # train environment: LLaMA-Factory's reading
+    tokenizer_module, template = load_template(args)
 
 Every hyperparameter of `AlgorithmConfig` maps to the LLaMA-Factory key of the
 same name; `llamafactory_overrides` is merged last. The DeepSpeed preset is a
 file under configs/deepspeed/ (`auto`: none on CPU, ZeRO-1 on GPU). bf16
-`null` means bf16 on GPU and fp32 on CPU.
+`null` means bf16 on GPU and fp32 on CPU. `parse_recipe` / `load_template` read
+a recipe back the way `llamafactory-cli train` does (token fidelity and
+`phase=check` use them); `check_deepspeed` checks the preset's file and package.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +54,9 @@ HYPERPARAMETERS = (
 )
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_target")
 PREF_KEYS = {"dpo": ("pref_beta", "pref_loss"), "kto": ("pref_beta", "kto_chosen_weight", "kto_rejected_weight")}
+#: keys left out when one process parses a recipe: DeepSpeed needs torchrun's workers; the evaluation keys
+#: are Baton's own (token fidelity reads each split by name)
+ONE_PROCESS_DROPPED = ("deepspeed", "eval_dataset", "do_eval", "eval_strategy")
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,30 @@ def deepspeed_file(preset: str, device: Device) -> Path | None:
     if preset == "auto":
         preset = "zero1" if device.kind == "cuda" else "none"
     return None if preset == "none" else DEEPSPEED_DIR / f"{preset}.json"
+
+
+@dataclass(frozen=True)
+class RecipeArgs:
+    """LLaMA-Factory's argument dataclasses for a recipe (ModelArguments, DataArguments, ...)."""
+
+    model: Any
+    data: Any
+    training: Any
+    finetuning: Any
+
+
+def check_deepspeed(preset: str, device: Device) -> list[str]:
+    """The preset's file must exist and the deepspeed package be installed (LLaMA-Factory requires it)."""
+    path = deepspeed_file(preset, device)
+    if path is None:
+        return []
+    which = f"launch.deepspeed={preset!r}" + (f" (zero1 on {device.kind})" if preset == "auto" else "")
+    if not path.is_file():
+        presets = ", ".join(["none", *sorted(p.stem for p in DEEPSPEED_DIR.glob("*.json"))])
+        return [f"{which}: {path} does not exist; set launch.deepspeed to one of: {presets}"]
+    if importlib.util.find_spec("deepspeed") is None:
+        return [f"{which} needs the deepspeed package, which this environment lacks; set launch.deepspeed=none"]
+    return []
 
 
 def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir: Path, device: Device) -> dict:
@@ -99,6 +131,25 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
         recipe["deepspeed"] = str(ds)
     recipe |= dict(alg.llamafactory_overrides)
     return recipe
+
+
+def parse_recipe(recipe: dict) -> RecipeArgs:
+    """LLaMA-Factory's own argument parser and checks on `recipe`, in this process (train environment):
+    raises what it raises on a bad key or value (ValueError, TypeError, AssertionError)."""
+    from llamafactory.hparams import get_train_args
+
+    args = {key: value for key, value in recipe.items() if key not in ONE_PROCESS_DROPPED}
+    model_args, data_args, training_args, finetuning_args, _ = get_train_args(args)
+    return RecipeArgs(model_args, data_args, training_args, finetuning_args)
+
+
+def load_template(args: RecipeArgs) -> tuple[dict, Any]:
+    """The model's tokenizer module and the chat template fixed for that tokenizer, as LLaMA-Factory trains."""
+    from llamafactory.data.template import get_template_and_fix_tokenizer
+    from llamafactory.model import load_tokenizer
+
+    tokenizer_module = load_tokenizer(args.model)
+    return tokenizer_module, get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], args.data)
 
 
 def save_recipe(path: Path, recipe: dict) -> None:

@@ -1,4 +1,5 @@
-"""The update phase's steps: prepare -> train -> promote (`run_update` runs the configured ones).
+"""The update phase's steps: prepare -> train -> promote (`run_update` runs the configured ones),
+and `phase=check`, which asks LLaMA-Factory about the config and stops (run.sh, before the first rollout).
 
 Everything of one update lives in `<log>/training/iter_<NNNN>/`:
 
@@ -17,6 +18,7 @@ and running the same command again retries.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 import time
@@ -34,7 +36,7 @@ from training.journal import iteration_dir, load_trajectories
 from training.launch import detect_device, run_group, run_training
 from training.metrics import parse_training
 from training.promotion import promote
-from training.recipe import Device, build_recipe, save_recipe
+from training.recipe import Device, build_recipe, check_deepspeed, load_template, parse_recipe, save_recipe
 from training.selection import Selection
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class RunPaths:
 def run_update(cfg: UpdateConfig) -> None:
     """Run the phases `cfg.phase` names."""
     paths = RunPaths.of(cfg)
+    if cfg.phase == "check":
+        check(cfg, paths)
     if cfg.phase in ("prepare", "all"):
         prepare(cfg, paths)
     if cfg.phase in ("train", "all"):
@@ -81,12 +85,44 @@ def run_update(cfg: UpdateConfig) -> None:
         promote_policy(cfg, paths)
 
 
+def recipe_of(cfg: UpdateConfig, paths: RunPaths, files: DatasetFiles, device: Device) -> dict:
+    """The LLaMA-Factory YAML of this update (what prepare writes and phase=check asks about)."""
+    return build_recipe(cfg, files, config_mod.model_path(cfg).resolve(), paths.output, device)
+
+
+def check(cfg: UpdateConfig, paths: RunPaths) -> None:
+    """phase=check: LLaMA-Factory reads the YAML this node's update would write (its template, argument
+    parser and tokenizer) and the DeepSpeed preset is there; writes nothing, launches nothing. The GPU
+    stays untouched (use_cpu): vLLM may be measuring its free memory beside this check."""
+    if importlib.util.find_spec("llamafactory") is None:
+        raise ConfigError("phase=check needs LLaMA-Factory: run it with the train environment's $BATON_TRAIN_PY")
+    device = detect_device()
+    files = DatasetFiles(paths.data, train_rows=1, val_rows=int(cfg.data.val_split_ratio > 0))
+    recipe = recipe_of(cfg, paths, files, device)
+    problems = check_deepspeed(cfg.launch.deepspeed, device)
+    try:
+        load_template(parse_recipe(recipe | ({"use_cpu": True} if device.kind == "cuda" else {})))
+    except (ValueError, TypeError, AssertionError, OSError) as exc:
+        problems.append(
+            f"LLaMA-Factory rejects the training YAML of this config: {type(exc).__name__}: {exc}\n  fix the "
+            "algorithm.* field or algorithm.llamafactory_overrides key with the value it names (or model_path when "
+            "it names the model); docs/update.md, step 4, maps the fields to the YAML"
+        )
+    if problems:
+        raise ConfigError(problems)
+    log.info(
+        "check: LLaMA-Factory accepts this config (template %s, stage %s, %s)",
+        cfg.template,
+        cfg.algorithm.stage,
+        device.kind,
+    )
+
+
 def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
     """Select samples, write and check the dataset (in a staging folder), then the YAML."""
     device = detect_device()
     selection = select(cfg)
     check_batch(cfg, len(selection.samples), selection.describe(), device)
-    model = config_mod.model_path(cfg).resolve()
     staging = paths.run_dir / ".data-staging"
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -97,7 +133,7 @@ def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
             cfg.data.val_split_ratio,
             cfg.algorithm.selection.seed + cfg.iteration,
         )
-        check_tokens(cfg, files, build_recipe(cfg, files, model, paths.output, device), selection)
+        check_tokens(cfg, files, recipe_of(cfg, paths, files, device), selection)
         check_batch(cfg, files.train_rows + files.val_rows, selection.describe(), device)
         shutil.rmtree(paths.data, ignore_errors=True)
         staging.rename(paths.data)
@@ -105,7 +141,7 @@ def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     files.directory = paths.data
-    save_recipe(paths.recipe, build_recipe(cfg, files, model, paths.output, device))
+    save_recipe(paths.recipe, recipe_of(cfg, paths, files, device))
     save_text(paths.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     save_json(
         paths.run_dir / "selection.json",

@@ -24,9 +24,9 @@ loop_setup() {
   # A worker serves the version the master's plan names (LOOP_PINNED=1); "" is the base model.
   LOOP_PINNED=0 LOOP_PIN_VERSION=""
   case "$RUN_PHASE" in
-    both) LOOP_ROLES=(rollout update) LOOP_GROUPS=(update rollout-train rollout-test vllm) ;;
+    both) LOOP_ROLES=(rollout update) LOOP_GROUPS=(update update-check rollout-train rollout-test vllm) ;;
     rollout) LOOP_ROLES=(rollout) LOOP_GROUPS=(rollout-train rollout-test vllm) ;;
-    update) LOOP_ROLES=(update) LOOP_GROUPS=(update) ;;
+    update) LOOP_ROLES=(update) LOOP_GROUPS=(update update-check) ;;
   esac
   LOOP_CLAIMED=()
 }
@@ -154,6 +154,39 @@ loop_update_cmd() {
   fi
   LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_TRAIN_PY" -m training --config-name update
     "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2" "${launch[@]}" "${LOOP_UPDATE_OVR[@]}")
+}
+
+# loop_check_start: a run that trains: start `python -m training phase=check` (group update-check) beside vLLM's start-up.
+loop_check_start() {
+  [[ $RUN_PHASE != rollout ]] || return 0
+  LOOP_CHECK_LOG="$LOOP_RUN_DIR/logs/update-check.log" LOOP_CHECK_SINCE=$SECONDS
+  : >"$LOOP_CHECK_LOG"
+  loop_update_cmd "$(iteration_next "$RUN_LOG")" check
+  common_log "update-check: started (log: $LOOP_CHECK_LOG)"
+  procs_start "$LOOP_RUN_DIR" update-check "$LOOP_CHECK_LOG" "${LOOP_CMD[@]}" >/dev/null
+}
+
+# loop_check_wait: wait for the check; a rejection stops the run with exit 2 and its message, a failure with 1.
+loop_check_wait() {
+  local pgid rc=0
+  [[ $RUN_PHASE != rollout ]] || return 0
+  pgid=$(procs_pgid "$LOOP_RUN_DIR" update-check) || return 0
+  wait "$pgid" || rc=$?
+  rm -f "$LOOP_RUN_DIR/pids/update-check.pgid"
+  if ((rc == 2)); then
+    common_die 2 "the update would reject this configuration (checked in the train environment before any" \
+      "rollout; log: $LOOP_CHECK_LOG):"$'\n'"$(loop_check_problems)"
+  elif ((rc != 0)); then
+    tail -n 15 "$LOOP_CHECK_LOG" >&2
+    common_die 1 "the check of the update configuration failed (exit $rc; last lines of $LOOP_CHECK_LOG above)"
+  fi
+  common_log "update-check: the update configuration is accepted ($((SECONDS - LOOP_CHECK_SINCE))s)"
+}
+
+# loop_check_problems: print the check's report (its log after "bad config:" / "bad input:", else the last 15 lines).
+loop_check_problems() {
+  awk '/^bad (config|input):$/ { start = NR } { line[NR] = $0 }
+    END { for (i = start ? start + 1 : (NR > 15 ? NR - 14 : 1); i <= NR; i++) print line[i] }' "$LOOP_CHECK_LOG"
 }
 
 # loop_run <name> <logfile> <cmd...>: run <cmd> as a tracked process group and
@@ -465,10 +498,13 @@ loop_plan_update() {
 
 # loop_steps: run the steps the plan gives (every --rl-phase): each node rolls
 # out its share, trains its part, serves the promoted policy; the master
-# records each iteration.
+# records each iteration. A node that trains first checks the update's config
+# while vLLM starts, and waits for that check before its first step.
 loop_steps() {
   local step=0 served
+  loop_check_start
   [[ $RUN_PHASE == update ]] || loop_ensure_vllm
+  loop_check_wait
   while loop_next $((++step)); do
     if [[ $RUN_PHASE == update ]]; then
       loop_update "$LOOP_N"

@@ -1,8 +1,8 @@
 # Sourced by the run.sh bats files (bats `load`): ROOT, LOG, and a data path
 # whose model folder has only config.json (the default model's shape: enough
-# for run.sh's checks and the KV-cache size; these tests start no vLLM and no
-# training).
-# shellcheck shell=bash disable=SC2034 # ROOT, LOG, DATA are for the test files
+# for run.sh's checks and the KV-cache size; these tests start no real vLLM and
+# no training: fake_pythons_setup gives run.sh stand-ins for both).
+# shellcheck shell=bash disable=SC2034 # ROOT, LOG, DATA, CALLS, VLLM_PID_FILE are for the test files
 
 fake_data_setup() {
   ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
@@ -12,4 +12,39 @@ fake_data_setup() {
   mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
   printf '{"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}\n' \
     >"$DATA/models/SmolLM2-135M-Instruct/config.json"
+}
+
+# fake_pythons_setup: the train and serve environments' interpreters become
+# fakes (a node file of one rank, BATON_NODE_FILE): the train one records each
+# command in $CALLS and answers phase=check with exit $FAKE_CHECK_EXIT (default
+# 0; 2 with a report as python -m training writes it), anything else exit 1;
+# the serve one runs fake_vllm.py on vLLM's port, name and model, its pid in $VLLM_PID_FILE.
+fake_pythons_setup() {
+  local bin="$BATS_TEST_TMPDIR/bin"
+  CALLS="$BATS_TEST_TMPDIR/train-calls" VLLM_PID_FILE="$BATS_TEST_TMPDIR/vllm.pid"
+  mkdir -p "$bin"
+  cat >"$bin/train-python" <<SH
+#!/usr/bin/env bash
+printf '%s\n' "\$*" >>"$CALLS"
+[[ " \$* " == *" phase=check "* ]] || exit 1
+if [[ \${FAKE_CHECK_EXIT:-0} == 2 ]]; then
+  printf 'update: phase check\nbad config:\nalgorithm.x=1 is wrong; set it to 2\nand a second problem\n'
+fi
+exit "\${FAKE_CHECK_EXIT:-0}"
+SH
+  cat >"$bin/serve-python" <<SH
+#!/usr/bin/env bash
+declare -A arg=()
+while ((\$#)); do
+  case \$1 in --port | --served-model-name | --model) arg[\$1]=\$2 && shift ;; esac
+  shift
+done
+printf '%s\n' "\$\$" >"$VLLM_PID_FILE"
+exec "\$BATON_APP_PY" "$BATS_TEST_DIRNAME/fake_vllm.py" --port "\${arg[--port]}" \\
+  --served-model-name "\${arg[--served-model-name]}" --model "\${arg[--model]}"
+SH
+  chmod +x "$bin/train-python" "$bin/serve-python"
+  printf 'node_groups: [{label: fakes, node_ranks: 0, python: {train: %s, serve: %s}}]\n' \
+    "$bin/train-python" "$bin/serve-python" >"$BATS_TEST_TMPDIR/fakes.yaml"
+  export BATON_NODE_FILE="$BATS_TEST_TMPDIR/fakes.yaml"
 }

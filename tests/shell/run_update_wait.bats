@@ -2,13 +2,15 @@
 # run.sh --rl-phase update with nothing to train on: it waits for a train
 # rollout, --wait-timeout bounds the wait, SIGTERM ends the wait at once, and
 # two runs of the same role on one log path are refused (needs the app
-# environment; no training starts, so the model folder only needs config.json).
+# environment; no training starts, so the model folder only needs config.json;
+# a fake train interpreter accepts the update-check: run_update_check.bats).
 
 bats_require_minimum_version 1.5.0
 
 setup() {
   load fake_data
   fake_data_setup
+  fake_pythons_setup
   source "$ROOT/scripts/lib/procs.sh"
   unset RANK NODE_RANK
 }

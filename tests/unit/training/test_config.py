@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from rollout_engine.errors import ConfigError
 from training.config import UpdateConfig, register_configs, validate
-from training.recipe import Device, build_recipe, deepspeed_file
+from training.recipe import Device, build_recipe, check_deepspeed, deepspeed_file
 from training.selection import DPOSelector, KTOSelector, RFTSelector
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -73,3 +73,36 @@ def test_recipe_cpu_defaults_and_deepspeed_presets(tmp_path: Path) -> None:
     assert deepspeed_file("auto", Device("cuda", 8)).name == "zero1.json"
     for preset in ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"):
         assert deepspeed_file(preset, Device("cpu", 1)).is_file()
+
+
+def test_check_deepspeed_names_the_preset_and_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from training import recipe
+
+    assert check_deepspeed("auto", Device("cpu", 1)) == [] and check_deepspeed("none", Device("cuda", 1)) == []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    (problem,) = check_deepspeed("auto", Device("cuda", 1))
+    assert problem == (
+        "launch.deepspeed='auto' (zero1 on cuda) needs the deepspeed package, which this environment lacks; "
+        "set launch.deepspeed=none"
+    )
+    monkeypatch.setattr(recipe, "DEEPSPEED_DIR", tmp_path)
+    (tmp_path / "zero1.json").write_text("{}")
+    (problem,) = check_deepspeed("zero2", Device("cpu", 1))
+    missing = tmp_path / "zero2.json"
+    assert problem == f"launch.deepspeed='zero2': {missing} does not exist; set launch.deepspeed to one of: none, zero1"
+
+
+def test_phase_check_needs_llamafactory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from training.update import run_update
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg = load(tmp_path, "phase=check")
+    validate(cfg)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"phase=check needs LLaMA-Factory: run it with the train environment's"):
+        run_update(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # nothing written

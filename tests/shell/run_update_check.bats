@@ -1,0 +1,68 @@
+#!/usr/bin/env bats
+# run.sh checks the update's configuration in the train environment (python -m
+# training phase=check) beside vLLM's start-up and before the first rollout or
+# update: a rejection (exit 2) stops the run with exit 2 and the check's report.
+# Fakes stand in for the train and serve interpreters (fake_pythons_setup).
+
+bats_require_minimum_version 1.5.0
+
+setup() {
+  load fake_data
+  fake_data_setup
+  fake_pythons_setup
+  source "$ROOT/scripts/lib/envs.sh"
+  envs_export
+  BATON_VLLM_PORT=$("$BATON_APP_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  export BATON_VLLM_PORT
+  unset RANK NODE_RANK
+}
+
+teardown() {
+  # the fake vLLM a failed test may leave, by the pid it recorded: nothing else
+  [[ ! -s $VLLM_PID_FILE ]] || kill "$(cat "$VLLM_PID_FILE")" 2>/dev/null || true
+}
+
+# line_of <text>: print the number of the first stderr line holding <text> (fails without one).
+line_of() {
+  grep -n -m1 -F -- "$1" <<<"$stderr" | cut -d: -f1 | grep .
+}
+
+@test "a rejected update config stops --rl-phase both with exit 2 and the report, before any rollout; vLLM is stopped" {
+  FAKE_CHECK_EXIT=2 run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase both --eval-interval 1 algorithm.max_steps=1
+  local log="$LOG/run/rank_0/logs/update-check.log"
+  [[ $stderr == *"[baton] error: the update would reject this configuration (checked in the train environment before any rollout; log: $log):"$'\n'"algorithm.x=1 is wrong; set it to 2"$'\n'"and a second problem"* ]]
+  # started before vLLM, waited for after it: the check overlaps vLLM's start-up
+  (($(line_of "update-check: started") < $(line_of "starting vLLM")))
+  (($(line_of "vLLM ready") < $(line_of "error: the update would reject")))
+  [[ $stderr != *"rollout-train"* ]]
+  [ ! -e "$LOG/trajectories" ]
+  [ ! -e "$LOG/run/rank_0/logs/iter_0001.train.log" ]
+  # the check ran once, with the update's own overrides; vLLM was stopped by the EXIT trap
+  [ "$(wc -l <"$CALLS")" -eq 1 ]
+  [[ $(cat "$CALLS") == "-m training --config-name update log_path=$LOG iteration=1 model_path=$DATA/models/SmolLM2-135M-Instruct phase=check "*" algorithm.max_steps=1" ]]
+  [ ! -e "$LOG/run/rank_0/pids/vllm.pgid" ]
+  [ ! -e "$LOG/run/rank_0/pids/update-check.pgid" ]
+  run ! kill -0 "$(cat "$VLLM_PID_FILE")"
+}
+
+@test "an accepted update config lets the run go on to its first rollout" {
+  run -1 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase both --eval-interval 1 --max-iterations 1
+  (($(line_of "update-check: the update configuration is accepted") < $(line_of "rollout-train: started")))
+  # the data path has no tasks: the rollout itself fails (no real rollout in these tests)
+  [[ $stderr == *"the train rollout of iteration 1 failed"* ]]
+  run ! kill -0 "$(cat "$VLLM_PID_FILE")"
+}
+
+@test "--rl-phase update: a rejection exits 2 before the wait for a train rollout; an accepted config waits" {
+  FAKE_CHECK_EXIT=2 run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase update --wait-timeout 0
+  [[ $stderr == *"error: the update would reject this configuration"*"algorithm.x=1 is wrong; set it to 2"* ]]
+  [[ $stderr != *"no train rollout"* ]]
+  [ ! -e "$LOG/run/rank_0/owner.update" ]
+  run -1 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase update --wait-timeout 0
+  [[ $stderr == *"update-check: the update configuration is accepted"*"no train rollout to train on under $LOG"* ]]
+  [ ! -e "$VLLM_PID_FILE" ]
+}

@@ -1,0 +1,57 @@
+"""phase=check asks LLaMA-Factory about the update config (train environment subprocess, one for every case)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from tests.conftest import REPO, env_python
+
+CASES = {
+    "default": "",
+    "template": "template=nonsense",
+    "scheduler": "algorithm.lr_scheduler_type=bogus",
+    "override": "+algorithm.llamafactory_overrides.no_such_key=1",
+}
+
+
+def test_llamafactory_accepts_the_defaults_and_rejects_what_it_does_not_know(model_dir: Path, tmp_path: Path) -> None:
+    log_path = tmp_path / "log"
+    out = subprocess.run(
+        [
+            env_python("train"),
+            "tests/unit/training/check_with_llamafactory.py",
+            str(model_dir),
+            str(log_path),
+            *(f"{name}={overrides}" for name, overrides in CASES.items()),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.split("RESULT ", 1)[1])
+    assert result["default"]["exit"] == 0, result["default"]["log"]
+    assert "LLaMA-Factory accepts this config (template smollm2, stage sft, cpu)" in result["default"]["log"]
+    assert {name: case["exit"] for name, case in result.items() if name != "default"} == {
+        "template": 2,
+        "scheduler": 2,
+        "override": 2,
+    }
+    assert (
+        "template='nonsense' is not a LLaMA-Factory template; one of: smollm2, chatml, llama3"
+        in (result["template"]["log"])
+    )
+    assert (
+        "LLaMA-Factory rejects the training YAML of this config: ValueError: bogus is not a valid SchedulerType"
+        in (result["scheduler"]["log"])
+    )
+    assert (
+        "no_such_key" in result["override"]["log"] and "algorithm.llamafactory_overrides" in (result["override"]["log"])
+    )
+    assert not log_path.exists()  # the check writes nothing
