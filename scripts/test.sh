@@ -36,7 +36,7 @@ test_pytest() {
   local name=$1 dir=$2
   local -a extra=()
   read -r -a extra <<<"${BATON_PYTEST_ARGS:-}"
-  (cd "$ROOT" && "$BATON_APP_PY" -m pytest "$dir" -p no:cacheprovider --junitxml="$REPORTS/$name.xml" "${extra[@]}")
+  (cd "$ROOT" && "$BATON_APP_PY" -m pytest "$dir" -p no:cacheprovider --durations=12 --junitxml="$REPORTS/$name.xml" "${extra[@]}")
 }
 
 # test_bats: run the shell tests with a TAP report.

@@ -149,6 +149,7 @@ loop_update_cmd() {
   local -a launch=("launch.nnodes=$RUN_NUM_NODES" "launch.node_rank=$RUN_RANK")
   if nodes_multi; then
     launch+=("launch.master_addr=$NODES_MASTER_ADDR" "launch.master_port=$NODES_TORCHRUN_PORT")
+    [[ -z $RUN_NODE_ADDR ]] || launch+=("launch.node_addr=$RUN_NODE_ADDR")
   else
     launch+=("launch.master_port=$(loop_free_port)")
   fi
