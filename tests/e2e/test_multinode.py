@@ -190,11 +190,12 @@ def test_a_worker_dead_in_training_stops_the_master_long_before_the_training_tim
     data_dir: Path, tmp_path: Path, vllm_server: VllmServer
 ) -> None:
     log = tmp_path / "exp"
-    args = ["--rl-phase", "both", "--max-iterations", "1", *SMALL, *ONE_STEP_LOOP, *shared(vllm_server)]
+    args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "1", *SMALL, *ONE_STEP_LOOP]
+    args += ["env_config.test_tasks_rollout_size=4", *shared(vllm_server)]
     nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
     started = log / "training" / "iter_0001" / "train.rank_1.log"
     wait_for(
-        started.exists, "the worker's training to start", generation_s(96, 32) + UPDATE_S, list(nodes.values()), 0.02
+        started.exists, "the worker's training to start", generation_s(104, 32) + UPDATE_S, list(nodes.values()), 0.02
     )
     kill_node(nodes[1])
     began = time.monotonic()
