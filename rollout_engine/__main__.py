@@ -3,7 +3,8 @@
 validate -> save the resolved config under the log path -> build -> run ->
 clean up (rollout_engine.runner). Exit codes: 0 done, 2 bad input (config,
 task file, environment, unreachable server; nothing written), 3 internal
-error, 130 / 143 stopped by SIGINT / SIGTERM (rerun with resume=true).
+error, 75 the policy server stopped answering (run.sh restarts vLLM and reruns
+with resume=true), 130 / 143 stopped by SIGINT / SIGTERM (rerun with resume=true).
 """
 
 from __future__ import annotations

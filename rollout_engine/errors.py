@@ -42,3 +42,8 @@ class JudgeError(BatonError):
 
 class InfraError(BatonError):
     """A shared resource is unusable (unreachable server): stop the whole run."""
+
+
+class PolicyDown(InfraError):
+    """The policy server stopped answering during the rollout (it died, or its engine did): not the
+    episode's fault. The rollout stops with the journal incomplete; run.sh restarts vLLM and resumes."""

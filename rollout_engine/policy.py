@@ -10,8 +10,12 @@ Retries: connection errors, timeouts, 429 and 5xx are retried `max_retries`
 times with exponential backoff (`retry_backoff_s` doubling up to
 `retry_backoff_max_s`); the semaphore is not held while waiting. A prompt too
 long for the model raises `ContextOverflowError`; other failures raise
-`ModelError`. `check_server()` is the start-up probe: an unreachable server or
-an unknown model name is a `ConfigError` after bounded retries, never a hang.
+`ModelError`, unless the retries ran out on connection trouble, timeouts or
+5xx and the server then fails a health probe (`GET /models` within
+`PROBE_S`): that is `PolicyDown`, an infrastructure failure that stops the
+rollout instead of failing the episode. `check_server()` is the start-up
+probe: an unreachable server or an unknown model name is a `ConfigError`
+after bounded retries, never a hang.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from typing import Any
 import openai
 
 from rollout_engine.config import PolicyConfig
-from rollout_engine.errors import ConfigError, ContextOverflowError, ModelError
+from rollout_engine.errors import ConfigError, ContextOverflowError, ModelError, PolicyDown
 from rollout_engine.types import Completion, Message
 
 logger = logging.getLogger(__name__)
 
 _OVERFLOW_HINTS = ("maximum context length", "context length", "too long", "max_model_len")
+#: seconds the health probe after a failed request may take
+PROBE_S = 10.0
 
 
 def build_openai_client(base_url: str, api_key_env: str, timeout_s: float) -> openai.AsyncOpenAI:
@@ -133,18 +139,33 @@ class PolicyClient:
 
     async def chat(self, messages: list[Message]) -> Completion:
         args = self.request_args(messages)
-        resp = await call_with_retries(
-            lambda: self._once(args),
-            self.cfg.max_retries,
-            self.backoff,
-            f"chat completion at {self.cfg.base_url}",
-            self.sleep,
-        )
+        try:
+            resp = await call_with_retries(
+                lambda: self._once(args),
+                self.cfg.max_retries,
+                self.backoff,
+                f"chat completion at {self.cfg.base_url}",
+                self.sleep,
+            )
+        except ContextOverflowError:
+            raise
+        except ModelError as exc:
+            if is_retryable(exc.__cause__) and not await self.answers():
+                raise PolicyDown(f"the policy server at {self.cfg.base_url} stopped answering ({exc})") from exc
+            raise
         completion = parse_completion(resp)
         self.stats.requests += 1
         self.stats.prompt_tokens += completion.prompt_tokens
         self.stats.completion_tokens += completion.completion_tokens
         return completion
+
+    async def answers(self) -> bool:
+        """The health probe: does the server list its models within PROBE_S?"""
+        try:
+            await asyncio.wait_for(self.client.models.list(), PROBE_S)
+        except (openai.OpenAIError, TimeoutError):
+            return False
+        return True
 
     async def check_server(self) -> None:
         """Fail fast (ConfigError) when the server is unreachable or does not serve `model`."""

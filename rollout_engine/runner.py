@@ -12,7 +12,9 @@
    `teardown_state` runs; a journal write under way finishes first),
    close the environment, seal what finished once the scheduler has
    returned (no write in flight: `Journal.seal` checks), exit
-   130 / 143. Always: seal the journal, append metrics, print the summary.
+   130 / 143. When the policy server stops answering (`PolicyDown`): the
+   same, exit 75 (EX_TEMPFAIL): run.sh restarts vLLM and resumes the rest.
+   Always: seal the journal, append metrics, print the summary.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from rollout_engine.build import build_env, iteration_dir
 from rollout_engine.config import PolicyConfig, RolloutConfig
 from rollout_engine.envs.base import Env
-from rollout_engine.errors import ConfigError
+from rollout_engine.errors import ConfigError, InfraError
 from rollout_engine.files import save_text
 from rollout_engine.journal import Journal
 from rollout_engine.live import build_view, run_live
@@ -49,6 +51,8 @@ from rollout_engine.tasks import (
 logger = logging.getLogger(__name__)
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+#: the policy server stopped answering (sysexits' EX_TEMPFAIL): restart it and resume
+EXIT_POLICY_DOWN = 75
 
 
 @dataclass
@@ -149,7 +153,11 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
         run_live(progress, build_view(cfg.env_config.live_view), status_path(cfg), cfg.env_config.status_interval_s)
     )
     scheduler = Scheduler(prepared.env, prepared.policy, journal, prepared.settings, progress)
-    received = await _run_until_signal(prepared, scheduler, todo)
+    down: InfraError | None = None
+    try:
+        received = await _run_until_signal(prepared, scheduler, todo)
+    except InfraError as exc:
+        received, down = None, exc
     live.cancel()
     await asyncio.gather(live, return_exceptions=True)
     all_done = [t for t in journal.done if t.episode_id in {s.episode_id for s in prepared.specs}]
@@ -165,7 +173,7 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
         policy_model=cfg.policy_config.model,
         policy_version=cfg.policy_version,
         complete=manifest["complete"],
-        interrupted=received.name if received else None,
+        interrupted=received.name if received else ("policy server down" if down else None),
     )
     save_metrics(metrics_path(cfg), metrics)
     print_summary(metrics)
@@ -177,6 +185,14 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
             len(prepared.specs),
         )
         return SIGNAL_EXIT[received]
+    if down:
+        logger.error(
+            "%s: %d of %d episodes journaled; the rest run again once the server is back (resume=true)",
+            down,
+            manifest["episodes"],
+            len(prepared.specs),
+        )
+        return EXIT_POLICY_DOWN
     return 0
 
 

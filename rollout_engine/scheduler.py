@@ -11,7 +11,9 @@ granted first come first served, so hardest-first ordering holds.
 Failures are recorded on the trajectory (`Failure`): env_error, model_error,
 context_overflow, timeout, judge_error. env_error, model_error and timeout are
 re-run up to `infra_retries` times per episode within a rollout-wide
-`infra_retry_budget`. Turns played before a failure are kept. Finished
+`infra_retry_budget`. An `InfraError` (the policy server is down: `PolicyDown`)
+is no episode's failure: it cancels every episode and leaves `run()`, so that
+nothing it touched is journaled. Turns played before a failure are kept. Finished
 trajectories are journaled as they complete; cancelled episodes are not, and a
 cancellation during a journal write lets the write finish and counts it.
 """
@@ -24,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from rollout_engine.envs.base import ChatPolicy, Env, EpisodeState, Score
-from rollout_engine.errors import ContextOverflowError, JudgeError, ModelError
+from rollout_engine.errors import ContextOverflowError, InfraError, JudgeError, ModelError
 from rollout_engine.journal import Journal
 from rollout_engine.progress import Progress
 from rollout_engine.tasks import EpisodeSpec
@@ -125,6 +127,8 @@ class Scheduler:
         except TimeoutError:
             limit = self.settings.episode_timeout_s
             status, error = Failure.TIMEOUT, f"episode exceeded env_config.episode_timeout_s={limit}"
+        except InfraError:
+            raise
         except ContextOverflowError as exc:
             status, error = Failure.CONTEXT_OVERFLOW, str(exc)
         except ModelError as exc:

@@ -42,8 +42,8 @@ test_pytest() {
   local -a filter=() extra=()
   mapfile -t filter < <(testreport_pytest_filter)
   read -r -a extra <<<"${BATON_PYTEST_ARGS:-}"
-  (cd "$ROOT" && "$BATON_APP_PY" -m pytest "$dir" -p no:cacheprovider --junitxml="$REPORTS/$name.xml" \
-    "${filter[@]}" "${extra[@]}")
+  (cd "$ROOT" && "$BATON_APP_PY" -m pytest "$dir" -p no:cacheprovider --durations=12 \
+    --junitxml="$REPORTS/$name.xml" "${filter[@]}" "${extra[@]}")
 }
 
 # test_bats: run the shell tests with a TAP report.

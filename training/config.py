@@ -151,6 +151,9 @@ class LaunchConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    #: this node's address (run.sh --node-addr): gloo and NCCL use the interface that holds it,
+    #: unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set; "" = theirs (the host name's address)
+    node_addr: str = ""
     #: seconds before the training is stopped (SIGTERM), then `grace_s` more before SIGKILL
     timeout_s: float = 3600.0
     grace_s: float = 10.0

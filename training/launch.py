@@ -7,9 +7,10 @@ The command runs in its own session (its process group id is its pid; that
 group and those of torchrun's workers, which start sessions of their own, are
 listed in `<log_file>.pgid` while it runs, one "pgid leader_start_time" a
 line) with FORCE_TORCHRUN=1, NPROC_PER_NODE (the local GPUs, 1 on CPU, unless
-configured), and NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT. The train environment's bin/ goes first on PATH so that
-`torchrun` resolves. After `timeout_s` the groups get SIGTERM, after `grace_s`
-more SIGKILL; on any exception here (Ctrl-C included) they are stopped the
+configured), and NNODES / NODE_RANK / MASTER_ADDR / MASTER_PORT; with `launch.node_addr`,
+GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name the interface that holds it (unless set). The
+train environment's bin/ goes first on PATH so that `torchrun` resolves. After `timeout_s` the
+groups get SIGTERM, after `grace_s` more SIGKILL; on any exception here (Ctrl-C included) they are stopped the
 same way (training/groups.py). Output goes to `log_file`. `exit_on_signals()` turns SIGTERM and
 SIGINT into that same path (the entry point installs it), so `kill <pid>` stops
 the training groups too.
@@ -17,10 +18,12 @@ the training groups too.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,9 +64,43 @@ def detect_device() -> Device:
     return Device("cuda", count) if count else Device("cpu", 1)
 
 
+def interface_of(addr: str) -> str | None:
+    """The network interface that holds `addr` (an IP literal or a host name): the one with that address,
+    else the one whose subnet contains it (127.0.0.2 -> lo); None when none does or it does not resolve."""
+    import psutil  # the train environment has it (accelerate's dependency)
+
+    try:
+        ip = ipaddress.ip_address(socket.getaddrinfo(addr, None)[0][4][0].split("%")[0])
+    except (OSError, ValueError):
+        return None
+    nets = []
+    for name, addrs in psutil.net_if_addrs().items():
+        for entry in addrs:
+            if entry.family not in (socket.AF_INET, socket.AF_INET6) or not entry.netmask:
+                continue
+            own = ipaddress.ip_address(entry.address.split("%")[0])
+            if own == ip:
+                return name
+            prefix = bin(int(ipaddress.ip_address(entry.netmask.split("/")[0]))).count("1")
+            nets.append((name, ipaddress.ip_network(f"{own}/{prefix}", strict=False)))
+    return next((name for name, net in nets if ip in net), None)
+
+
 def launch_env(cfg: LaunchConfig, device: Device) -> dict[str, str]:
-    """The environment of llamafactory-cli: torchrun layout and PATH."""
+    """The environment of llamafactory-cli: torchrun layout, the collectives' interface and PATH."""
     env = dict(os.environ)
+    if cfg.node_addr and (iface := interface_of(cfg.node_addr)):
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            env.setdefault(var, iface)
+        log.info(
+            "collectives: gloo on %s, NCCL on %s (%s holds %s)",
+            env["GLOO_SOCKET_IFNAME"],
+            env["NCCL_SOCKET_IFNAME"],
+            iface,
+            cfg.node_addr,
+        )
+    elif cfg.node_addr:
+        log.warning("no network interface holds launch.node_addr=%s; gloo/NCCL choose their own", cfg.node_addr)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     env |= {

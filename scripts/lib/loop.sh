@@ -16,6 +16,9 @@ loop_setup() {
   LOOP_BASE_MODEL=${BATON_BASE_MODEL:-$RUN_DATA/models/SmolLM2-135M-Instruct}
   LOOP_PORT=${BATON_VLLM_PORT:-8999}
   LOOP_FAILURES=0
+  # The rollout's exit code when the policy server stopped answering (rollout_engine/runner.py), and how
+  # many times one rollout restarts vLLM for it.
+  LOOP_POLICY_DOWN=75 LOOP_POLICY_RESTARTS=${BATON_POLICY_RESTARTS:-3}
   LOOP_UPDATE_RUNNING=""
   LOOP_SLEEP_PID=""
   LOOP_WAIT_PID=""
@@ -149,6 +152,7 @@ loop_update_cmd() {
   local -a launch=("launch.nnodes=$RUN_NUM_NODES" "launch.node_rank=$RUN_RANK")
   if nodes_multi; then
     launch+=("launch.master_addr=$NODES_MASTER_ADDR" "launch.master_port=$NODES_TORCHRUN_PORT")
+    [[ -z $RUN_NODE_ADDR ]] || launch+=("launch.node_addr=$RUN_NODE_ADDR")
   else
     launch+=("launch.master_port=$(loop_free_port)")
   fi
@@ -272,9 +276,25 @@ loop_rollout() {
   loop_mark "$RUN_LOG" "$n" "$phase"
 }
 
-# loop_rollout_run <split> <iteration>: run LOOP_CMD, then (several nodes) the barrier.
+# loop_rollout_run <split> <iteration>: run LOOP_CMD, then (several nodes) the
+# barrier. When the policy server stops answering under the rollout (exit
+# LOOP_POLICY_DOWN), restart vLLM and resume the rollout, at most
+# LOOP_POLICY_RESTARTS times (not in debug mode: the server is not ours).
 loop_rollout_run() {
-  loop_run "rollout-$1" "$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$2").$1.log" "${LOOP_CMD[@]}" || return
+  local log rc restarts=0
+  log="$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$2").$1.log"
+  while :; do
+    rc=0
+    loop_run "rollout-$1" "$log" "${LOOP_CMD[@]}" || rc=$?
+    ((rc == LOOP_POLICY_DOWN && restarts < LOOP_POLICY_RESTARTS && !RUN_DEBUG)) || break
+    restarts=$((restarts + 1))
+    common_warn "the policy server stopped answering during the $1 rollout; restarting vLLM and resuming" \
+      "(restart $restarts of $LOOP_POLICY_RESTARTS)"
+    vllm_stop "$LOOP_RUN_DIR"
+    loop_ensure_vllm
+    loop_rollout_cmd "$1" "$2" 1
+  done
+  ((rc == 0)) || return "$rc"
   nodes_sync "$2" "${1}_rollout"
 }
 

@@ -1,15 +1,22 @@
-"""Several run.sh "nodes" sharing one log path (docs/multinode.md), each with its own vLLM, on this machine.
+"""Several run.sh "nodes" sharing one log path (docs/multinode.md), each with its own vLLM, on this machine:
+each in PID and UTS namespaces of its own, with its own host name and address (tests/e2e/nodes.py).
 
 - `--rl-phase both` on two nodes with weights 2,1 (the worker by `RANK=1`, started before
   the master): each rolls out its share (2:1, disjoint), both train as the two nodes of one
   torchrun, the master promotes, both serve the new policy (the final held-out evaluation
   on both ranks carries its version), and metrics.jsonl holds one merged record per rollout.
-- A node that dies (run.sh and every group it started, SIGKILLed at once) stops the
+- A node that dies (SIGKILL of its namespace's pid 1: every process of it at once) stops the
   others, which name the dead rank, instead of hanging: a worker mid-rollout, then the master.
+- A worker that dies in training stops the master (its torchrun included) long before the training timeout.
 - `run.sh --stop` ends every node (exit 143, nothing left running); `--resume` on both
   continues, the worker started first beside the stopped run's files waits for the new
   master; SIGTERM on the master stops the worker too, as a stop; a last `--resume`
   finishes the iteration with every planned episode exactly once.
+- The seed's split deployment on three nodes, the rank from RANK / NODE_RANK: a rollout run and an
+  update run on every node.
+
+Real vLLM per node on the happy paths and the dead-node test; the other fault tests run `--debug-mode`
+against one shared real vLLM (the session's), saving start-ups.
 
 A node that must still be mid-rollout when the test acts has its rollout engine held with
 SIGSTOP (`hold_rollouts_after_next_episode`) right after the episode the test waited for: a slow node, whatever
@@ -18,7 +25,6 @@ the speed of the machine (a fast one finishes a 160-episode share in seconds).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -28,46 +34,38 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, default_sigint
-from tests.e2e.conftest import ONE_STEP_LOOP, free_port, processes_mentioning
+from tests.conftest import REPO
+from tests.e2e.conftest import ONE_STEP_LOOP, VllmServer, processes_mentioning
+from tests.e2e.nodes import kill_node, signal_group, signal_run_sh, start_node
 from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
 
 pytestmark = pytest.mark.e2e
 
 TWO = ["--num-nodes", "2", "--rank-weights", "1,1"]
 TWO_ONE = ["--num-nodes", "2", "--rank-weights", "2,1"]
+THREE = ["--num-nodes", "3", "--rank-weights", "1,1,1"]
 SMALL = ["policy_config.max_new_tokens=32", "env_config.max_vllm_sessions=8", "env_config.live_view=plain"]
-#: heartbeats every second, a rank silent for 10 s is dead (defaults: 5 s and 30 s)
-FAST_LIVENESS = {"BATON_HEARTBEAT_S": "1", "BATON_DEAD_AFTER_S": "10"}
 
 
 def node(
-    data: Path, log: Path, rank: str | None, *args: str, env: dict[str, str] | None = None, nodes: list[str] = TWO
+    data: Path,
+    log: Path,
+    rank: str | None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    nodes: list[str] = TWO,
+    host: str | None = None,
 ) -> subprocess.Popen:
-    """One node: run.sh in a session of its own, with its own vLLM port."""
-    extra = {"BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": "127.0.0.1", **FAST_LIVENESS, **(env or {})}
+    """One node (tests/e2e/nodes.py): run.sh in namespaces of its own, with its own address and vLLM port;
+    rank None: the rank comes from the environment (`env`), as the seed's `export RANK=r`."""
     flags = [] if rank is None else (["--master"] if rank == "0" else ["--worker", rank])
-    cmd = [
-        "bash",
-        str(REPO / "scripts/run.sh"),
-        "--data-path",
-        str(data),
-        "--log-path",
-        str(log),
-        *nodes,
-        *flags,
-        *args,
-    ]
-    return subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env={**os.environ, **extra},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=default_sigint,
-        start_new_session=True,
-    )
+    number = int(rank if rank is not None else {**(env or {})}.get("RANK", (env or {}).get("NODE_RANK", "")))
+    return start_node(number, ["--data-path", str(data), "--log-path", str(log), *nodes, *flags, *args], env, host)
+
+
+def shared(server: VllmServer) -> list[str]:
+    """`--debug-mode` against one real vLLM that every node uses (a fault test's start-ups saved)."""
+    return ["--debug-mode", f"policy_config.base_url={server.base_url}", f"policy_config.model={server.model}"]
 
 
 def episodes(log: Path, split: str, iteration: int, rank: int) -> list[dict]:
@@ -91,36 +89,27 @@ def wait_for(condition, waiting_for: str, timeout: float, procs: list[subprocess
         time.sleep(every)
 
 
-def hold_rollouts_after_next_episode(
-    log: Path, ranks: list[int], timeout: float, procs: list[subprocess.Popen]
-) -> None:
-    """Wait for each rank's next journaled episode and SIGSTOP its rollout engine at once: the node stays
+def hold_rollouts_after_next_episode(log: Path, nodes: dict[int, subprocess.Popen], timeout: float) -> None:
+    """Wait for each node's next journaled episode and SIGSTOP its rollout engine at once: the node stays
     alive (heartbeat, run.sh) and mid-rollout, a slow node, until its run.sh stops the group (SIGTERM + SIGCONT)."""
-    before = {rank: len(episodes(log, "train", 1, rank)) for rank in ranks}
+    before = {rank: len(episodes(log, "train", 1, rank)) for rank in nodes}
     held: set[int] = set()
 
     def hold_the_ready() -> bool:
-        for rank in set(ranks) - held:
+        for rank in set(nodes) - held:
             if len(episodes(log, "train", 1, rank)) > before[rank]:
-                pids = log / "run" / f"rank_{rank}" / "pids"
-                os.killpg(int((pids / "rollout-train.pgid").read_text().split()[0]), signal.SIGSTOP)
+                pgid = int((log / "run" / f"rank_{rank}" / "pids" / "rollout-train.pgid").read_text().split()[0])
+                signal_group(nodes[rank], pgid, signal.SIGSTOP)
                 held.add(rank)
-        return held == set(ranks)
+        return held == set(nodes)
 
-    wait_for(hold_the_ready, f"the next journaled episode of ranks {ranks}", timeout, procs, every=0.02)
-
-
-def kill_node(log: Path, rank: int, proc: subprocess.Popen) -> None:
-    """The node dies: run.sh and every process group it recorded, SIGKILLed together."""
-    groups = [int(p.read_text().split()[0]) for p in (log / "run" / f"rank_{rank}" / "pids").glob("*.pgid")]
-    for pgid in [proc.pid, *groups]:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    wait_for(
+        hold_the_ready, f"the next journaled episode of ranks {sorted(nodes)}", timeout, list(nodes.values()), 0.02
+    )
 
 
-def assert_nothing_left(log: Path) -> None:
-    for rank in (0, 1):
+def assert_nothing_left(log: Path, ranks: int = 2) -> None:
+    for rank in range(ranks):
         assert not list((log / "run" / f"rank_{rank}" / "pids").glob("*.pgid")), rank
     assert not processes_mentioning(str(log))
 
@@ -151,6 +140,9 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
     ids = [{t["episode_id"] for t in share} for share in train]
     assert (len(ids[0]), len(ids[1])) == (64, 32) and not ids[0] & ids[1]  # disjoint 2:1 shares of the 96
     assert (log / "training" / "iter_0001" / "train.rank_1.log").exists()  # the worker was a torchrun node
+    for rank in (0, 1):  # gloo on the interface that holds the node's address (127.0.0.2, 127.0.0.3: lo)
+        update_log = (log / "run" / f"rank_{rank}" / "logs" / "iter_0001.update.log").read_text()
+        assert f"collectives: gloo on lo, NCCL on lo (lo holds 127.0.0.{rank + 2})" in update_log, rank
     assert os.readlink(log / "policy" / "current") == "v0001"
     for rank in (0, 1):  # the final evaluation (iteration 2): each node served the promoted policy
         final = episodes(log, "test", 2, rank)
@@ -176,12 +168,12 @@ def test_a_dead_node_stops_the_others_which_name_it(data_dir: Path, tmp_path: Pa
     nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
     more = lambda: len(episodes(log, "train", 1, 1)) > 0  # noqa: E731
     wait_for(more, "rank 1's first journaled episode", started, list(nodes.values()), every=0.02)
-    kill_node(log, 1, nodes[1])
+    kill_node(nodes[1])
     assert_survivor_names_the_dead(log, nodes[0], survivor=0, dead=1)
     # 2. --resume, then the master dies while the worker is still mid-rollout (held: its share is not done)
     nodes = {0: node(data_dir, log, "0", *args, "--resume"), 1: node(data_dir, log, "1", *args, "--resume")}
-    hold_rollouts_after_next_episode(log, [1], started, list(nodes.values()))
-    kill_node(log, 0, nodes[0])
+    hold_rollouts_after_next_episode(log, {1: nodes[1]}, started)
+    kill_node(nodes[0])
     assert_survivor_names_the_dead(log, nodes[1], survivor=1, dead=0)
 
 
@@ -194,21 +186,45 @@ def assert_survivor_names_the_dead(log: Path, survivor_proc: subprocess.Popen, s
     assert not processes_mentioning(str(log / "run" / f"rank_{survivor}"))
 
 
+def test_a_worker_dead_in_training_stops_the_master_long_before_the_training_timeout(
+    data_dir: Path, tmp_path: Path, vllm_server: VllmServer
+) -> None:
+    log = tmp_path / "exp"
+    args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "1", *SMALL, *ONE_STEP_LOOP]
+    args += ["env_config.test_tasks_rollout_size=4", *shared(vllm_server)]
+    nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
+    started = log / "training" / "iter_0001" / "train.rank_1.log"
+    wait_for(
+        started.exists, "the worker's training to start", generation_s(104, 32) + UPDATE_S, list(nodes.values()), 0.02
+    )
+    kill_node(nodes[1])
+    began = time.monotonic()
+    out = communicate_waiting(
+        nodes[0], waiting_for="the master to stop after rank 1 died in training", timeout=10 + 120
+    )
+    print(f"the master stopped {time.monotonic() - began:.1f} s after rank 1 died in training (launch.timeout_s 3600)")
+    assert nodes[0].returncode == 1, out[-3000:]
+    assert "rank 1: dead: no heartbeat change seen for" in out, out[-3000:]
+    assert not (log / "policy" / "v0001").exists()
+    assert not list((log / "run" / "rank_0" / "pids").glob("*.pgid"))
+    assert not processes_mentioning(str(log))
+
+
 def run_id(log: Path) -> str:
     return json.loads((log / "roles" / "rollout" / "cluster" / "run.json").read_text())["run_id"]
 
 
 def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_iteration(
-    data_dir: Path, tmp_path: Path
+    data_dir: Path, tmp_path: Path, vllm_server: VllmServer
 ) -> None:
     log = tmp_path / "exp"
     args = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
-    args += ["env_config.train_tasks_rollout_size=400", "env_config.n_samples_per_task=1"]
-    both_started = 2 * VLLM_START_S + generation_s(16, 32)
+    args += ["env_config.train_tasks_rollout_size=400", "env_config.n_samples_per_task=1", *shared(vllm_server)]
+    both_started = generation_s(16, 32)
 
     # 1. run.sh --stop: every node stops (143), nothing left (both held mid-rollout after an episode)
     nodes = [node(data_dir, log, "0", *args), node(data_dir, log, "1", *args)]
-    hold_rollouts_after_next_episode(log, [0, 1], both_started, nodes)
+    hold_rollouts_after_next_episode(log, dict(enumerate(nodes)), both_started)
     first_run = run_id(log)
     stop = subprocess.run(
         ["bash", str(REPO / "scripts/run.sh"), "--stop", "--log-path", str(log)],
@@ -230,9 +246,9 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])
     master = node(data_dir, log, "0", *args, "--resume")
     # (the worker held mid-rollout, so the iteration is not done when the master stops)
-    hold_rollouts_after_next_episode(log, [1], both_started, [master, worker])
+    hold_rollouts_after_next_episode(log, {1: worker}, both_started)
     assert run_id(log) != first_run
-    os.kill(master.pid, signal.SIGTERM)
+    signal_run_sh(master, signal.SIGTERM)
     out_m = communicate_waiting(master, waiting_for="the master to stop on SIGTERM", timeout=120)
     out_w = communicate_waiting(worker, waiting_for="the worker to stop after the master's SIGTERM", timeout=120)
     assert (master.returncode, worker.returncode) == (143, 143), out_m[-2000:] + out_w[-2000:]
@@ -241,7 +257,7 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
 
     # 3. --resume finishes the iteration: every planned episode once, the stopped parts kept
     nodes = [node(data_dir, log, "0", *args, "--resume"), node(data_dir, log, "1", *args, "--resume")]
-    budget = 2 * VLLM_START_S + generation_s(400, 32)
+    budget = generation_s(400, 32)
     waiting_for = "both nodes to finish the resumed iteration"
     outs = [communicate_waiting(proc, waiting_for=waiting_for, timeout=budget) for proc in nodes]
     assert [proc.returncode for proc in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
@@ -253,9 +269,10 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     assert_nothing_left(log)
 
 
-def test_split_deployment_a_rollout_run_and_an_update_run_on_two_nodes_each(data_dir: Path, tmp_path: Path) -> None:
-    """The seed's split deployment with several nodes: the update run trains (on both nodes) what the rollout run
-    (on both nodes) collected, each run coordinating in its own group."""
+def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(data_dir: Path, tmp_path: Path) -> None:
+    """The seed's split deployment on three nodes, each told its rank only by the environment (`export RANK=r`
+    for the rollout runs, NODE_RANK for the update runs): the update run trains (on the three nodes) what the
+    rollout run (on the three) collected, each run coordinating in its own group."""
     log = tmp_path / "exp"
     rollout = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
     rollout += ["env_config.train_tasks_rollout_size=24", "env_config.n_samples_per_task=4"]
@@ -263,17 +280,21 @@ def test_split_deployment_a_rollout_run_and_an_update_run_on_two_nodes_each(data
     update += ["algorithm.per_device_train_batch_size=1", "algorithm.gradient_accumulation_steps=1"]
     update += ["algorithm.cutoff_len=512"]
     poll = {"BATON_UPDATE_POLL_S": "2"}
-    nodes = [node(data_dir, log, "0", *update, env=poll), node(data_dir, log, "1", *update, env=poll)]
-    nodes += [node(data_dir, log, "0", *rollout), node(data_dir, log, "1", *rollout)]
-    budget = 2 * VLLM_START_S + generation_s(96, 32) + 2 * UPDATE_S
-    outs = [
-        communicate_waiting(proc, waiting_for="the four nodes of the split deployment", timeout=budget)
-        for proc in nodes
+    ranks = ("0", "1", "2")
+    nodes = [
+        node(data_dir, log, None, *update, env={"NODE_RANK": r, **poll}, nodes=THREE, host=f"update{r}") for r in ranks
     ]
-    assert [proc.returncode for proc in nodes] == [0, 0, 0, 0], "\n".join(out[-1500:] for out in outs)
-    assert len(episodes(log, "train", 1, 0)) + len(episodes(log, "train", 1, 1)) == 96
+    nodes += [node(data_dir, log, None, *rollout, env={"RANK": r}, nodes=THREE, host=f"rollout{r}") for r in ranks]
+    budget = 3 * VLLM_START_S + generation_s(96, 32) + 3 * UPDATE_S
+    outs = [
+        communicate_waiting(proc, waiting_for="the six runs of the split deployment", timeout=budget) for proc in nodes
+    ]
+    assert [proc.returncode for proc in nodes] == [0] * 6, "\n".join(out[-1500:] for out in outs)
+    shares = [{t["episode_id"] for t in episodes(log, "train", 1, rank)} for rank in (0, 1, 2)]
+    assert [len(share) for share in shares] == [32, 32, 32] and len(set().union(*shares)) == 96
     record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
-    assert record["iteration"] == 1 and (log / "training" / "iter_0001" / "train.rank_1.log").exists()
+    assert record["iteration"] == 1
+    assert all((log / "training" / "iter_0001" / f"train.rank_{rank}.log").exists() for rank in (1, 2))
     assert (log / "roles" / "rollout" / "cluster" / "run.json").exists()
     assert (log / "roles" / "update" / "cluster" / "run.json").exists() and not (log / "cluster").exists()
-    assert_nothing_left(log)
+    assert_nothing_left(log, ranks=3)

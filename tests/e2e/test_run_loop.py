@@ -5,7 +5,8 @@
   trajectory, the in-place reload recorded), metrics and plot, no process left.
 - SIGINT during a rollout, then SIGTERM during the clean-up: run.sh exits (130) within 30 s
   with nothing of it left;
-  `--resume` completes the iteration without duplicate episodes.
+  `--resume` completes the iteration without duplicate episodes, though vLLM is SIGKILLed
+  under it: run.sh restarts vLLM and resumes, and no episode is failed for it.
 - `--debug-mode` against a vLLM started outside the run: used, and still
   running afterwards.
 """
@@ -141,11 +142,20 @@ def test_sigint_during_rollout_stops_everything_then_resume_completes(data_dir: 
     partial = len(journal(log, "test", 1))
     assert 0 < partial < 48
 
-    budget = VLLM_START_S + generation_s(48, 32)
+    budget = 2 * VLLM_START_S + generation_s(48, 32)
     resumed = run_sh(data_dir, log, *args, "--resume", port=port)
-    rc, out = finish(resumed, "run.sh --resume to finish the rollout", budget)
+    # the policy server dies under the resumed rollout (its whole group SIGKILLed after the next episode)
+    deadline = time.monotonic() + VLLM_START_S + generation_s(1, 32)
+    while len(journal(log, "test", 1)) <= partial:
+        assert resumed.poll() is None and time.monotonic() < deadline, "the resumed rollout never journaled"
+        time.sleep(0.1)
+    os.killpg(int((log / "run" / "rank_0" / "pids" / "vllm.pgid").read_text().split()[0]), signal.SIGKILL)
+    rc, out = finish(resumed, "run.sh --resume to restart vLLM and finish the rollout", budget)
     assert rc == 0, out[-3000:]
-    ids = [t["episode_id"] for t in journal(log, "test", 1)]
+    assert "the policy server stopped answering during the test rollout; restarting vLLM and resuming" in out
+    rows = journal(log, "test", 1)
+    assert not [t["episode_id"] for t in rows if t["status"] == "model_error"]  # the dead server failed no episode
+    ids = [t["episode_id"] for t in rows]
     assert len(ids) == len(set(ids)) == 48
     manifest = json.loads((log / "trajectories" / "test" / "iter_0001" / "rank_0.manifest.json").read_text())
     assert manifest["complete"] and manifest["episodes"] == 48

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from rollout_engine.config import PolicyConfig
-from rollout_engine.errors import ConfigError, ContextOverflowError, ModelError
+from rollout_engine.errors import ConfigError, ContextOverflowError, ModelError, PolicyDown
 from rollout_engine.policy import PolicyClient
 
 REQUEST = httpx.Request("POST", "http://test/v1/chat/completions")
@@ -79,10 +79,27 @@ async def test_retries_connection_429_and_5xx_then_succeeds() -> None:
 
 
 async def test_gives_up_after_bounded_retries() -> None:
-    policy, fake = client_for([openai.APIConnectionError(request=REQUEST)] * 3, retries=2)
+    models = SimpleNamespace(data=[SimpleNamespace(id="policy")])  # the health probe after the retries: up
+    policy, fake = client_for([openai.APIConnectionError(request=REQUEST)] * 3 + [models], retries=2)
     with pytest.raises(ModelError, match="after 3 attempts"):
         await policy.chat([])
-    assert len(fake.calls) == 3
+    assert len(fake.calls) == 4
+
+
+async def test_a_server_that_fails_the_health_probe_after_the_retries_is_down_not_a_model_error() -> None:
+    refused = openai.APIConnectionError(request=REQUEST)
+    policy, fake = client_for([refused, status_error(openai.InternalServerError, 500), refused], retries=1)
+    with pytest.raises(PolicyDown, match=r"policy server at http://127\.0\.0\.1:8000/v1 stopped answering"):
+        await policy.chat([])
+    assert len(fake.calls) == 3  # two attempts, then the probe (GET /models), refused too
+
+
+async def test_a_server_that_still_lists_its_models_failed_this_request_only() -> None:
+    models = SimpleNamespace(data=[SimpleNamespace(id="policy")])
+    policy, fake = client_for([status_error(openai.InternalServerError, 500)] * 2 + [models], retries=1)
+    with pytest.raises(ModelError, match="after 2 attempts") as caught:
+        await policy.chat([])
+    assert not isinstance(caught.value, PolicyDown) and len(fake.calls) == 3
 
 
 async def test_client_errors_are_not_retried_and_overflow_is_recognised() -> None:

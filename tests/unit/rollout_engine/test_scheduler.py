@@ -10,8 +10,10 @@ import hashlib
 import threading
 from pathlib import Path
 
+import pytest
+
 from rollout_engine.envs.base import Env, EpisodeState, Score, StepResult
-from rollout_engine.errors import EnvError, JudgeError, ModelError
+from rollout_engine.errors import EnvError, JudgeError, ModelError, PolicyDown
 from rollout_engine.journal import Journal, read_journal
 from rollout_engine.progress import Progress
 from rollout_engine.scheduler import Scheduler, SchedulerSettings
@@ -54,6 +56,8 @@ class FakeEnv(Env):
             raise RuntimeError("game over")
         if kind == "model":
             raise ModelError("server gone")
+        if kind == "down":
+            raise PolicyDown("the policy server at http://x/v1 stopped answering")
         if kind == "slow" and state.turns:
             await asyncio.sleep(60)
         await asyncio.sleep(0.01)
@@ -107,6 +111,18 @@ async def test_failure_kinds_and_retries(tmp_path: Path) -> None:
     assert not any(t.success for t in result.values() if t.status is not Failure.OK)
     assert env.live == 0  # every episode torn down, timeouts included
     assert {t.episode_id for t in read_journal(tmp_path / "rank_0.jsonl")} == {f"{i}#0" for i in result}
+
+
+async def test_a_dead_policy_server_stops_the_rollout_and_fails_no_episode(tmp_path: Path) -> None:
+    """PolicyDown is infrastructure: it leaves run() (no retry, no model_error row); what finished is journaled."""
+    env = FakeEnv()
+    journal = Journal(tmp_path / "rank_0.jsonl", resume=False)
+    sched = Scheduler(env, EchoPolicy(), journal, settings(episode_timeout_s=100), Progress())
+    with pytest.raises(PolicyDown):
+        await sched.run(specs("ok-1", "ok-2", "down-1", "slow-1"))
+    journaled = read_journal(tmp_path / "rank_0.jsonl")
+    assert {t.episode_id for t in journaled} == {t.episode_id for t in sched.finished} <= {"ok-1#0", "ok-2#0"}
+    assert env.attempts["down-1"] == 1 and env.live == 0  # not re-run; every episode torn down
 
 
 async def test_retry_budget_is_shared(tmp_path: Path) -> None:
