@@ -109,9 +109,11 @@ serve_outsider() {
 
 @test "loop_ensure_vllm restarts a recorded vLLM unless it answers on the port with the served name, and reloads a reused one" {
   source "$ROOT/scripts/lib/loop.sh"
+  # shellcheck disable=SC2329 # called by loop_ensure_vllm
   vllm_start() { printf 'vllm_start %s\n' "$*"; }
   vllm_serve_new() {
     printf 'vllm_serve_new %s\n' "$*"
+    # shellcheck disable=SC2030 # read by loop_ensure_vllm in this same subshell
     VLLM_SERVED_HOW=reload
   }
   loop_policy_path() { printf '%s\n' "$MODEL"; }
@@ -127,4 +129,47 @@ serve_outsider() {
   [[ $output == *"already serves policy; reusing it"* && $output != *vllm_start* ]]
   # it may hold the weights of an older policy (a run that died after a promotion): the current one is loaded
   [[ $output == *"vllm_serve_new $RUN $LOOP_PORT policy $MODEL"* ]]
+}
+
+# stub_serving <fingerprints...>: vllm_fingerprint prints the next of <fingerprints> per call; vllm_reload
+# succeeds unless RELOAD_FAILS=1; vllm_stop and vllm_start are recorded in $EVENTS.
+stub_serving() {
+  EVENTS="$BATS_TEST_TMPDIR/events" PRINTS="$BATS_TEST_TMPDIR/prints"
+  printf '%s\n' "$@" >"$PRINTS"
+  : >"$EVENTS"
+  # shellcheck disable=SC2329 # called by vllm_serve_new
+  {
+    vllm_fingerprint() { head -n 1 "$PRINTS" && sed -i 1d "$PRINTS"; }
+    vllm_reload() { echo "reload $2" >>"$EVENTS" && ((!${RELOAD_FAILS:-0})); }
+    vllm_stop() { echo stop >>"$EVENTS"; }
+    vllm_start() { echo "start $2" >>"$EVENTS"; }
+  }
+}
+
+# served_how <args...>: run vllm_serve_new <args...> (its warnings to $BATS_TEST_TMPDIR/err); print VLLM_SERVED_HOW.
+served_how() {
+  vllm_serve_new "$@" 2>"$BATS_TEST_TMPDIR/err"
+  # shellcheck disable=SC2031 # set by vllm_serve_new just above, in this shell
+  printf '%s\n' "$VLLM_SERVED_HOW"
+}
+
+@test "vllm_serve_new: an in-place reload that changes the served outputs is kept (no restart)" {
+  stub_serving old new
+  [ "$(served_how "$RUN" 8999 policy /p/v1)" = reload ]
+  [ "$(cat "$EVENTS")" = "reload /p/v1" ]
+}
+
+@test "vllm_serve_new: a refused reload falls back to a restart on the new weights" {
+  stub_serving old new
+  [ "$(RELOAD_FAILS=1 served_how "$RUN" 8999 policy /p/v1)" = restart ]
+  grep -q "in-place reload is unavailable on port 8999; restarting vLLM on /p/v1" "$BATS_TEST_TMPDIR/err"
+  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'reload /p/v1' stop 'start /p/v1')" ]
+}
+
+@test "vllm_serve_new: a reload that changes nothing is checked by a restart; still the same outputs: unchanged" {
+  stub_serving same same same
+  [ "$(served_how "$RUN" 8999 policy /p/v1)" = unchanged ]
+  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'reload /p/v1' stop 'start /p/v1')" ]
+  grep -q "in-place reload left the served outputs unchanged; restarting vLLM on /p/v1 to make sure" "$BATS_TEST_TMPDIR/err"
+  grep -q "gives the same greedy outputs as the old one" "$BATS_TEST_TMPDIR/err"
 }
