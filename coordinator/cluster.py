@@ -163,7 +163,8 @@ class StopRequest:
 
 @dataclass(frozen=True)
 class Eviction:
-    """The master's verdict that a rank is dead."""
+    """The master's verdict that a rank is dead: the incarnation registered then (`node_host`, `node_pid`:
+    its run.sh; "" and 0 for any). A restarted rank registers anew and is no longer evicted."""
 
     rank: int
     reason: str
@@ -171,6 +172,14 @@ class Eviction:
     host: str
     pid: int
     time: float = field(default_factory=time.time)
+    node_host: str = ""
+    node_pid: int = 0
+
+    def applies_to(self, node: NodeRecord | None) -> bool:
+        """Does the verdict cover `node` (the rank's registration), or every incarnation?"""
+        if self.node_pid == 0:
+            return True
+        return node is not None and (node.host, node.pid) == (self.node_host, self.node_pid)
 
 
 def cluster_dir(log_path: str | Path) -> Path:
@@ -216,6 +225,8 @@ class Cluster:
     log_path: Path
     run_id: str
     rank: int | None = None
+    #: this node's run.sh (host, pid) when known: a registration of its rank by another one replaces it
+    me: tuple[str, int] | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -265,6 +276,22 @@ class Cluster:
     def evictions(self) -> dict[int, Eviction]:
         return _load_ranks(self.run_dir / "evicted", Eviction)
 
+    def evicted(self, rank: int, node: NodeRecord | None = None) -> Eviction | None:
+        """The eviction that covers `node` (default: the rank's current registration), if any."""
+        eviction = self.evictions().get(rank)
+        node = node if node is not None else self.nodes().get(rank)
+        return eviction if eviction is not None and eviction.applies_to(node) else None
+
+    def members(self, num_nodes: int) -> list[int]:
+        """The ranks in the run now: the master, and every registered rank whose registration is not evicted
+        (a rank restarted after its eviction is a member again)."""
+        nodes, evictions = self.nodes(), self.evictions()
+        return [
+            rank
+            for rank in range(num_nodes)
+            if rank == 0 or (rank in nodes and not (rank in evictions and evictions[rank].applies_to(nodes[rank])))
+        ]
+
     def superseded_by(self) -> RunRecord | None:
         """The newer run that run.json names, if a later master start replaced this run."""
         record = load_run(self.log_path)
@@ -273,7 +300,13 @@ class Cluster:
     def standing(self) -> Evicted | RunStopped | None:
         """Why this node must stop, if it must: this rank evicted, stop.json, or a newer run in run.json."""
         if self.rank is not None:
-            eviction = self.evictions().get(self.rank)
+            current = self.nodes().get(self.rank)
+            if self.me is not None and current is not None and (current.host, current.pid) != self.me:
+                return Evicted(
+                    self.rank, f"rank {self.rank} was registered again, by {current.host} (pid {current.pid})"
+                )
+            mine = NodeRecord(self.rank, self.me[0], "", self.me[1], None, 0) if self.me is not None else current
+            eviction = self.evicted(self.rank, mine) if mine is not None else self.evictions().get(self.rank)
             if eviction is not None:
                 return Evicted(self.rank, eviction.reason)
         request = self.stop_request()

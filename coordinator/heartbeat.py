@@ -18,6 +18,9 @@ a file that merely appears may be an old one that NFS showed late.
 
 from __future__ import annotations
 
+import os
+import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,6 +123,10 @@ class LivenessWatcher:
         """The rank's heartbeat was seen to change at least once: it was alive while we watched."""
         return self._seen[rank].changes > 0
 
+    def forget(self, rank: int) -> None:
+        """Watch `rank` afresh from now (a new incarnation of it registered)."""
+        self._seen[rank] = _Seen(None, self.clock())
+
 
 def run_heartbeat(
     cluster: Cluster,
@@ -151,29 +158,64 @@ def run_heartbeat(
 
 
 class PeerWatch:
-    """The other ranks, for a run that aborts when one fails: a failure flag, an eviction, or a rank that
-    was seen beating and then fell silent for dead_after_s (a rank not beating yet may still be joining:
-    the barriers judge that one)."""
+    """The other ranks, watched beside each node (`mode`: the run's on_rank_failure).
 
-    def __init__(self, cluster: Cluster, ranks: list[int], dead_after_s: float) -> None:
-        self.cluster = cluster
+    abort: a failure flag, an eviction, or a rank that was seen beating and then fell silent for
+    dead_after_s ends this node (a rank not beating yet may still be joining: the barriers judge that one).
+    continue: a worker watches only the master (its loss ends the run); the master evicts a worker that
+    failed or fell silent (its current registration: a restarted rank is a member again) and goes on.
+    """
+
+    def __init__(self, cluster: Cluster, ranks: list[int], dead_after_s: float, mode: str = "abort") -> None:
+        self.cluster, self.mode = cluster, mode
         self.ranks = [rank for rank in ranks if rank != cluster.rank]
+        if mode == "continue" and cluster.rank != 0:
+            self.ranks = [rank for rank in self.ranks if rank == 0]
         self.watcher = LivenessWatcher(cluster, self.ranks, dead_after_s)
+        self.registered: dict[int, tuple[str, int]] = {}
 
     def __call__(self) -> ClusterError | None:
         from coordinator.cluster import RankFailed
 
-        failures = self.cluster.failures()
-        for rank in self.ranks:
-            if rank in failures:
-                failure = failures[rank]
-                return RankFailed(rank, f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}")
-        evictions = self.cluster.evictions()
-        for rank in self.ranks:
-            if rank in evictions:
-                return RankFailed(rank, f"evicted: {evictions[rank].reason}")
         self.watcher.observe()
-        for rank in self.watcher.dead():
-            if self.watcher.last_beat(rank) is not None and self.watcher.changed(rank):
-                return RankFailed(rank, f"dead: no heartbeat change seen for {self.watcher.silent_s(rank):.0f} s")
+        for rank in self.ranks:
+            reason = self.gone(rank)
+            if reason is None:
+                continue
+            if self.mode == "continue" and self.cluster.rank == 0:
+                self.evict(rank, reason)
+                continue
+            return RankFailed(rank, reason)
         return None
+
+    def gone(self, rank: int) -> str | None:
+        """Why `rank` is out of the run, if it is: its failure flag, its eviction, or its silence."""
+        nodes = self.cluster.nodes()
+        node = nodes.get(rank)
+        if node is not None and self.registered.get(rank) not in (None, (node.host, node.pid)):
+            self.watcher.forget(rank)  # a restarted rank: judge its new heartbeat from now on
+        if node is not None:
+            self.registered[rank] = (node.host, node.pid)
+        continuing = self.mode == "continue"
+        failure = self.cluster.failures().get(rank)
+        if failure is not None and (
+            not continuing or node is None or (failure.host, failure.pid) == (node.host, node.pid)
+        ):
+            return f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
+        eviction = self.cluster.evicted(rank)
+        if eviction is not None:
+            return None if continuing else f"evicted: {eviction.reason}"
+        if rank in self.watcher.dead() and self.watcher.last_beat(rank) is not None and self.watcher.changed(rank):
+            return f"dead: no heartbeat change seen for {self.watcher.silent_s(rank):.0f} s"
+        return None
+
+    def evict(self, rank: int, reason: str) -> None:
+        """The master's verdict on `rank`'s current registration (once)."""
+        from coordinator.cluster import Eviction
+
+        node = self.cluster.nodes().get(rank)
+        if self.cluster.evicted(rank, node) is not None:
+            return
+        host, pid = (node.host, node.pid) if node is not None else ("", 0)
+        self.cluster.evict(Eviction(rank, reason, 0, socket.gethostname(), os.getpid(), node_host=host, node_pid=pid))
+        print(f"[baton] rank {rank} evicted: {reason}; the run goes on without it", file=sys.stderr, flush=True)

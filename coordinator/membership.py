@@ -273,15 +273,19 @@ def join_run(
             f" --rank-weights {_csv(record.rank_weights)}; give every node the same values"
         )
     me = me or Endpoint(socket.gethostname(), default_addr(), os.getpid())
-    cluster = Cluster(Path(log_path), record.run_id, rank=rank)
-    cluster.check_standing()
+    cluster = Cluster(Path(log_path), record.run_id, rank=rank, me=(me.host, me.pid))
     _refuse_taken_rank(cluster, rank, me)
     cluster.register(NodeRecord(rank, me.host, me.addr, me.pid, vllm_port, time.time()))
+    cluster.check_standing()  # a stopped or superseded run (an eviction of an earlier incarnation is not ours)
     return record
 
 
 def _refuse_taken_rank(cluster: Cluster, rank: int, me: Endpoint) -> None:
+    """Two live nodes with one rank are an error; a rank whose registration was evicted may join again
+    (it becomes a member at the master's next step: `Cluster.members`)."""
     other = cluster.nodes().get(rank)
+    if other is not None and cluster.evicted(rank, other) is not None:
+        return
     if other is not None and (other.host, other.pid) != (me.host, me.pid):
         raise ConfigError(
             f"rank {rank} already joined run {cluster.run_id} from {other.host} (pid {other.pid}): two nodes were"

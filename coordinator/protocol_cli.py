@@ -29,7 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from coordinator.barrier import BarrierWait, arrivals, arrive, check_phase, wait_barrier
@@ -155,10 +155,11 @@ class SignalPacer:
 def cmd_heartbeat(args: argparse.Namespace) -> int:
     cluster, record = this_run(args)
     pacer = SignalPacer(args.node_pid)
+    cluster = replace(cluster, me=(socket.gethostname(), pacer.node_pid))
     interval = args.interval or record.heartbeat_interval_s
     peers = None
-    if args.stop_node and record.on_rank_failure == "abort":
-        peers = PeerWatch(cluster, list(range(record.num_nodes)), record.dead_after_s)
+    if args.stop_node:
+        peers = PeerWatch(cluster, list(range(record.num_nodes)), record.dead_after_s, record.on_rank_failure)
     ended = run_heartbeat(cluster, args.rank, interval, pacer, host=socket.gethostname(), pid=os.getpid(), peers=peers)
     if ended is not None:
         if args.stop_node:

@@ -14,6 +14,7 @@ import pytest
 from coordinator.cluster import (
     Cluster,
     Endpoint,
+    Eviction,
     JoinTimeout,
     MasterAlive,
     StopRequest,
@@ -161,3 +162,15 @@ def test_join_run_does_not_join_a_run_asked_to_stop(tmp_path: Path) -> None:
     Cluster(tmp_path, record.run_id).request_stop(StopRequest("operator request", None, "h", 1))
     with pytest.raises(JoinTimeout, match="which was asked to stop: waiting for a new master"):
         join_run(tmp_path, 1, 2, [1, 1], wait_s=0.3, me=ME, poll_s=0.02)
+
+
+def test_join_run_lets_a_rank_whose_registration_was_evicted_join_again(tmp_path: Path, beaters: Beaters) -> None:
+    """--on-rank-failure continue: the restarted rank registers anew; the eviction covered its old incarnation."""
+    record = start_run(tmp_path, 2, [1, 1], me=ME, on_rank_failure="continue", **QUICK)
+    cluster = Cluster(tmp_path, record.run_id)
+    beaters.start(cluster, 0)
+    join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=Endpoint("node-1", "a", 1), poll_s=0.02)
+    cluster.evict(Eviction(1, "dead: no heartbeat change seen for 30 s", 0, "m", 7, node_host="node-1", node_pid=1))
+    assert cluster.members(2) == [0]
+    join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=Endpoint("node-1", "a", 2), poll_s=0.02)
+    assert cluster.nodes()[1].pid == 2 and cluster.members(2) == [0, 1]

@@ -152,3 +152,61 @@ def test_peer_watch_ends_the_heartbeat_when_a_seen_peer_falls_silent_or_fails(tm
     cluster.fail(FailureRecord(2, 3, "update", "training exit 1", 1, "h", 9))
     ended = PeerWatch(cluster, [0, 1, 2], dead_after_s=30)()
     assert ended is not None and str(ended) == "rank 2: failed in update of iteration 3: training exit 1"
+
+
+def test_continue_mode_the_master_evicts_a_silent_or_failed_worker_and_goes_on(tmp_path: Path) -> None:
+    """--on-rank-failure continue: the master's watch evicts the worker's registration (once) and ends nothing;
+    a worker restarted after its eviction registers anew, is a member again and is judged afresh."""
+    from coordinator.cluster import FailureRecord, NodeRecord
+    from coordinator.heartbeat import PeerWatch
+
+    clock = FakeClock()
+    cluster = Cluster(tmp_path, "r1", rank=0)
+    for rank in (1, 2):
+        cluster.register(NodeRecord(rank, f"node{rank}", "a", 100 + rank, None, 0.0))
+    watch = PeerWatch(cluster, [0, 1, 2], dead_after_s=30, mode="continue")
+    watch.watcher = LivenessWatcher(cluster, watch.ranks, 30, clock=clock)
+    beat(cluster, 1, 1)
+    beat(cluster, 2, 1)
+    assert watch() is None
+    beat(cluster, 1, 2)
+    beat(cluster, 2, 2)
+    assert watch() is None
+    clock.now += 20
+    beat(cluster, 2, 3)  # rank 2 beats on; rank 1 falls silent
+    clock.now += 11
+    assert watch() is None  # nothing ends the master
+    eviction = cluster.evictions()[1]
+    assert (eviction.node_host, eviction.node_pid) == ("node1", 101) and eviction.reason.startswith(
+        "dead: no heartbeat"
+    )
+    assert cluster.members(3) == [0, 2]
+    cluster.fail(FailureRecord(2, 1, "train_rollout", "rollout exit 1", 1, "node2", 102))
+    assert watch() is None and cluster.members(3) == [0]
+    assert Cluster(tmp_path, "r1", rank=2, me=("node2", 102)).standing().exit_code == 5  # it learns it was evicted
+    # rank 1 restarts: a new registration; the old eviction and the old failure flag are not its own
+    cluster.register(NodeRecord(1, "node1", "a", 201, None, 0.0))
+    assert cluster.members(3) == [0, 1]
+    assert Cluster(tmp_path, "r1", rank=1, me=("node1", 201)).standing() is None
+    assert watch() is None and cluster.evicted(1) is None
+    beat(cluster, 1, 3)
+    clock.now += 5
+    beat(cluster, 1, 4)
+    assert watch() is None and cluster.members(3) == [0, 1]  # judged afresh: not evicted for the old silence
+    # the old incarnation of rank 1, alive after a partition, learns that it was replaced
+    assert "registered again" in str(Cluster(tmp_path, "r1", rank=1, me=("node1", 101)).standing())
+
+
+def test_continue_mode_a_worker_watches_only_the_master(tmp_path: Path) -> None:
+    from coordinator.cluster import FailureRecord
+    from coordinator.heartbeat import PeerWatch
+
+    cluster = Cluster(tmp_path, "r1", rank=1)
+    watch = PeerWatch(cluster, [0, 1, 2], dead_after_s=30, mode="continue")
+    assert watch.ranks == [0]
+    cluster.fail(FailureRecord(2, 1, "update", "x", 1, "h", 9))
+    assert watch() is None  # rank 2 is the master's business
+    cluster.fail(FailureRecord(0, 1, "update", "training exit 1", 1, "h", 8))
+    ended = watch()
+    assert ended is not None and ended.exit_code == 3 and str(ended).startswith("rank 0: failed in update")
+    assert not cluster.evictions()
