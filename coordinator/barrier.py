@@ -60,9 +60,10 @@ class Arrival:
 class BarrierResult:
     iteration: int
     phase: str
-    ranks: list[int]
+    ranks: list[int]  # the ranks that arrived and were waited for
     arrivals: dict[int, Arrival]
     waited_s: float  # this waiter's monotonic clock
+    gone: list[int] = field(default_factory=list)  # ranks dropped from the wait (--on-rank-failure continue)
 
 
 @dataclass(frozen=True)
@@ -140,21 +141,31 @@ def wait_barrier(
     on_tick: Callable[[BarrierWait], None] | None = None,
     tick_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
+    drop: Callable[[list[int]], list[int]] | None = None,
+    fatal: list[int] | None = None,
 ) -> BarrierResult:
     """Return when every rank in `ranks` has arrived; raise as soon as waiting can no longer succeed.
 
-    `on_tick` is called every `tick_s` seconds of waiting with who is missing.
+    `on_tick` is called every `tick_s` seconds of waiting with who is missing. With `drop`
+    (--on-rank-failure continue), the missing ranks it returns are out of the run: the wait goes on
+    without them (BarrierResult.gone), and only the `fatal` ranks' loss fails it (default: all).
     """
     check_phase(phase)
     start = clock()
     next_tick = start + tick_s
+    expected, gone = list(ranks), []
     while True:
         cluster.check_standing()
         arrived = arrivals(cluster, iteration, phase)
-        missing = [rank for rank in ranks if rank not in arrived]
+        missing = [rank for rank in expected if rank not in arrived]
+        if missing and drop is not None:
+            out = drop(missing)
+            gone += out
+            expected = [rank for rank in expected if rank not in out]
+            missing = [rank for rank in missing if rank not in out]
         if not missing:
-            return BarrierResult(iteration, phase, list(ranks), arrived, clock() - start)
-        check_ranks(cluster, ranks, watcher)
+            return BarrierResult(iteration, phase, expected, arrived, clock() - start, gone)
+        check_ranks(cluster, [rank for rank in expected if fatal is None or rank in fatal], watcher)
         now = clock()
         if timeout_s is not None and now - start >= timeout_s:
             raise BarrierTimeout(iteration, phase, missing, timeout_s)

@@ -207,7 +207,23 @@ class PeerWatch:
             return None if continuing else f"evicted: {eviction.reason}"
         if rank in self.watcher.dead() and self.watcher.last_beat(rank) is not None and self.watcher.changed(rank):
             return f"dead: no heartbeat change seen for {self.watcher.silent_s(rank):.0f} s"
+        if continuing and rank in self.watcher.dead() and node is None:  # abort mode leaves this to the barriers
+            return f"never joined: no registration or heartbeat in {self.watcher.silent_s(rank):.0f} s"
         return None
+
+    def drop(self, missing: list[int]) -> list[int]:
+        """Of the ranks a barrier misses, those out of the run (continue mode): evicted ones, and on the
+        master the ones it evicts now (failed, or silent once seen beating)."""
+        out = []
+        self.watcher.observe()
+        for rank in missing:
+            if rank == self.cluster.rank or (rank == 0 and self.cluster.rank != 0):
+                continue
+            if self.cluster.rank == 0 and rank in self.ranks and (reason := self.gone(rank)) is not None:
+                self.evict(rank, reason)
+            if self.cluster.evicted(rank) is not None:
+                out.append(rank)
+        return out
 
     def evict(self, rank: int, reason: str) -> None:
         """The master's verdict on `rank`'s current registration (once)."""

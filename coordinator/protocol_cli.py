@@ -225,11 +225,19 @@ def cmd_wait(args: argparse.Namespace) -> int:
         say(f"rank {args.rank}: {args.phase} of iteration {args.iteration}: waiting for ranks {missing} ({waited})")
 
     timing = {"timeout_s": args.timeout, "poll_s": args.poll, "tick_s": args.report_every}
-    result = wait_barrier(cluster, args.iteration, args.phase, ranks, watcher, on_tick=tick, **timing)
+    membership = {}
+    if record.on_rank_failure == "continue":  # a lost worker is dropped; only the master's loss ends the wait
+        peers = PeerWatch(cluster, list(range(record.num_nodes)), args.dead_after or record.dead_after_s, "continue")
+        membership = {"drop": peers.drop, "fatal": [0]}
+    result = wait_barrier(cluster, args.iteration, args.phase, ranks, watcher, on_tick=tick, **timing, **membership)
+    if result.gone:
+        say(f"rank {args.rank}: {args.phase} of iteration {args.iteration}: going on without ranks {result.gone}")
     if args.print_data:
         merged: dict = {}
-        for rank in ranks:
+        for rank in result.ranks:
             merged |= result.arrivals[rank].data
+        if result.gone:
+            merged["gone"] = ",".join(str(rank) for rank in result.gone)
         print_data(merged)
     return 0
 

@@ -118,6 +118,36 @@ def test_eviction_stops_the_evicted_rank_and_fails_the_others(tmp_path: Path) ->
     assert wait_barrier(node(tmp_path, 1), 0, "start", [0, 1], None, **QUICK)  # the survivors go on without it
 
 
+def test_continue_mode_the_waiters_drop_an_evicted_worker_and_only_the_masters_loss_fails_them(
+    tmp_path: Path,
+) -> None:
+    """--on-rank-failure continue: a worker evicted by the master is dropped from the wait (result.gone); a
+    worker's failure flag is the master's business; the master's failure ends a worker's wait."""
+    from coordinator.cluster import NodeRecord
+    from coordinator.heartbeat import PeerWatch
+
+    master, worker = node(tmp_path, 0), node(tmp_path, 1)
+    for rank in (1, 2):
+        master.register(NodeRecord(rank, f"n{rank}", "a", 10 + rank, None, 0.0))
+    master.fail(FailureRecord(2, 1, "train_rollout", "rollout exit 1", 1, "n2", 12))
+    arrive(worker, 1, "train_rollout")
+    on_worker = PeerWatch(worker, [0, 1, 2], 30, "continue")
+    thread = later(0.2, lambda: arrive(master, 1, "train_rollout"))
+    with pytest.raises(BarrierTimeout):  # rank 2 failed, not yet evicted: the worker waits for the verdict
+        wait_barrier(
+            worker, 1, "train_rollout", [0, 1, 2], None, timeout_s=0.5, drop=on_worker.drop, fatal=[0], **QUICK
+        )
+    thread.join()
+    on_master = PeerWatch(master, [0, 1, 2], 30, "continue")
+    result = wait_barrier(master, 1, "train_rollout", [0, 1, 2], None, drop=on_master.drop, fatal=[0], **QUICK)
+    assert (result.ranks, result.gone) == ([0, 1], [2]) and master.evictions()[2].node_pid == 12
+    result = wait_barrier(worker, 1, "train_rollout", [0, 1, 2], None, drop=on_worker.drop, fatal=[0], **QUICK)
+    assert (result.ranks, result.gone) == ([0, 1], [2])
+    master.fail(FailureRecord(0, 1, "update", "training exit 1", 1, "n0", 10))
+    with pytest.raises(RankFailed, match="rank 0: failed in update"):
+        wait_barrier(worker, 1, "update", [0, 1], None, drop=on_worker.drop, fatal=[0], **QUICK)
+
+
 def test_a_newer_run_fences_the_waiters_of_an_older_one(tmp_path: Path) -> None:
     old = old_run(tmp_path)
     later(0.1, lambda: old_run(tmp_path)).join()  # a new master start rewrote run.json
