@@ -173,6 +173,8 @@ class PeerWatch:
             self.ranks = [rank for rank in self.ranks if rank == 0]
         self.watcher = LivenessWatcher(cluster, self.ranks, dead_after_s)
         self.registered: dict[int, tuple[str, int]] = {}
+        #: called with the rank after each eviction (the heartbeat CLI signals its node: SIGUSR1)
+        self.on_evict: Callable[[int], None] | None = None
 
     def __call__(self) -> ClusterError | None:
         from coordinator.cluster import RankFailed
@@ -235,3 +237,5 @@ class PeerWatch:
         host, pid = (node.host, node.pid) if node is not None else ("", 0)
         self.cluster.evict(Eviction(rank, reason, 0, socket.gethostname(), os.getpid(), node_host=host, node_pid=pid))
         print(f"[baton] rank {rank} evicted: {reason}; the run goes on without it", file=sys.stderr, flush=True)
+        if self.on_evict is not None:
+            self.on_evict(rank)

@@ -160,6 +160,7 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
     peers = None
     if args.stop_node:
         peers = PeerWatch(cluster, list(range(record.num_nodes)), record.dead_after_s, record.on_rank_failure)
+        peers.on_evict = lambda rank: tell_node(pacer.node_pid, signal.SIGUSR1)  # it stops a training rank was in
     ended = run_heartbeat(cluster, args.rank, interval, pacer, host=socket.gethostname(), pid=os.getpid(), peers=peers)
     if ended is not None:
         if args.stop_node:
@@ -178,6 +179,11 @@ def stop_node(node_pid: int, ended: ClusterError, reason_file: str | None) -> No
     say(f"stopping the node (pid {node_pid}): {ended}")
     with contextlib.suppress(ProcessLookupError):
         os.kill(node_pid, signal.SIGTERM)
+
+
+def tell_node(node_pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(node_pid, sig)
 
 
 def json_object(text: str) -> dict:
@@ -260,6 +266,29 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return 0
     cluster.request_stop(StopRequest(args.reason, args.rank, socket.gethostname(), os.getppid()))
     say(f"asked run {cluster.run_id} to stop: {args.reason}")
+    return 0
+
+
+def cmd_members(args: argparse.Namespace) -> int:
+    """The master's view of who is in the next step, as key<TAB>value lines for its plan: `members` (csv),
+    `weights` (the run's, 0 for a rank that is out) and `m_<r>` (host:pid of each member's registration).
+    Continue mode: the ranks registered and not evicted (`--wait-all S`: first wait up to S s, while they
+    join, for every rank to register); abort mode: every rank."""
+    cluster, record = this_run(args)
+    ranks = list(range(record.num_nodes))
+    members = ranks
+    if record.on_rank_failure == "continue":
+        deadline = time.monotonic() + (args.wait_all or 0)
+        while len(cluster.nodes()) < record.num_nodes - 1 and time.monotonic() < deadline:
+            time.sleep(args.poll)
+        members = cluster.members(record.num_nodes)
+    nodes = cluster.nodes()
+    data: dict = {"members": ",".join(map(str, members))}
+    data["weights"] = ",".join(
+        str(w if rank in members else 0) for rank, w in zip(ranks, record.rank_weights, strict=True)
+    )
+    data |= {f"m_{rank}": f"{nodes[rank].host}:{nodes[rank].pid}" for rank in members if rank in nodes}
+    print_data(data)
     return 0
 
 
@@ -380,6 +409,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     fail.add_argument("--pid", type=int, default=None)
     stop = _run_parser(subparsers, "stop", cmd_stop, "ask the whole run to stop", rank_required=False)
     stop.add_argument("--reason", required=True)
+    members = _run_parser(subparsers, "members", cmd_members, "who is in the next step (the master's plan)")
+    members.add_argument("--wait-all", type=float, default=None, help="seconds to wait for every rank to join")
+    members.add_argument("--poll", type=float, default=0.5)
     evict = _run_parser(subparsers, "evict", cmd_evict, "declare a rank dead")
     evict.add_argument("--reason", required=True)
     evict.add_argument("--by-rank", type=int, default=0)

@@ -87,6 +87,7 @@ cmd_run() {
   trap loop_cleanup EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  trap loop_evicted USR1
   mkdir -p "$LOOP_RUN_DIR/logs"
   common_atomic_copy "$resolved" "$LOOP_RUN_DIR/resolved.yaml" || common_die 1 "cannot write $LOOP_RUN_DIR/resolved.yaml (error above)"
   rm -f "$resolved"

@@ -19,6 +19,8 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --master | --worker R      this node's rank (0 | 1..N-1); else $RANK, then $NODE_RANK
   --node-addr ADDR           the address other nodes reach this one at (default $BATON_NODE_ADDR, else the default route's)
   --node-file FILE           per-node settings (environment variables, interpreters, vLLM port) by rank (default $BATON_NODE_FILE)
+  --on-rank-failure MODE     the master's choice when a worker dies: abort (default: every node stops) | continue
+                             (the master finishes the iteration without it; a restarted worker joins the next)
   --debug-mode               use the external vLLM at policy_config.base_url; start/stop nothing
   --resume                   continue the interrupted iteration (on several nodes the master's decides for all)
   --max-iterations N         stop after N iterations (default: run until stopped)
@@ -64,11 +66,13 @@ cli_parse() {
   RUN_RANK_WEIGHTS="" RUN_MASTER="" RUN_WORKER="" RUN_DEBUG=0 RUN_RESUME=0 RUN_MAX_ITER=""
   # shellcheck disable=SC2034 # RUN_NODE_FILE is read by nodes.sh
   RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0 RUN_FINAL_EVAL=0 RUN_NODE_ADDR="" RUN_STOP=0 RUN_NODE_FILE=""
+  RUN_ON_FAILURE=""
   RUN_OVERRIDES=()
   while (($#)); do
     case "$1" in
       --data-path | --log-path | --rl-phase | --eval-interval | --rollout-split | --num-nodes | \
-        --rank-weights | --worker | --max-iterations | --max-update-failures | --wait-timeout | --node-addr | --node-file)
+        --rank-weights | --worker | --max-iterations | --max-update-failures | --wait-timeout | --node-addr | --node-file | \
+          --on-rank-failure)
         cli_need_value "$1" $#
         cli_parse_valued "$1" "$2"
         shift 2
@@ -126,6 +130,7 @@ cli_parse_valued() {
     --wait-timeout) cli_set_once RUN_WAIT "$1" "$2" ;;
     --node-addr) cli_set_once RUN_NODE_ADDR "$1" "$2" ;;
     --node-file) cli_set_once RUN_NODE_FILE "$1" "$2" ;;
+    --on-rank-failure) cli_set_once RUN_ON_FAILURE "$1" "$2" ;;
   esac
 }
 
@@ -140,6 +145,9 @@ cli_validate() {
   if ((RUN_FINAL_EVAL)) && [[ $RUN_PHASE != both || -z $RUN_MAX_ITER ]]; then
     cli_bad "--final-eval needs --rl-phase both and --max-iterations N (it evaluates the policy of the last iteration)"
   fi
+  RUN_ON_FAILURE=${RUN_ON_FAILURE:-abort}
+  [[ $RUN_ON_FAILURE == abort || $RUN_ON_FAILURE == continue ]] ||
+    cli_bad "--on-rank-failure must be abort or continue (got '$RUN_ON_FAILURE')"
   RUN_MAX_FAILURES=${RUN_MAX_FAILURES:-3}
   cli_is_int "$RUN_MAX_FAILURES" 1 ||
     cli_bad "--max-update-failures must be an integer >= 1 (got '$RUN_MAX_FAILURES')"

@@ -149,7 +149,7 @@ loop_free_port() {
 # several, every node uses the master's address and the port it chose at the
 # start of the run. An override of launch.master_port, which comes later, still wins.
 loop_update_cmd() {
-  local -a launch=("launch.nnodes=$RUN_NUM_NODES" "launch.node_rank=$RUN_RANK")
+  local -a launch=("launch.nnodes=${LOOP_TRAIN_NODES:-$RUN_NUM_NODES}" "launch.node_rank=${LOOP_TRAIN_RANK:-$RUN_RANK}")
   if nodes_multi; then
     launch+=("launch.master_addr=$NODES_MASTER_ADDR" "launch.master_port=$NODES_TORCHRUN_PORT")
     [[ -z $RUN_NODE_ADDR ]] || launch+=("launch.node_addr=$RUN_NODE_ADDR")
@@ -201,7 +201,7 @@ loop_run() {
   common_log "$name: started (log: $logfile)"
   procs_start "$LOOP_RUN_DIR" "$name" "$logfile" "$@" >/dev/null
   pgid=$(procs_pgid "$LOOP_RUN_DIR" "$name")
-  wait "$pgid" || rc=$?
+  loop_wait "$pgid" || rc=$?
   rm -f "$LOOP_RUN_DIR/pids/$name.pgid"
   if ((rc != 0)); then
     common_warn "$name failed (exit $rc) after $((SECONDS - start))s; last lines of $logfile:"
@@ -363,10 +363,14 @@ loop_update_nodes() {
     else
       train=0 # --resume: trained already, promote only
     fi
-    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc}"
+    local members=""
+    ! nodes_continue || members=$(nodes_members 0)
+    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc${members:+, $members}}"
+    [[ -z $members ]] || loop_train_on "$(sed -E 's/.*"members": "([0-9,]+)".*/\1/' <<<"$members")"
   else
     nodes_receive "$n" update_plan decided
     train=${decided[train]:-0}
+    [[ -z ${decided[members]:-} ]] || loop_train_on "${decided[members]}" || train=0
   fi
   if ((train)); then
     loop_update_cmd "$n" train
@@ -385,6 +389,40 @@ loop_update_nodes() {
     rc=${decided[exit]:-1}
   fi
   return "$rc"
+}
+
+# loop_train_on <members csv>: train as one of the ranks listed (torchrun's nodes:
+# LOOP_TRAIN_NODES, LOOP_TRAIN_RANK); false when this rank is not among them.
+loop_train_on() {
+  local -a ranks
+  local i
+  IFS=, read -r -a ranks <<<"$1"
+  LOOP_TRAIN_NODES=${#ranks[@]}
+  for i in "${!ranks[@]}"; do
+    [[ ${ranks[i]} != "$RUN_RANK" ]] || { LOOP_TRAIN_RANK=$i && return 0; }
+  done
+  return 1
+}
+
+# loop_wait <pid>: wait for a child's exit status, through the SIGUSR1s that
+# interrupt bash's wait (loop_evicted sets LOOP_SIGNALLED).
+loop_wait() {
+  local rc
+  while :; do
+    LOOP_SIGNALLED=0 rc=0
+    wait "$1" || rc=$?
+    ((LOOP_SIGNALLED)) || return "$rc"
+  done
+}
+
+# loop_evicted: SIGUSR1 from the master's heartbeat: it evicted a rank (continue
+# mode); a training that rank was part of would wait for it forever: stop it (the
+# update fails, the served policy stays, the next iteration goes on without it).
+loop_evicted() {
+  LOOP_SIGNALLED=1
+  [[ -n ${LOOP_UPDATE_RUNNING:-} ]] || return 0
+  common_warn "a rank of this training was evicted; stopping the update of iteration $LOOP_UPDATE_RUNNING"
+  loop_stop_update
 }
 
 # loop_serve <iteration>: serve the promoted policy before the next iteration.
@@ -439,10 +477,17 @@ loop_should_continue() {
 loop_next() {
   local step=$1
   local -A plan=()
-  LOOP_TRAIN=0 LOOP_EVAL=0 LOOP_UPDATE=0 LOOP_FINAL=0 LOOP_RESUME=$RUN_RESUME
+  LOOP_TRAIN=0 LOOP_EVAL=0 LOOP_UPDATE=0 LOOP_FINAL=0 LOOP_RESUME=$RUN_RESUME LOOP_SKIP=0
   if ! nodes_is_master; then
     nodes_receive "$step" plan plan
     ((!${plan[stop]:-0})) || return 1
+    if nodes_continue && [[ ${plan[m_$RUN_RANK]:-} != "$NODES_ME" ]]; then
+      # planned without this node (before it joined, or it was evicted since): the next step may have it
+      common_log "rank $RUN_RANK: step $step was planned without this node; waiting for the next"
+      LOOP_SKIP=1
+      return 0
+    fi
+    [[ -z ${plan[weights]:-} ]] || LOOP_RANK_WEIGHTS="[${plan[weights]}]"
     LOOP_N=${plan[iteration]} LOOP_TRAIN=${plan[train]} LOOP_EVAL=${plan[eval]} LOOP_UPDATE=${plan[update]}
     LOOP_FINAL=${plan[final]} LOOP_RESUME=${plan[resume]}
     # The policy version this step serves and fine-tunes is the master's ("" for the base model).
@@ -457,8 +502,14 @@ loop_next() {
   esac
   if nodes_multi; then
     if ((go)); then
-      nodes_publish "$step" plan "$(printf '{"iteration": %d, "train": %d, "eval": %d, "update": %d, "final": %d, "resume": %d, "version": "%s"}' \
-        "$LOOP_N" "$LOOP_TRAIN" "$LOOP_EVAL" "$LOOP_UPDATE" "$LOOP_FINAL" "$LOOP_RESUME" "$(loop_policy_version)")"
+      local members=""
+      if nodes_continue; then
+        members=$(nodes_members "$step")
+        LOOP_RANK_WEIGHTS="[$(sed -E 's/.*"weights": "([0-9,]+)".*/\1/' <<<"$members")]"
+        common_log "step $step: ranks $(sed -E 's/.*"members": "([0-9,]+)".*/\1/' <<<"$members") (rank weights $LOOP_RANK_WEIGHTS)"
+      fi
+      nodes_publish "$step" plan "$(printf '{"iteration": %d, "train": %d, "eval": %d, "update": %d, "final": %d, "resume": %d, "version": "%s"%s}' \
+        "$LOOP_N" "$LOOP_TRAIN" "$LOOP_EVAL" "$LOOP_UPDATE" "$LOOP_FINAL" "$LOOP_RESUME" "$(loop_policy_version)" "${members:+, $members}")"
     else
       nodes_publish "$step" plan '{"stop": 1}'
     fi
@@ -526,6 +577,7 @@ loop_steps() {
   [[ $RUN_PHASE == update ]] || loop_ensure_vllm
   loop_check_wait
   while loop_next $((++step)); do
+    ((!LOOP_SKIP)) || continue
     if [[ $RUN_PHASE == update ]]; then
       loop_update "$LOOP_N"
       LOOP_DONE=$((LOOP_DONE + 1))

@@ -50,14 +50,15 @@ nodes_cli() {
 # the heartbeat runs beside this node as a tracked group. Sets NODES_RUN_ID,
 # NODES_MASTER_ADDR and NODES_TORCHRUN_PORT.
 nodes_start() {
-  NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT=""
+  # shellcheck disable=SC2034 # NODES_ME (this node's registration, host:pid) is read by loop_next
+  NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT="" NODES_ON_FAILURE=abort NODES_ME="$HOSTNAME:$$"
   nodes_multi || return 0
   local rc=0 key value group
   local -a node=(--num-nodes "$RUN_NUM_NODES" --rank-weights "$RUN_RANK_WEIGHTS" --pid $$ --vllm-port "$LOOP_PORT")
   [[ -z $RUN_NODE_ADDR ]] || node+=(--addr "$RUN_NODE_ADDR")
   if nodes_is_master; then
     NODES_RUN_ID=$(nodes_cli start-run "${node[@]}" --torchrun-port "$(loop_free_port)" \
-      --on-rank-failure abort --start-iteration "$(iteration_next "$RUN_LOG")" \
+      --on-rank-failure "$RUN_ON_FAILURE" --start-iteration "$(iteration_next "$RUN_LOG")" \
       --heartbeat-interval "${BATON_HEARTBEAT_S:-5}" --dead-after "${BATON_DEAD_AFTER_S:-30}") || rc=$?
   else
     common_log "rank $RUN_RANK: waiting for the master (rank 0) on $RUN_LOG (at most ${BATON_JOIN_WAIT_S:-600}s)"
@@ -68,6 +69,7 @@ nodes_start() {
     case "$key" in
       master_addr) NODES_MASTER_ADDR=$value ;;
       torchrun_port) NODES_TORCHRUN_PORT=$value ;;
+      on_rank_failure) NODES_ON_FAILURE=$value ;;
     esac
   done < <(nodes_cli record --run-id "$NODES_RUN_ID")
   group=$(nodes_group)
@@ -81,6 +83,23 @@ nodes_start() {
     "(torchrun port $NODES_TORCHRUN_PORT); status: python -m coordinator status --log-path $RUN_LOG${group:+ --group $group}"
 }
 
+# nodes_continue: true in a run that goes on without a failed worker (--on-rank-failure continue).
+nodes_continue() {
+  nodes_multi && [[ $NODES_ON_FAILURE == continue ]]
+}
+
+# nodes_members <step>: the master's view of who is in the step, as a JSON object's
+# inner part for its plan ("members", "weights", "m_<r>": host:pid); on the first
+# step of a continue run it first waits (BATON_JOIN_WAIT_S) for every rank to join.
+nodes_members() {
+  local wait=0 out json=""
+  ((${1:-0} != 1)) || wait=${BATON_JOIN_WAIT_S:-600}
+  out=$(nodes_cli members --run-id "$NODES_RUN_ID" --rank 0 --wait-all "$wait") ||
+    nodes_exit $? "reading the members of step $1"
+  while IFS=$'\t' read -r key value; do json+="${json:+, }\"$key\": \"$value\""; done <<<"$out"
+  printf '%s\n' "$json"
+}
+
 # nodes_wait_bg <out> <iteration> <phase> [wait args...]: wait for a barrier in
 # the background (so that run.sh's traps run at once), its output to <out>;
 # a protocol outcome other than success ends this node (nodes_exit).
@@ -89,7 +108,7 @@ nodes_wait_bg() {
   shift 3
   nodes_cli wait --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "$n" --phase "$phase" "$@" >"$out" &
   LOOP_WAIT_PID=$!
-  wait "$LOOP_WAIT_PID" || rc=$?
+  loop_wait "$LOOP_WAIT_PID" || rc=$?
   LOOP_WAIT_PID=""
   ((rc == 0)) || nodes_exit "$rc" "the $phase barrier of iteration $n"
 }
