@@ -282,10 +282,13 @@ class Cluster:
         node = node if node is not None else self.nodes().get(rank)
         return eviction if eviction is not None and eviction.applies_to(node) else None
 
-    def members(self, num_nodes: int) -> list[int]:
+    def members(self, num_nodes: int, planned: dict[int, tuple[str, int]] | None = None) -> list[int]:
         """The ranks in the run now: the master, and every registered rank whose registration is not evicted
-        (a rank restarted after its eviction is a member again)."""
+        (a rank restarted after its eviction is a member again). With `planned` (rank -> the host and pid of
+        the registration a step was planned with): those of them whose planned registration is not evicted."""
         nodes, evictions = self.nodes(), self.evictions()
+        if planned is not None:
+            nodes = {rank: NodeRecord(rank, host, "", pid, None, 0.0) for rank, (host, pid) in planned.items()}
         return [
             rank
             for rank in range(num_nodes)

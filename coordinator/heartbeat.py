@@ -213,9 +213,12 @@ class PeerWatch:
             return f"never joined: no registration or heartbeat in {self.watcher.silent_s(rank):.0f} s"
         return None
 
-    def drop(self, missing: list[int]) -> list[int]:
-        """Of the ranks a barrier misses, those out of the run (continue mode): evicted ones, and on the
-        master the ones it evicts now (failed, or silent once seen beating)."""
+    def drop(self, missing: list[int], planned: dict[int, tuple[str, int]] | None = None) -> list[int]:
+        """Of the ranks a barrier misses, those out of the run (continue mode): evicted ones (with `planned`,
+        rank -> host and pid: the registration the step was planned with), and on the master the ones it
+        evicts now (failed, or silent once seen beating)."""
+        from coordinator.cluster import NodeRecord
+
         out = []
         self.watcher.observe()
         for rank in missing:
@@ -223,7 +226,10 @@ class PeerWatch:
                 continue
             if self.cluster.rank == 0 and rank in self.ranks and (reason := self.gone(rank)) is not None:
                 self.evict(rank, reason)
-            if self.cluster.evicted(rank) is not None:
+            node = None
+            if planned is not None and rank in planned:
+                node = NodeRecord(rank, planned[rank][0], "", planned[rank][1], None, 0.0)
+            if self.cluster.evicted(rank, node) is not None:
                 out.append(rank)
         return out
 

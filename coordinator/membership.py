@@ -274,10 +274,36 @@ def join_run(
         )
     me = me or Endpoint(socket.gethostname(), default_addr(), os.getpid())
     cluster = Cluster(Path(log_path), record.run_id, rank=rank, me=(me.host, me.pid))
+    if record.on_rank_failure == "continue":
+        _await_eviction(cluster, rank, me, record.dead_after_s * 2 + 10, poll_s, on_wait, clock)
     _refuse_taken_rank(cluster, rank, me)
     cluster.register(NodeRecord(rank, me.host, me.addr, me.pid, vllm_port, time.time()))
     cluster.check_standing()  # a stopped or superseded run (an eviction of an earlier incarnation is not ours)
     return record
+
+
+def _await_eviction(
+    cluster: Cluster,
+    rank: int,
+    me: Endpoint,
+    wait_s: float,
+    poll_s: float,
+    on_wait: Callable[[str], None] | None,
+    clock: Callable[[], float],
+) -> None:
+    """A continue run: a restarted rank whose earlier registration is not evicted yet waits (up to wait_s)
+    for the master to evict it, so that every step knows which of the two it planned with."""
+    deadline, told = clock() + wait_s, False
+    while clock() < deadline:
+        other = cluster.nodes().get(rank)
+        if other is None or (other.host, other.pid) == (me.host, me.pid) or cluster.evicted(rank, other) is not None:
+            return
+        if on_wait is not None and not told:
+            on_wait(
+                f"rank {rank} is still registered to {other.host} (pid {other.pid}): waiting for the master to evict it"
+            )
+            told = True
+        time.sleep(poll_s)
 
 
 def _refuse_taken_rank(cluster: Cluster, rank: int, me: Endpoint) -> None:

@@ -65,6 +65,15 @@ def say(line: str) -> None:
     print(f"[baton] {line}", file=sys.stderr, flush=True)
 
 
+def planned_nodes(text: str) -> dict[int, tuple[str, int]]:
+    """`1=host:pid,2=host:pid`: the registrations a step was planned with."""
+    try:
+        pairs = [item.split("=", 1) for item in text.split(",") if item]
+        return {int(rank): (spec.rsplit(":", 1)[0], int(spec.rsplit(":", 1)[1])) for rank, spec in pairs}
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"must be rank=host:pid,... e.g. 1=node1:4242 (got {text!r})") from None
+
+
 def int_list(text: str) -> list[int]:
     try:
         return [int(w) for w in text.split(",")]
@@ -234,7 +243,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
     membership = {}
     if record.on_rank_failure == "continue":  # a lost worker is dropped; only the master's loss ends the wait
         peers = PeerWatch(cluster, list(range(record.num_nodes)), args.dead_after or record.dead_after_s, "continue")
-        membership = {"drop": peers.drop, "fatal": [0]}
+        membership = {"drop": lambda missing: peers.drop(missing, args.planned), "fatal": [0]}
     result = wait_barrier(cluster, args.iteration, args.phase, ranks, watcher, on_tick=tick, **timing, **membership)
     if result.gone:
         say(f"rank {args.rank}: {args.phase} of iteration {args.iteration}: going on without ranks {result.gone}")
@@ -281,7 +290,7 @@ def cmd_members(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + (args.wait_all or 0)
         while len(cluster.nodes()) < record.num_nodes - 1 and time.monotonic() < deadline:
             time.sleep(args.poll)
-        members = cluster.members(record.num_nodes)
+        members = cluster.members(record.num_nodes, args.planned)
     nodes = cluster.nodes()
     data: dict = {"members": ",".join(map(str, members))}
     data["weights"] = ",".join(
@@ -367,6 +376,9 @@ def last_barriers(cluster: Cluster) -> dict[int, str]:
     return {rank: key[2] for rank, key in latest.items()}
 
 
+PLANNED_HELP = "continue runs: rank=host:pid,... the registrations the step was planned with (of them, the evicted)"
+
+
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Add every protocol subcommand to another parser's subparsers."""
     start = subparsers.add_parser("start-run", help="node 0: start a run (prints its id)")
@@ -403,6 +415,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     wait.add_argument("--dead-after", type=float, default=None, help="seconds (default: the run's)")
     wait.add_argument("--report-every", type=float, default=30.0, help="seconds between progress lines")
     wait.add_argument("--print-data", action="store_true", help="print the arrivals' data as key<TAB>value lines")
+    wait.add_argument("--planned", type=planned_nodes, default=None, help=PLANNED_HELP)
     fail = _barrier_parser(subparsers, "fail", cmd_fail, "record this rank's failure on its way out")
     fail.add_argument("--reason", required=True)
     fail.add_argument("--exit-code", type=int, required=True)
@@ -412,6 +425,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     members = _run_parser(subparsers, "members", cmd_members, "who is in the next step (the master's plan)")
     members.add_argument("--wait-all", type=float, default=None, help="seconds to wait for every rank to join")
     members.add_argument("--poll", type=float, default=0.5)
+    members.add_argument("--planned", type=planned_nodes, default=None, help=PLANNED_HELP)
     evict = _run_parser(subparsers, "evict", cmd_evict, "declare a rank dead")
     evict.add_argument("--reason", required=True)
     evict.add_argument("--by-rank", type=int, default=0)

@@ -19,6 +19,8 @@ loop_setup() {
   # The rollout's exit code when the policy server stopped answering (rollout_engine/runner.py), and how
   # many times one rollout restarts vLLM for it.
   LOOP_POLICY_DOWN=75 LOOP_POLICY_RESTARTS=${BATON_POLICY_RESTARTS:-3}
+  # The last barrier's data (nodes_sync), e.g. "gone": the ranks it went on without (continue runs).
+  declare -gA LOOP_SYNC=()
   LOOP_UPDATE_RUNNING=""
   LOOP_SLEEP_PID=""
   LOOP_WAIT_PID=""
@@ -268,12 +270,55 @@ loop_rollout() {
   loop_timed "$n" "$phase" loop_rollout_run "$split" "$n" ||
     common_die 1 "the $split rollout of iteration $n failed; fix the cause, then rerun with --resume"
   if nodes_multi; then
+    ! nodes_continue || loop_timed "$n" "${split}_takeover" loop_takeover "$split" "$n"
     nodes_is_master || return 0
     loop_py "$BATON_APP_PY" -m coordinator aggregate --log-path "$RUN_LOG" --split "$split" --iteration "$n" \
       --num-nodes "$RUN_NUM_NODES" --wall-s $((SECONDS - start)) >/dev/null ||
       common_die 1 "could not merge the ranks' $split rollouts of iteration $n"
   fi
   loop_mark "$RUN_LOG" "$n" "$phase"
+}
+
+# loop_takeover <split> <iteration>: a continue run's second round: the master
+# re-assigns the unfinished episodes of the ranks the rollout barrier went on
+# without (their journals cut where they stand) to the survivors, who roll them
+# out (rank_<r>.takeover_<d>.jsonl); every rank learns the decision, then
+# waits for the others. A rank lost during the takeover ends the run (--resume).
+loop_takeover() {
+  local split=$1 n=$2 plan="" survivors
+  local -A decided=()
+  if nodes_is_master; then
+    if [[ -n ${LOOP_SYNC[gone]:-} ]]; then
+      survivors=$(loop_survivors "${LOOP_SYNC[gone]}")
+      plan=$(loop_py "$BATON_APP_PY" -m coordinator takeover --log-path "$RUN_LOG" --split "$split" \
+        --iteration "$n" --gone "${LOOP_SYNC[gone]}" --survivors "$survivors" --rank-weights "$RUN_RANK_WEIGHTS") ||
+        common_die 1 "could not re-assign the $split episodes of ranks ${LOOP_SYNC[gone]} (iteration $n)"
+      common_log "iteration $n: the $split episodes left by ranks ${LOOP_SYNC[gone]} go to ranks $survivors ($plan)"
+    fi
+    nodes_publish "$n" "${split}_takeover" "{\"plan\": \"$plan\"}"
+  else
+    nodes_receive "$n" "${split}_takeover" decided
+    plan=${decided[plan]:-}
+  fi
+  [[ -n $plan ]] || return 0
+  loop_rollout_cmd "$split" "$n" 1
+  LOOP_CMD+=("takeover_plan=$plan")
+  loop_run "rollout-$split" "$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").$split.takeover.log" "${LOOP_CMD[@]}" ||
+    common_die 1 "the $split takeover of iteration $n failed; fix the cause, then rerun with --resume"
+  nodes_sync "$n" "${split}_takeover_done" "" LOOP_SYNC
+  [[ -z ${LOOP_SYNC[gone]:-} ]] ||
+    common_die 1 "ranks ${LOOP_SYNC[gone]} were lost during the $split takeover of iteration $n; restart them, then every node with --resume"
+}
+
+# loop_survivors <gone csv>: the ranks with a share this step (weight > 0) that are not in <gone>.
+loop_survivors() {
+  local -a weights out=()
+  local rank
+  IFS=, read -r -a weights <<<"${LOOP_RANK_WEIGHTS//[\[\] ]/}"
+  for rank in "${!weights[@]}"; do
+    [[ ${weights[rank]} != 0 && ,$1, != *",$rank,"* ]] && out+=("$rank")
+  done
+  (IFS=, && printf '%s\n' "${out[*]}")
 }
 
 # loop_rollout_run <split> <iteration>: run LOOP_CMD, then (several nodes) the
@@ -295,7 +340,8 @@ loop_rollout_run() {
     loop_rollout_cmd "$1" "$2" 1
   done
   ((rc == 0)) || return "$rc"
-  nodes_sync "$2" "${1}_rollout"
+  LOOP_SYNC=()
+  nodes_sync "$2" "${1}_rollout" "" LOOP_SYNC
 }
 
 # loop_update_phase <iteration>: the training phase to run for <iteration>
@@ -364,9 +410,13 @@ loop_update_nodes() {
       train=0 # --resume: trained already, promote only
     fi
     local members=""
-    ! nodes_continue || members=$(nodes_members 0)
-    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc${members:+, $members}}"
-    [[ -z $members ]] || loop_train_on "$(sed -E 's/.*"members": "([0-9,]+)".*/\1/' <<<"$members")"
+    local -A now=()
+    if nodes_continue; then # the step's members that are still in: they train
+      nodes_members 0 now "$NODES_PLANNED"
+      members=", \"members\": \"${now[members]}\""
+      loop_train_on "${now[members]}"
+    fi
+    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc$members}"
   else
     nodes_receive "$n" update_plan decided
     train=${decided[train]:-0}
@@ -488,6 +538,7 @@ loop_next() {
       return 0
     fi
     [[ -z ${plan[weights]:-} ]] || LOOP_RANK_WEIGHTS="[${plan[weights]}]"
+    ! nodes_continue || nodes_plan_members plan
     LOOP_N=${plan[iteration]} LOOP_TRAIN=${plan[train]} LOOP_EVAL=${plan[eval]} LOOP_UPDATE=${plan[update]}
     LOOP_FINAL=${plan[final]} LOOP_RESUME=${plan[resume]}
     # The policy version this step serves and fine-tunes is the master's ("" for the base model).
@@ -502,14 +553,17 @@ loop_next() {
   esac
   if nodes_multi; then
     if ((go)); then
-      local members=""
+      local members="" key
+      local -A in_step=()
       if nodes_continue; then
-        members=$(nodes_members "$step")
-        LOOP_RANK_WEIGHTS="[$(sed -E 's/.*"weights": "([0-9,]+)".*/\1/' <<<"$members")]"
-        common_log "step $step: ranks $(sed -E 's/.*"members": "([0-9,]+)".*/\1/' <<<"$members") (rank weights $LOOP_RANK_WEIGHTS)"
+        nodes_members "$step" in_step
+        nodes_plan_members in_step
+        LOOP_RANK_WEIGHTS="[${in_step[weights]}]"
+        common_log "step $step: ranks ${in_step[members]} (rank weights $LOOP_RANK_WEIGHTS)"
+        for key in "${!in_step[@]}"; do members+=", \"$key\": \"${in_step[$key]}\""; done
       fi
       nodes_publish "$step" plan "$(printf '{"iteration": %d, "train": %d, "eval": %d, "update": %d, "final": %d, "resume": %d, "version": "%s"%s}' \
-        "$LOOP_N" "$LOOP_TRAIN" "$LOOP_EVAL" "$LOOP_UPDATE" "$LOOP_FINAL" "$LOOP_RESUME" "$(loop_policy_version)" "${members:+, $members}")"
+        "$LOOP_N" "$LOOP_TRAIN" "$LOOP_EVAL" "$LOOP_UPDATE" "$LOOP_FINAL" "$LOOP_RESUME" "$(loop_policy_version)" "$members")"
     else
       nodes_publish "$step" plan '{"stop": 1}'
     fi

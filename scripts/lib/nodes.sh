@@ -51,7 +51,7 @@ nodes_cli() {
 # NODES_MASTER_ADDR and NODES_TORCHRUN_PORT.
 nodes_start() {
   # shellcheck disable=SC2034 # NODES_ME (this node's registration, host:pid) is read by loop_next
-  NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT="" NODES_ON_FAILURE=abort NODES_ME="$HOSTNAME:$$"
+  NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT="" NODES_ON_FAILURE=abort NODES_ME="$HOSTNAME:$$" NODES_PLANNED=""
   nodes_multi || return 0
   local rc=0 key value group
   local -a node=(--num-nodes "$RUN_NUM_NODES" --rank-weights "$RUN_RANK_WEIGHTS" --pid $$ --vllm-port "$LOOP_PORT")
@@ -88,16 +88,34 @@ nodes_continue() {
   nodes_multi && [[ $NODES_ON_FAILURE == continue ]]
 }
 
-# nodes_members <step>: the master's view of who is in the step, as a JSON object's
-# inner part for its plan ("members", "weights", "m_<r>": host:pid); on the first
-# step of a continue run it first waits (BATON_JOIN_WAIT_S) for every rank to join.
+# nodes_members <step> <var> [planned]: the master's view of who is in the step,
+# into the associative array <var>: "members" (csv), "weights" (the run's, 0 for a
+# rank that is out), "m_<r>" (host:pid of each member's registration). With
+# [planned] (NODES_PLANNED of a step), those of the step's members not evicted since.
+# On the first step of a continue run it first waits (BATON_JOIN_WAIT_S) for every rank to join.
 nodes_members() {
-  local wait=0 out json=""
+  local wait=0 out key value
+  local -n found=$2
+  local -a extra=()
   ((${1:-0} != 1)) || wait=${BATON_JOIN_WAIT_S:-600}
-  out=$(nodes_cli members --run-id "$NODES_RUN_ID" --rank 0 --wait-all "$wait") ||
+  [[ -z ${3:-} ]] || extra=(--planned "$3")
+  out=$(nodes_cli members --run-id "$NODES_RUN_ID" --rank 0 --wait-all "$wait" "${extra[@]}") ||
     nodes_exit $? "reading the members of step $1"
-  while IFS=$'\t' read -r key value; do json+="${json:+, }\"$key\": \"$value\""; done <<<"$out"
-  printf '%s\n' "$json"
+  found=()
+  # shellcheck disable=SC2034 # a nameref: the caller's array
+  while IFS=$'\t' read -r key value; do found["$key"]=$value; done <<<"$out"
+}
+
+# nodes_plan_members <var>: set NODES_PLANNED (rank=host:pid,... of the workers)
+# from the members array named <var> (a plan's, or nodes_members').
+nodes_plan_members() {
+  local -n of=$1
+  local key
+  NODES_PLANNED=""
+  for key in "${!of[@]}"; do
+    [[ $key == m_* && $key != m_0 ]] && NODES_PLANNED+="${NODES_PLANNED:+,}${key#m_}=${of[$key]}"
+  done
+  return 0
 }
 
 # nodes_wait_bg <out> <iteration> <phase> [wait args...]: wait for a barrier in
@@ -106,6 +124,7 @@ nodes_members() {
 nodes_wait_bg() {
   local out=$1 n=$2 phase=$3 rc=0
   shift 3
+  [[ -z ${NODES_PLANNED:-} ]] || set -- "$@" --planned "$NODES_PLANNED"
   nodes_cli wait --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "$n" --phase "$phase" "$@" >"$out" &
   LOOP_WAIT_PID=$!
   loop_wait "$LOOP_WAIT_PID" || rc=$?
