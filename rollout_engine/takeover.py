@@ -26,14 +26,16 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rollout_engine.config import RolloutConfig
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
 from rollout_engine.journal import parse_journal
-from rollout_engine.tasks import EpisodeSpec
 from rollout_engine.types import Trajectory
+
+if TYPE_CHECKING:  # training reads takeovers too and stays free of omegaconf
+    from rollout_engine.config import RolloutConfig
+    from rollout_engine.tasks import EpisodeSpec
 
 TAKEOVER_SCHEMA = "baton.takeover/1"
 NEWLINE = b"\n"
