@@ -38,7 +38,7 @@ from rollout_engine.errors import ConfigError
 from rollout_engine.files import read_jsonl, save_json
 from rollout_engine.journal import read_journal
 from rollout_engine.metrics import compute_metrics, save_metrics
-from rollout_engine.takeover import TakeoverPlan, load_takeover_plan, read_cut, takeover_journal_name
+from rollout_engine.takeover import DeadRank, TakeoverPlan, load_takeover_plan, read_cut, takeover_journal_name
 from rollout_engine.types import Trajectory
 
 PER_RANK_KEYS = ("episodes", "ok_episodes", "success_rate", "wall_s", "tokens_per_s", "complete", "policy_version")
@@ -105,57 +105,77 @@ def merge_ranks(directory: Path, manifests: dict[int, dict[str, Any] | None]) ->
     return Merged(list(by_episode.values()), planned, all(_sealed(m) for m in manifests.values()))
 
 
-def _read_cut(directory: Path, dead: int, plan: TakeoverPlan) -> tuple[list[Trajectory], dict[str, Any]]:
-    """The dead rank's journal up to its cut, and the manifest's `cut` entry (verified: the prefix is the one cut)."""
-    cut, journal = plan.dead[dead].cut, directory / f"rank_{dead}.jsonl"
-    try:
-        rows, verified = read_cut(journal, cut.lines, cut.sha256), True
-    except ConfigError:
-        rows, verified = [], False
-    entry = {"journal": journal.name, "lines": cut.lines, "sha256": cut.sha256, "episodes": len(rows)}
-    return rows, entry | {"verified": verified}
+@dataclass
+class TakeoverRead:
+    """What `merge_takeover` gathers, journal by journal (the manifest's takeover fields)."""
+
+    lines: list[Trajectory] = field(default_factory=list)
+    #: the dead ranks' episodes: those in the cuts and those re-assigned
+    expected: set[str] = field(default_factory=set)
+    unexpected: set[str] = field(default_factory=set)
+    #: every journal that must be sealed is, and unchanged; every cut is verified
+    sealed: bool = True
+    cut: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reassigned: dict[str, dict[str, int]] = field(default_factory=dict)
+    takeovers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def add_cut(self, directory: Path, dead: int, entry: DeadRank) -> None:
+        """The dead rank's journal up to its cut (verified: the prefix is the one cut)."""
+        journal = directory / f"rank_{dead}.jsonl"
+        try:
+            rows, verified = read_cut(journal, entry.cut.lines, entry.cut.sha256), True
+        except ConfigError:
+            rows, verified = [], False
+        self.cut[str(dead)] = {
+            "journal": journal.name,
+            "lines": entry.cut.lines,
+            "sha256": entry.cut.sha256,
+            "episodes": len(rows),
+            "verified": verified,
+        }
+        self.sealed = self.sealed and verified
+        self.lines += rows
+        self.expected |= set(entry.cut.episode_ids)
+
+    def add_takeover(self, directory: Path, dead: int, survivor: int, assigned: list[str]) -> None:
+        """Survivor's journal of the dead rank's episodes: sealed and verified unless nothing was assigned."""
+        name = takeover_journal_name(survivor, dead)
+        manifest = _verified_manifest(directory, name)
+        self.takeovers.setdefault(str(dead), {})[str(survivor)] = manifest
+        self.reassigned.setdefault(str(dead), {})[str(survivor)] = len(assigned)
+        self.sealed = self.sealed and (not assigned or _sealed(manifest))
+        rows = read_journal(directory / name)
+        self.unexpected |= {t.episode_id for t in rows} - set(assigned)
+        self.lines += rows
+        self.expected |= set(assigned)
 
 
 def merge_takeover(directory: Path, manifests: dict[int, dict[str, Any] | None], plan: TakeoverPlan) -> Merged:
     """The survivors' journals, each dead rank's cut and every takeover journal; complete when every
     journal is sealed and verified and every planned episode is in the data exactly once."""
-    sealed = all(_sealed(m) for rank, m in manifests.items() if rank not in plan.dead)
-    lines = [t for rank in manifests if rank not in plan.dead for t in read_journal(directory / f"rank_{rank}.jsonl")]
-    expected: set[str] = set()
-    unexpected: list[str] = []
-    cuts, takeovers, reassigned = {}, {}, {}
+    read = TakeoverRead(sealed=all(_sealed(m) for rank, m in manifests.items() if rank not in plan.dead))
+    for rank in (rank for rank in manifests if rank not in plan.dead):
+        read.lines += read_journal(directory / f"rank_{rank}.jsonl")
     for dead, entry in sorted(plan.dead.items()):
-        rows, cuts[str(dead)] = _read_cut(directory, dead, plan)
-        sealed = sealed and cuts[str(dead)]["verified"]
-        lines += rows
-        expected |= set(entry.cut.episode_ids)
-        takeovers[str(dead)], reassigned[str(dead)] = {}, {}
-        for survivor, ids in sorted(entry.assignments.items()):
-            name = takeover_journal_name(survivor, dead)
-            manifest = _verified_manifest(directory, name)
-            takeovers[str(dead)][str(survivor)] = manifest
-            reassigned[str(dead)][str(survivor)] = len(ids)
-            sealed = sealed and (not ids or _sealed(manifest))
-            rows = read_journal(directory / name)
-            unexpected += [t.episode_id for t in rows if t.episode_id not in set(ids)]
-            lines += rows
-            expected |= set(ids)
-    counts = collections.Counter(t.episode_id for t in lines)
+        read.add_cut(directory, dead, entry)
+        for survivor, assigned in sorted(entry.assignments.items()):
+            read.add_takeover(directory, dead, survivor, assigned)
+    counts = collections.Counter(t.episode_id for t in read.lines)
     duplicates = sorted(episode_id for episode_id, n in counts.items() if n > 1)
-    missing = sorted(expected - counts.keys())
+    missing = sorted(read.expected - counts.keys())
     planned = sum(m.get("planned", 0) for rank, m in manifests.items() if m and rank not in plan.dead)
     planned += sum(entry.planned for entry in plan.dead.values())
     extra = {
         "missing_ranks": sorted(plan.dead),
-        "cut": cuts,
-        "reassigned": reassigned,
-        "takeovers": takeovers,
+        "cut": read.cut,
+        "reassigned": read.reassigned,
+        "takeovers": read.takeovers,
         "duplicates": duplicates,
         "missing": missing,
-        "unexpected": sorted(set(unexpected)),
+        "unexpected": sorted(read.unexpected),
     }
-    complete = sealed and not (duplicates or missing or unexpected)
-    return Merged(list({t.episode_id: t for t in lines}.values()), planned, complete, extra)
+    complete = read.sealed and not (duplicates or missing or read.unexpected)
+    return Merged(list({t.episode_id: t for t in read.lines}.values()), planned, complete, extra)
 
 
 def aggregate(
