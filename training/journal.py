@@ -73,7 +73,8 @@ def read_iteration(directory: Path) -> list[Trajectory]:
     if takeovers:
         raise ConfigError(
             f"{directory} holds takeover journals ({', '.join(takeovers)}) but no manifest.json that merged them: "
-            "the master writes it (with the takeover plan) once the survivors sealed them; finish the rollout first"
+            "the master writes it with the takeover plan once the survivors sealed them; finish the takeover, or "
+            "move those journals aside if the dead rank finished its own share after all"
         )
     if len(own) > 1:
         check_merged(directory, len(own))
