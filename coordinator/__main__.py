@@ -65,8 +65,30 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from coordinator.aggregate import aggregate
 
-    record = aggregate(Path(args.log_path), args.split, args.iteration, args.num_nodes, args.wall_s)
+    plan = Path(args.takeover_plan) if args.takeover_plan else None
+    record = aggregate(Path(args.log_path), args.split, args.iteration, args.num_nodes, args.wall_s, plan)
     print(f"{record['episodes']}\t{record['planned']}\t{record['success_rate']}\t{int(record['complete'])}")
+    return 0
+
+
+def cmd_takeover_plan(args: argparse.Namespace) -> int:
+    """Cut the dead ranks' journals, re-assign their unfinished episodes, write takeover.json (--on-rank-failure
+    continue, being wired). Prints the plan's path, then `dead<TAB>cut lines<TAB>survivor:count,...` per dead rank."""
+    from omegaconf import OmegaConf
+
+    from coordinator.reassign import plan_takeover
+    from rollout_engine.build import iteration_dir
+    from rollout_engine.config import validate
+    from rollout_engine.takeover import takeover_plan_path
+
+    if not Path(args.config).is_file():
+        raise ConfigError(f"--config does not exist (got {args.config!r}); pass a rank's rank_<r>.config.yaml")
+    cfg = validate(OmegaConf.load(args.config))
+    plan = plan_takeover(cfg, args.dead, [int(r) for r in args.survivors.split(",") if r.strip()])
+    print(takeover_plan_path(iteration_dir(cfg)))
+    for dead, entry in sorted(plan.dead.items()):
+        shares = ",".join(f"{s}:{len(ids)}" for s, ids in sorted(entry.assignments.items()))
+        print(f"{dead}\t{entry.cut.lines}\t{shares}")
     return 0
 
 
@@ -183,7 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--iteration", type=int, required=True)
     merge.add_argument("--num-nodes", type=int, required=True)
     merge.add_argument("--wall-s", type=float, required=True)
+    merge.add_argument("--takeover-plan", default="", help="the iteration's takeover.json, if ranks were taken over")
     merge.set_defaults(func=cmd_aggregate)
+    takeover = sub.add_parser("takeover-plan", help="master: re-assign dead ranks' unfinished episodes")
+    takeover.add_argument("--config", required=True, help="a rank's resolved rank_<r>.config.yaml of the iteration")
+    takeover.add_argument("--dead", type=int, action="append", required=True, help="a dead rank (repeat for several)")
+    takeover.add_argument("--survivors", required=True, help="the ranks that take over, e.g. 0,2")
+    takeover.set_defaults(func=cmd_takeover_plan)
     node_file = sub.add_parser("node-env", help="this node's settings from a node file, as export lines")
     node_file.add_argument("--node-file", required=True)
     node_file.add_argument("--rank", type=int, required=True)

@@ -15,18 +15,30 @@ and `rank_<r>.manifest.json` of every rank and writes
 
 Only the master appends to metrics.jsonl: appends from several NFS clients to one file
 are not atomic.
+
+With a takeover plan (`--takeover-plan`, written by --on-rank-failure continue, being wired:
+coordinator.reassign), the iteration's data is the survivors' own journals, each dead rank's
+journal up to its cut (the first `cut.lines` lines, verified against the cut's sha256: what it
+appended later never counts) and every takeover journal `rank_<s>.takeover_<d>.jsonl`. The
+manifest then also has `missing_ranks`, `cut`, `reassigned`, `takeovers`, `duplicates`,
+`missing` and `unexpected`, and `complete` means every planned episode is in the data exactly
+once (docs/formats.md). Without a plan, nothing changes.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollout_engine.errors import ConfigError
 from rollout_engine.files import read_jsonl, save_json
 from rollout_engine.journal import read_journal
 from rollout_engine.metrics import compute_metrics, save_metrics
+from rollout_engine.takeover import DeadRank, TakeoverPlan, load_takeover_plan, read_cut, takeover_journal_name
 from rollout_engine.types import Trajectory
 
 PER_RANK_KEYS = ("episodes", "ok_episodes", "success_rate", "wall_s", "tokens_per_s", "complete", "policy_version")
@@ -41,7 +53,12 @@ def _rank_record(log_path: Path, rank: int, split: str, iteration: int) -> dict[
     path = rank_metrics_path(log_path, rank)
     rows = read_jsonl(path).rows if path.exists() else []
     found = [
-        r for r in rows if r.get("kind") == "rollout" and r.get("split") == split and r.get("iteration") == iteration
+        r
+        for r in rows
+        if r.get("kind") == "rollout"
+        and r.get("split") == split
+        and r.get("iteration") == iteration
+        and "takeover_of" not in r  # a takeover rollout's record: the rank's own is the one kept
     ]
     return found[-1] if found else None
 
@@ -53,33 +70,141 @@ def _manifest(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def aggregate(log_path: Path, split: str, iteration: int, num_nodes: int, wall_s: float) -> dict[str, Any]:
-    """Write the iteration's manifest and append the merged metrics record; return the record."""
-    directory = Path(log_path) / "trajectories" / split / f"iter_{iteration:04d}"
-    manifests = {rank: _manifest(directory / f"rank_{rank}.manifest.json") for rank in range(num_nodes)}
-    for rank, manifest in manifests.items():
-        if manifest is not None:  # the journal is byte for byte what the rank sealed
-            journal = directory / f"rank_{rank}.jsonl"
-            data = journal.read_bytes() if journal.exists() else b""
-            manifest["verified"] = hashlib.sha256(data).hexdigest() == manifest.get("sha256")
+def _verified_manifest(directory: Path, journal_name: str) -> dict[str, Any] | None:
+    """A journal's sealed manifest with `verified`: the journal is byte for byte what was sealed (None if unsealed)."""
+    manifest = _manifest(directory / journal_name.replace(".jsonl", ".manifest.json"))
+    if manifest is not None:
+        journal = directory / journal_name
+        data = journal.read_bytes() if journal.exists() else b""
+        manifest["verified"] = hashlib.sha256(data).hexdigest() == manifest.get("sha256")
+    return manifest
+
+
+def _sealed(manifest: dict[str, Any] | None) -> bool:
+    return bool(manifest is not None and manifest.get("complete") and manifest["verified"])
+
+
+@dataclass
+class Merged:
+    """One iteration's data as the master merged it."""
+
+    trajectories: list[Trajectory]
+    planned: int
+    complete: bool
+    #: the manifest's fields beyond the common ones (a takeover's: missing_ranks, cut, reassigned, ...)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def merge_ranks(directory: Path, manifests: dict[int, dict[str, Any] | None]) -> Merged:
+    """Every rank's whole journal (an episode written twice counts once: the last line wins)."""
     by_episode: dict[str, Trajectory] = {}
-    for rank in range(num_nodes):
+    for rank in manifests:
         for trajectory in read_journal(directory / f"rank_{rank}.jsonl"):
             by_episode[trajectory.episode_id] = trajectory
     planned = sum(m.get("planned", 0) for m in manifests.values() if m)
-    complete = all(m is not None and m.get("complete") and m["verified"] for m in manifests.values())
+    return Merged(list(by_episode.values()), planned, all(_sealed(m) for m in manifests.values()))
+
+
+@dataclass
+class TakeoverRead:
+    """What `merge_takeover` gathers, journal by journal (the manifest's takeover fields)."""
+
+    lines: list[Trajectory] = field(default_factory=list)
+    #: the dead ranks' episodes: those in the cuts and those re-assigned
+    expected: set[str] = field(default_factory=set)
+    unexpected: set[str] = field(default_factory=set)
+    #: every journal that must be sealed is, and unchanged; every cut is verified
+    sealed: bool = True
+    cut: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reassigned: dict[str, dict[str, int]] = field(default_factory=dict)
+    takeovers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def add_cut(self, directory: Path, dead: int, entry: DeadRank) -> None:
+        """The dead rank's journal up to its cut (verified: the prefix is the one cut)."""
+        journal = directory / f"rank_{dead}.jsonl"
+        try:
+            rows, verified = read_cut(journal, entry.cut.lines, entry.cut.sha256), True
+        except ConfigError:
+            rows, verified = [], False
+        self.cut[str(dead)] = {
+            "journal": journal.name,
+            "lines": entry.cut.lines,
+            "sha256": entry.cut.sha256,
+            "episodes": len(rows),
+            "verified": verified,
+        }
+        self.sealed = self.sealed and verified
+        self.lines += rows
+        self.expected |= set(entry.cut.episode_ids)
+
+    def add_takeover(self, directory: Path, dead: int, survivor: int, assigned: list[str]) -> None:
+        """Survivor's journal of the dead rank's episodes: sealed and verified unless nothing was assigned."""
+        name = takeover_journal_name(survivor, dead)
+        manifest = _verified_manifest(directory, name)
+        self.takeovers.setdefault(str(dead), {})[str(survivor)] = manifest
+        self.reassigned.setdefault(str(dead), {})[str(survivor)] = len(assigned)
+        self.sealed = self.sealed and (not assigned or _sealed(manifest))
+        rows = read_journal(directory / name)
+        self.unexpected |= {t.episode_id for t in rows} - set(assigned)
+        self.lines += rows
+        self.expected |= set(assigned)
+
+
+def merge_takeover(directory: Path, manifests: dict[int, dict[str, Any] | None], plan: TakeoverPlan) -> Merged:
+    """The survivors' journals, each dead rank's cut and every takeover journal; complete when every
+    journal is sealed and verified and every planned episode is in the data exactly once."""
+    read = TakeoverRead(sealed=all(_sealed(m) for rank, m in manifests.items() if rank not in plan.dead))
+    for rank in (rank for rank in manifests if rank not in plan.dead):
+        read.lines += read_journal(directory / f"rank_{rank}.jsonl")
+    for dead, entry in sorted(plan.dead.items()):
+        read.add_cut(directory, dead, entry)
+        for survivor, assigned in sorted(entry.assignments.items()):
+            read.add_takeover(directory, dead, survivor, assigned)
+    counts = collections.Counter(t.episode_id for t in read.lines)
+    duplicates = sorted(episode_id for episode_id, n in counts.items() if n > 1)
+    missing = sorted(read.expected - counts.keys())
+    planned = sum(m.get("planned", 0) for rank, m in manifests.items() if m and rank not in plan.dead)
+    planned += sum(entry.planned for entry in plan.dead.values())
+    extra = {
+        "missing_ranks": sorted(plan.dead),
+        "cut": read.cut,
+        "reassigned": read.reassigned,
+        "takeovers": read.takeovers,
+        "duplicates": duplicates,
+        "missing": missing,
+        "unexpected": sorted(read.unexpected),
+    }
+    complete = read.sealed and not (duplicates or missing or read.unexpected)
+    return Merged(list({t.episode_id: t for t in read.lines}.values()), planned, complete, extra)
+
+
+def aggregate(
+    log_path: Path, split: str, iteration: int, num_nodes: int, wall_s: float, takeover_plan: Path | None = None
+) -> dict[str, Any]:
+    """Write the iteration's manifest and append the merged metrics record; return the record.
+
+    With `takeover_plan` (a takeover.json), the dead ranks' data is their journal up to the cut plus the
+    survivors' takeover journals (merge_takeover); ConfigError when the plan is missing or bad.
+    """
+    directory = Path(log_path) / "trajectories" / split / f"iter_{iteration:04d}"
+    manifests = {rank: _verified_manifest(directory, f"rank_{rank}.jsonl") for rank in range(num_nodes)}
+    if takeover_plan is None:
+        merged = merge_ranks(directory, manifests)
+    else:
+        merged = merge_takeover(directory, manifests, load_takeover_plan(takeover_plan, "--takeover-plan"))
+    planned, trajectories = merged.planned, merged.trajectories
     save_json(
         directory / "manifest.json",
         {
             "split": split,
             "iteration": iteration,
             "ranks": {str(rank): m for rank, m in manifests.items()},
-            "episodes": len(by_episode),
+            "episodes": len(trajectories),
             "planned": planned,
-            "complete": complete,
+            "complete": merged.complete,
+            **merged.extra,
         },
     )
-    trajectories = list(by_episode.values())
     record = compute_metrics(trajectories, wall_s, planned, cancelled=max(planned - len(trajectories), 0))
     per_rank = {}
     for rank in range(num_nodes):
@@ -91,9 +216,11 @@ def aggregate(log_path: Path, split: str, iteration: int, num_nodes: int, wall_s
         iteration=iteration,
         rank=None,
         ranks=num_nodes,
-        complete=complete,
+        complete=merged.complete,
         policy_version=versions.pop() if len(versions) == 1 else None,
         per_rank=per_rank,
     )
+    if takeover_plan is not None:
+        record.update(missing_ranks=merged.extra["missing_ranks"], reassigned=merged.extra["reassigned"])
     save_metrics(Path(log_path) / "metrics.jsonl", record)
     return record

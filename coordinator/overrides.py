@@ -35,6 +35,7 @@ RESERVED = {
     "rank_weights": "--rank-weights",
     "resume": "--resume",
     "policy_version": "the promoted policy",
+    "takeover_plan": "--on-rank-failure continue",
     "model_path": "the served policy",
     "phase": "--rl-phase",
     "launch.nnodes": "--num-nodes",

@@ -310,6 +310,10 @@ class RolloutConfig:
     seed: int = 0
     #: recorded on every trajectory (the policy/v<NNNN> being served), if known
     policy_version: int | None = None
+    #: a takeover.json (relative paths are under log_path): roll out the dead ranks' episodes it assigns to
+    #: this rank, each into rank_<r>.takeover_<d>.jsonl, instead of this rank's own share
+    #: (--on-rank-failure continue, being wired: rollout_engine.takeover); "" rolls out the own share
+    takeover_plan: str = ""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
     env_config: EnvConfig = field(default_factory=EnvConfig)
     openai_config: OpenAIConfig = field(default_factory=OpenAIConfig)
@@ -354,6 +358,7 @@ def validate(cfg: DictConfig) -> RolloutConfig:
     if problems:
         raise ConfigError(problems)
     top = {k: cfg[k] for k in ("split", "iteration", "rank", "resume", "seed", "policy_version")}
+    top["takeover_plan"] = str(cfg.get("takeover_plan") or "")
     try:
         run = RolloutConfig(
             data_path=str(cfg.data_path),
@@ -370,6 +375,12 @@ def validate(cfg: DictConfig) -> RolloutConfig:
         run.rank < len(run.rank_weights),
         f"rank must be < len(rank_weights) = {len(run.rank_weights)} (got {run.rank}); "
         "pass one weight per rank, e.g. rank_weights=[1,1]",
+    )
+    _check(
+        problems,
+        not run.takeover_plan or len(run.rank_weights) > 1,
+        f"takeover_plan needs several ranks (got {run.takeover_plan!r} with rank_weights={list(run.rank_weights)}); "
+        "only a survivor of a multi-node rollout takes over a dead rank's episodes: leave it empty",
     )
     if run.env_config.limits_scope == "cluster":
         for name in ("server_size", "max_vllm_sessions"):

@@ -5,6 +5,7 @@
     append_line(path, line)     # one O_APPEND write, then fsync (journals, metrics)
     append_jsonl(path, obj)
     read = read_jsonl(path)     # read.rows, read.torn (line numbers skipped)
+    read = parse_jsonl(data)    # the same rule on bytes already read
 
 Readers see the old file or the whole new one, never a mix. Files are 0644:
 the log path is shared with other nodes and users.
@@ -95,8 +96,13 @@ def read_jsonl(path: str | Path) -> JsonlRead:
 
     Raises OSError when the file cannot be read (callers decide whether a missing file is empty).
     """
+    return parse_jsonl(Path(path).read_bytes())
+
+
+def parse_jsonl(data: bytes) -> JsonlRead:
+    """`read_jsonl`'s rule applied to bytes already read (a prefix of a journal, say)."""
     read = JsonlRead()
-    for number, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
+    for number, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
             continue
         try:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import append_line, read_jsonl, save_json
+from rollout_engine.files import append_line, parse_jsonl, save_json
 from rollout_engine.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,12 @@ def read_journal(path: Path) -> list[Trajectory]:
     """
     if not path.exists():
         return []
-    read = read_jsonl(path)
+    return parse_journal(path.read_bytes(), path)
+
+
+def parse_journal(data: bytes, path: Path) -> list[Trajectory]:
+    """`read_journal` of bytes already read from `path` (a journal's prefix: rollout_engine.takeover)."""
+    read = parse_jsonl(data)
     if read.torn:
         logger.warning("journal %s: skipping torn lines %s (writes cut short by a crash)", path, read.torn)
     trajectories = []
@@ -146,3 +151,18 @@ class Journal:
         }
         save_json(self.manifest_path, manifest)
         return manifest
+
+
+class JournalRouter:
+    """Several journals behind one `write`: each trajectory goes to the journal that plans its episode.
+
+    A takeover rollout journals each dead rank's episodes apart (rollout_engine.takeover); a rank's own
+    rollout routes every episode to its one journal.
+    """
+
+    def __init__(self, routes: dict[str, Journal]) -> None:
+        #: episode id -> the journal it is written to
+        self.routes = routes
+
+    async def write(self, trajectory: Trajectory) -> None:
+        await self.routes[trajectory.episode_id].write(trajectory)

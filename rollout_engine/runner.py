@@ -15,6 +15,15 @@
    130 / 143. When the policy server stops answering (`PolicyDown`): the
    same, exit 75 (EX_TEMPFAIL): run.sh restarts vLLM and resumes the rest.
    Always: seal the journal, append metrics, print the summary.
+
+With `takeover_plan=<takeover.json>` (--on-rank-failure continue, being wired:
+rollout_engine.takeover), the rank rolls out, instead of its own share, the
+episodes of each dead rank that the plan assigns to it: it plans the dead
+rank's share as that rank did (same seed, same sampling), keeps the assigned
+ids and journals them to `rank_<r>.takeover_<d>.jsonl`, one journal and one
+sealed manifest per dead rank, resumable like its own journal. Its config is
+saved as `rank_<r>.takeover.config.yaml`, and its metrics record carries
+`takeover_of` (the dead ranks).
 """
 
 from __future__ import annotations
@@ -32,21 +41,15 @@ from rollout_engine.config import PolicyConfig, RolloutConfig
 from rollout_engine.envs.base import Env
 from rollout_engine.errors import ConfigError, InfraError
 from rollout_engine.files import save_text
-from rollout_engine.journal import Journal
+from rollout_engine.journal import Journal, JournalRouter
 from rollout_engine.live import build_view, run_live
 from rollout_engine.metrics import compute_metrics, print_summary, save_metrics
 from rollout_engine.policy import PolicyClient
 from rollout_engine.progress import Progress
 from rollout_engine.scheduler import Scheduler, SchedulerSettings
-from rollout_engine.tasks import (
-    EpisodeSpec,
-    derive_seed,
-    load_tasks,
-    plan_episodes,
-    rank_limits,
-    sample_tasks,
-    split_for_rank,
-)
+from rollout_engine.takeover import assigned_specs, load_takeover_plan, takeover_journal_name, takeover_plan_file
+from rollout_engine.tasks import EpisodeSpec, load_tasks, plan_rank, rank_limits, tasks_path
+from rollout_engine.types import Task
 
 logger = logging.getLogger(__name__)
 
@@ -55,20 +58,38 @@ SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 EXIT_POLICY_DOWN = 75
 
 
+@dataclass(frozen=True)
+class Work:
+    """The episodes of one journal: this rank's own share, or those of dead rank `takeover_of` it took over."""
+
+    journal: str
+    specs: list[EpisodeSpec]
+    takeover_of: int | None = None
+
+
 @dataclass
 class Prepared:
     """Everything checked and built before the first write."""
 
     env: Env
     policy: PolicyClient
-    specs: list[EpisodeSpec]
+    work: list[Work]
     settings: SchedulerSettings
 
+    @property
+    def specs(self) -> list[EpisodeSpec]:
+        return [spec for work in self.work for spec in work.specs]
 
-def tasks_path(cfg: RolloutConfig) -> Path:
-    name = getattr(cfg.env_config, f"{cfg.split}_tasks")
-    path = Path(name)
-    return path if path.is_absolute() else Path(cfg.data_path) / path
+
+def plan_work(cfg: RolloutConfig, tasks: list[Task]) -> list[Work]:
+    """This rank's own share; with `takeover_plan`, the dead ranks' episodes the plan assigns to this rank."""
+    if not cfg.takeover_plan:
+        return [Work(f"rank_{cfg.rank}.jsonl", plan_rank(tasks, cfg, cfg.rank))]
+    path = takeover_plan_file(cfg)
+    plan = load_takeover_plan(path, "takeover_plan")
+    shares = {d: plan_rank(tasks, cfg, d) for d in plan.dead if 0 <= d < len(cfg.rank_weights)}
+    assigned = assigned_specs(plan, cfg, shares, f"takeover_plan={str(path)!r}")
+    return [Work(takeover_journal_name(cfg.rank, dead), specs, dead) for dead, specs in assigned.items()]
 
 
 def check_tasks(env: Env, tasks: list, path: Path) -> None:
@@ -84,9 +105,7 @@ async def prepare(cfg: RolloutConfig) -> Prepared:
     tasks = load_tasks(path, f"env_config.{cfg.split}_tasks")
     env = build_env(cfg)
     check_tasks(env, tasks, path)
-    sampled = sample_tasks(tasks, cfg.env_config, cfg.split, derive_seed(cfg.seed, cfg.iteration, cfg.split))
-    mine = split_for_rank(sampled, cfg.rank_weights, cfg.rank)
-    specs = plan_episodes(mine, cfg.env_config, cfg.split)
+    work = plan_work(cfg, tasks)
     sessions, slots = rank_limits(cfg)
     policy = PolicyClient(sampling_config(cfg), sessions)
     try:
@@ -105,7 +124,7 @@ async def prepare(cfg: RolloutConfig) -> Prepared:
         policy_model=cfg.policy_config.model,
         policy_version=cfg.policy_version,
     )
-    return Prepared(env, policy, specs, settings)
+    return Prepared(env, policy, work, settings)
 
 
 def sampling_config(cfg: RolloutConfig) -> PolicyConfig:
@@ -128,31 +147,39 @@ def metrics_path(cfg: RolloutConfig) -> Path:
     return Path(cfg.log_path) / "metrics" / f"rank_{cfg.rank}.jsonl"
 
 
+def config_name(cfg: RolloutConfig) -> str:
+    """The resolved config's file beside the journal (a takeover's is apart from the rank's own rollout's)."""
+    return f"rank_{cfg.rank}.takeover.config.yaml" if cfg.takeover_plan else f"rank_{cfg.rank}.config.yaml"
+
+
 async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
     """The whole rollout; returns the exit code (0, or 130/143 after a signal)."""
     prepared = await prepare(cfg)
     started = time.time()
     out_dir = iteration_dir(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_text(out_dir / f"rank_{cfg.rank}.config.yaml", resolved_yaml)
-    journal = Journal(out_dir / f"rank_{cfg.rank}.jsonl", cfg.resume)
-    done = journal.done_ids
+    save_text(out_dir / config_name(cfg), resolved_yaml)
+    journals = [Journal(out_dir / work.journal, cfg.resume) for work in prepared.work]
+    done = {episode_id for journal in journals for episode_id in journal.done_ids}
     todo = [s for s in prepared.specs if s.episode_id not in done]
     progress = Progress(skipped=len(prepared.specs) - len(todo))
     progress.add([s.episode_id for s in todo])
+    takeover_of = [work.takeover_of for work in prepared.work if work.takeover_of is not None]
     logger.info(
-        "rollout %s iter %d rank %d: %d episodes (%d already journaled), %d slots",
+        "rollout %s iter %d rank %d: %d episodes (%d already journaled), %d slots%s",
         cfg.split,
         cfg.iteration,
         cfg.rank,
         len(todo),
         progress.skipped,
         prepared.settings.server_size,
+        f", taking over from ranks {takeover_of}" if takeover_of else "",
     )
     live = asyncio.create_task(
         run_live(progress, build_view(cfg.env_config.live_view), status_path(cfg), cfg.env_config.status_interval_s)
     )
-    scheduler = Scheduler(prepared.env, prepared.policy, journal, prepared.settings, progress)
+    router = JournalRouter({s.episode_id: j for j, w in zip(journals, prepared.work, strict=True) for s in w.specs})
+    scheduler = Scheduler(prepared.env, prepared.policy, router, prepared.settings, progress)
     down: InfraError | None = None
     try:
         received = await _run_until_signal(prepared, scheduler, todo)
@@ -160,9 +187,11 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
         received, down = None, exc
     live.cancel()
     await asyncio.gather(live, return_exceptions=True)
-    all_done = [t for t in journal.done if t.episode_id in {s.episode_id for s in prepared.specs}]
+    planned_ids = {s.episode_id for s in prepared.specs}
+    all_done = [t for journal in journals for t in journal.done if t.episode_id in planned_ids]
     all_done += scheduler.finished
-    manifest = journal.seal(planned=len(prepared.specs))
+    manifests = [j.seal(planned=len(w.specs)) for j, w in zip(journals, prepared.work, strict=True)]
+    journaled = sum(m["episodes"] for m in manifests)
     metrics = compute_metrics(
         all_done, time.time() - started, len(prepared.specs), cancelled=len(todo) - len(scheduler.finished)
     )
@@ -172,16 +201,18 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
         rank=cfg.rank,
         policy_model=cfg.policy_config.model,
         policy_version=cfg.policy_version,
-        complete=manifest["complete"],
+        complete=all(m["complete"] for m in manifests),
         interrupted=received.name if received else ("policy server down" if down else None),
     )
+    if takeover_of:
+        metrics["takeover_of"] = takeover_of
     save_metrics(metrics_path(cfg), metrics)
     print_summary(metrics)
     if received:
         logger.warning(
             "stopped by %s: %d of %d episodes journaled; rerun with resume=true to finish",
             received.name,
-            manifest["episodes"],
+            journaled,
             len(prepared.specs),
         )
         return SIGNAL_EXIT[received]
@@ -189,7 +220,7 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
         logger.error(
             "%s: %d of %d episodes journaled; the rest run again once the server is back (resume=true)",
             down,
-            manifest["episodes"],
+            journaled,
             len(prepared.specs),
         )
         return EXIT_POLICY_DOWN

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from rollout_engine.envs.base import ChatPolicy, Env, EpisodeState, Score
 from rollout_engine.errors import ContextOverflowError, InfraError, JudgeError, ModelError
-from rollout_engine.journal import Journal
+from rollout_engine.journal import Journal, JournalRouter
 from rollout_engine.progress import Progress
 from rollout_engine.tasks import EpisodeSpec
 from rollout_engine.types import Failure, Trajectory
@@ -56,7 +56,12 @@ class Scheduler:
     """Runs a list of episodes concurrently and journals each as it finishes."""
 
     def __init__(
-        self, env: Env, policy: ChatPolicy, journal: Journal, settings: SchedulerSettings, progress: Progress
+        self,
+        env: Env,
+        policy: ChatPolicy,
+        journal: Journal | JournalRouter,
+        settings: SchedulerSettings,
+        progress: Progress,
     ) -> None:
         self.env = env
         self.policy = policy

@@ -14,6 +14,9 @@
 - `plan_episodes(...)`: the episodes of this rank: every task times its
   samples (`n_samples_per_task`, times `test_tasks_repeat_times` on test),
   hardest first if asked.
+- `plan_rank(tasks, cfg, rank)`: all of the above for any rank's share: every
+  rank computes every share alike (same seed, same sampling), so a survivor can
+  plan a dead rank's episodes (rollout_engine.takeover).
 """
 
 from __future__ import annotations
@@ -171,6 +174,18 @@ def rank_limits(cfg: RolloutConfig) -> tuple[int, int]:
         scale_limit(env.max_vllm_sessions, weights, rank, env.limits_scope, "max_vllm_sessions"),
         scale_limit(env.server_size, weights, rank, env.limits_scope, "server_size"),
     )
+
+
+def tasks_path(cfg: RolloutConfig) -> Path:
+    """The task file of this rollout's split (relative paths are under data_path)."""
+    path = Path(getattr(cfg.env_config, f"{cfg.split}_tasks"))
+    return path if path.is_absolute() else Path(cfg.data_path) / path
+
+
+def plan_rank(tasks: list[Task], cfg: RolloutConfig, rank: int) -> list[EpisodeSpec]:
+    """The episodes of rank `rank`'s share of this (split, iteration), in planned order."""
+    sampled = sample_tasks(tasks, cfg.env_config, cfg.split, derive_seed(cfg.seed, cfg.iteration, cfg.split))
+    return plan_episodes(split_for_rank(sampled, cfg.rank_weights, rank), cfg.env_config, cfg.split)
 
 
 def plan_episodes(tasks: list[Task], cfg: EnvConfig, split: str) -> list[EpisodeSpec]:

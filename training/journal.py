@@ -11,20 +11,33 @@ absolute against the iteration directory. An iteration with the journals of
 several ranks is read only once the master has merged it (its manifest.json
 says every rank's journal is sealed complete and unchanged): ConfigError
 otherwise. Pure Python: imports nothing heavy.
+
+An iteration a dead rank's survivors finished (--on-rank-failure continue, being
+wired: its manifest.json has `missing_ranks`) is read exactly as the manifest
+says: the survivors' journals, each dead rank's journal up to its cut (the
+first `cut.lines` lines, checked against the cut's sha256; what it appended
+later is never read) and the takeover journals `rank_<s>.takeover_<d>.jsonl`,
+and only when the manifest says every planned episode is there exactly once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.journal import read_journal
+from rollout_engine.takeover import read_cut, takeover_journal_name
 from rollout_engine.types import Trajectory
 
 log = logging.getLogger(__name__)
+
+OWN_JOURNAL = re.compile(r"rank_\d+\.jsonl")
+TAKEOVER_JOURNAL = re.compile(r"rank_\d+\.takeover_\d+\.jsonl")
 
 
 def iteration_dir(log_path: str | Path, split: str, iteration: int) -> Path:
@@ -40,17 +53,79 @@ def load_trajectories(log_path: str | Path, split: str, iterations: Iterable[int
         if not directory.is_dir():
             continue
         by_episode: dict[str, Trajectory] = {}
-        paths = sorted(directory.glob("rank_*.jsonl"))
-        if len(paths) > 1:
-            check_merged(directory, len(paths))
-        for path in paths:
-            if not path.with_suffix(".manifest.json").exists():
-                log.warning("%s has no manifest (rollout not sealed); reading it anyway", path)
-            for trajectory in read_journal(path):
-                _absolute_images(trajectory, directory)
-                by_episode[trajectory.episode_id] = trajectory
+        for trajectory in read_iteration(directory):
+            _absolute_images(trajectory, directory)
+            by_episode[trajectory.episode_id] = trajectory
         out.extend(by_episode.values())
     return out
+
+
+def read_iteration(directory: Path) -> list[Trajectory]:
+    """The trajectories of one iteration directory, journal by journal, as its manifest.json says to read them."""
+    names = sorted(p.name for p in directory.glob("rank_*.jsonl"))
+    own = [name for name in names if OWN_JOURNAL.fullmatch(name)]
+    manifest_path = directory / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    if manifest is not None and "missing_ranks" in manifest:
+        check_takeover_merged(manifest_path, manifest)
+        return read_takeover(directory, manifest)
+    takeovers = [name for name in names if TAKEOVER_JOURNAL.fullmatch(name)]
+    if takeovers:
+        raise ConfigError(
+            f"{directory} holds takeover journals ({', '.join(takeovers)}) but no manifest.json that merged them: "
+            "the master writes it with the takeover plan once the survivors sealed them; finish the takeover, or "
+            "move those journals aside if the dead rank finished its own share after all"
+        )
+    if len(own) > 1:
+        check_merged(directory, len(own))
+    out: list[Trajectory] = []
+    for path in (directory / name for name in own):
+        if not path.with_suffix(".manifest.json").exists():
+            log.warning("%s has no manifest (rollout not sealed); reading it anyway", path)
+        out += read_journal(path)
+    return out
+
+
+def read_takeover(directory: Path, manifest: dict[str, Any]) -> list[Trajectory]:
+    """A taken-over iteration: each rank's journal (a dead rank's up to its cut), then the takeover journals."""
+    dead = {int(rank) for rank in manifest["missing_ranks"]}
+    out: list[Trajectory] = []
+    for rank in sorted(int(r) for r in manifest["ranks"]):
+        if rank in dead:
+            cut = manifest["cut"][str(rank)]
+            out += read_cut(directory / cut["journal"], int(cut["lines"]), str(cut["sha256"]))
+        else:
+            out += read_journal(directory / f"rank_{rank}.jsonl")
+    for dead_rank, survivors in sorted(manifest["takeovers"].items(), key=lambda item: int(item[0])):
+        for survivor in sorted(survivors, key=int):
+            out += read_journal(directory / takeover_journal_name(int(survivor), int(dead_rank)))
+    return out
+
+
+def check_takeover_merged(manifest_path: Path, manifest: dict[str, Any]) -> None:
+    """A taken-over iteration is trained on only when its manifest says every planned episode is there once."""
+    if manifest.get("complete"):
+        return
+    dead = {str(rank) for rank in manifest.get("missing_ranks", [])}
+    problems = [f"rank {r}'s journal" for r, m in manifest.get("ranks", {}).items() if r not in dead and not _sealed(m)]
+    problems += [f"rank {r}'s journal up to its cut" for r, c in manifest.get("cut", {}).items() if not c["verified"]]
+    for d, survivors in manifest.get("takeovers", {}).items():
+        counts = manifest.get("reassigned", {}).get(d, {})
+        problems += [
+            f"rank_{s}.takeover_{d}.jsonl" for s, m in survivors.items() if counts.get(s, 1) and not _sealed(m)
+        ]
+    for key in ("duplicates", "missing", "unexpected"):
+        if manifest.get(key):
+            problems.append(f"{key} episodes {', '.join(manifest[key][:5])}{' ...' if len(manifest[key]) > 5 else ''}")
+    raise ConfigError(
+        f"{manifest_path}: the takeover of ranks {', '.join(sorted(dead))} is not complete "
+        f"({'; '.join(problems) or 'see the manifest'}: missing, incomplete, changed or not exactly once); "
+        "finish the takeover rollouts and merge the iteration again before training on it"
+    )
+
+
+def _sealed(manifest: dict[str, Any] | None) -> bool:
+    return bool(manifest and manifest.get("complete") and manifest.get("verified"))
 
 
 def check_merged(directory: Path, journals: int) -> None:

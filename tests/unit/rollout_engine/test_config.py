@@ -42,6 +42,14 @@ def test_cross_field_checks() -> None:
         validate(composed("rollout_train", [*BASE, "env_config.train_tasks_sampler=ratio"]))
 
 
+def test_a_takeover_plan_needs_several_ranks() -> None:
+    with pytest.raises(
+        ConfigError, match=r"takeover_plan needs several ranks \(got 'p.json' with rank_weights=\[1.0\]\)"
+    ):
+        validate(composed("rollout_train", [*BASE, "takeover_plan=p.json"]))
+    assert validate(composed("rollout_train", [*BASE, "rank_weights=[1,1]", "takeover_plan=p.json"])).takeover_plan
+
+
 def test_limits_scope_is_node_or_cluster_and_a_cluster_limit_covers_every_rank() -> None:
     assert validate(composed("rollout_train", BASE)).env_config.limits_scope == "node"
     with pytest.raises(ConfigError, match=r"env_config.limits_scope must be one of node, cluster \(got 'global'\)"):
