@@ -265,6 +265,7 @@ loop_mark() {
 loop_rollout() {
   local split=$1 n=$2 phase="${1}_rollout" resume=0 start=$SECONDS
   iteration_is_done "$RUN_LOG" "$n" "$phase" && return 0
+  LOOP_TAKEOVER_PLAN=""
   ((LOOP_RESUME)) && [[ -s $RUN_LOG/trajectories/$split/$(printf 'iter_%04d' "$n")/rank_$RUN_RANK.jsonl ]] && resume=1
   loop_rollout_cmd "$split" "$n" "$resume"
   loop_timed "$n" "$phase" loop_rollout_run "$split" "$n" ||
@@ -273,7 +274,7 @@ loop_rollout() {
     ! nodes_continue || loop_timed "$n" "${split}_takeover" loop_takeover "$split" "$n"
     nodes_is_master || return 0
     loop_py "$BATON_APP_PY" -m coordinator aggregate --log-path "$RUN_LOG" --split "$split" --iteration "$n" \
-      --num-nodes "$RUN_NUM_NODES" --wall-s $((SECONDS - start)) >/dev/null ||
+      --num-nodes "$RUN_NUM_NODES" --wall-s $((SECONDS - start)) --takeover-plan "${LOOP_TAKEOVER_PLAN:-}" >/dev/null ||
       common_die 1 "could not merge the ranks' $split rollouts of iteration $n"
   fi
   loop_mark "$RUN_LOG" "$n" "$phase"
@@ -289,12 +290,19 @@ loop_takeover() {
   local -A decided=()
   if nodes_is_master; then
     if [[ -n ${LOOP_SYNC[gone]:-} ]]; then
+      local dir out rank
+      local -a dead=()
+      dir="$RUN_LOG/trajectories/$split/$(printf 'iter_%04d' "$n")"
       survivors=$(loop_survivors "${LOOP_SYNC[gone]}")
-      plan=$(loop_py "$BATON_APP_PY" -m coordinator takeover --log-path "$RUN_LOG" --split "$split" \
-        --iteration "$n" --gone "${LOOP_SYNC[gone]}" --survivors "$survivors" --rank-weights "$RUN_RANK_WEIGHTS") ||
+      for rank in ${LOOP_SYNC[gone]//,/ }; do dead+=(--dead "$rank"); done
+      out=$(loop_py "$BATON_APP_PY" -m coordinator takeover-plan --config "$dir/rank_$RUN_RANK.config.yaml" \
+        "${dead[@]}" --survivors "$survivors") ||
         common_die 1 "could not re-assign the $split episodes of ranks ${LOOP_SYNC[gone]} (iteration $n)"
-      common_log "iteration $n: the $split episodes left by ranks ${LOOP_SYNC[gone]} go to ranks $survivors ($plan)"
+      plan=$(head -n 1 <<<"$out")
+      common_log "iteration $n: the unfinished $split episodes of ranks ${LOOP_SYNC[gone]} go to ranks $survivors" \
+        "(dead rank, journal lines kept, survivor:episodes: $(tail -n +2 <<<"$out" | tr '\t\n' ' ;'))"
     fi
+    LOOP_TAKEOVER_PLAN=$plan
     nodes_publish "$n" "${split}_takeover" "{\"plan\": \"$plan\"}"
   else
     nodes_receive "$n" "${split}_takeover" decided

@@ -12,6 +12,8 @@ each in PID and UTS namespaces of its own, with its own host name and address (t
   continues, the worker started first beside the stopped run's files waits for the new
   master; SIGTERM on the master stops the worker too, as a stop; a last `--resume`
   finishes the iteration with every planned episode exactly once.
+- `--on-rank-failure continue`: a worker dead mid-rollout is evicted, the master takes over its unfinished
+  episodes (each planned episode once) and trains alone; the restarted worker rejoins the next iteration.
 - The seed's split deployment on three nodes, the rank from RANK / NODE_RANK: a rollout run and an
   update run on every node.
 
@@ -208,6 +210,45 @@ def test_a_worker_dead_in_training_stops_the_master_long_before_the_training_tim
     assert not (log / "policy" / "v0001").exists()
     assert not list((log / "run" / "rank_0" / "pids").glob("*.pgid"))
     assert not processes_mentioning(str(log))
+
+
+def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarted_it_rejoins(
+    data_dir: Path, tmp_path: Path, vllm_server: VllmServer
+) -> None:
+    """--on-rank-failure continue: rank 1 dies mid-rollout of iteration 1; the master evicts it, rolls out its
+    unfinished episodes itself (each planned episode once), trains alone and promotes; rank 1, restarted at
+    once, joins iteration 2, which both roll out and train together."""
+    log = tmp_path / "exp"
+    args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2", "--on-rank-failure", "continue"]
+    args += [*SMALL, *ONE_STEP_LOOP, "env_config.test_tasks_rollout_size=4", *shared(vllm_server)]
+    nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
+    hold_rollouts_after_next_episode(log, {1: nodes[1]}, generation_s(16, 32))
+    kill_node(nodes[1])
+    restarted = node(data_dir, log, "1", *args)  # at once: it registers when the master has evicted the dead one
+    budget = generation_s(2 * 104, 32) + 2 * UPDATE_S
+    out_m = communicate_waiting(
+        nodes[0], waiting_for="the master to run 2 iterations, rank 1 out then in", timeout=budget
+    )
+    out_w = communicate_waiting(restarted, waiting_for="the restarted rank 1 to finish iteration 2", timeout=300)
+    assert (nodes[0].returncode, restarted.returncode) == (0, 0), out_m[-3000:] + out_w[-3000:]
+    assert "rank 1 evicted: dead: no heartbeat change seen for" in out_m, out_m[-3000:]
+    first = json.loads((log / "trajectories" / "train" / "iter_0001" / "manifest.json").read_text())
+    assert first["complete"] and first["missing_ranks"] == [1] and first["episodes"] == first["planned"] == 96
+    assert first["reassigned"] and not first["duplicates"] and not first["missing"]
+    taken = episodes_in(log / "trajectories" / "train" / "iter_0001", "rank_0.takeover_1.jsonl")
+    kept = first["cut"]["1"]["lines"]
+    assert taken and kept >= 1 and len(taken) + kept == 48  # rank 1's share: what it journaled, the rest taken over
+    assert not (log / "training" / "iter_0001" / "train.rank_1.log").exists()  # iteration 1 trained on the master
+    assert len(episodes(log, "train", 2, 1)) == 48  # the restarted rank rolled out its share of iteration 2
+    assert (log / "training" / "iter_0002" / "train.rank_1.log").exists()  # and trained with the master
+    assert os.readlink(log / "policy" / "current") == "v0002"
+    assert "step 2 was planned without this node" not in out_w and "step 1 was planned without this node" in out_w
+    assert_nothing_left(log)
+
+
+def episodes_in(directory: Path, name: str) -> list[dict]:
+    path = directory / name
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def run_id(log: Path) -> str:

@@ -97,6 +97,13 @@ run_bad() {
   run_bad "--max-update-failures must be an integer >= 1 (got '-1')" "${base[@]}" --max-update-failures -1
 }
 
+@test "--on-rank-failure is abort or continue" {
+  local -a base=(--data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split eval-only)
+  run_bad "--on-rank-failure must be abort or continue (got 'ignore')" "${base[@]}" --on-rank-failure ignore
+  run_bad "--on-rank-failure is given twice ('abort' and 'continue'); give it once" "${base[@]}" \
+    --on-rank-failure abort --on-rank-failure continue
+}
+
 @test "--wait-timeout: update only, whole seconds >= 0" {
   run_bad "--wait-timeout applies to --rl-phase update only (got --rl-phase both)" \
     --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 --wait-timeout 10
