@@ -224,7 +224,9 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
     nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
     hold_rollouts_after_next_episode(log, {1: nodes[1]}, generation_s(16, 32))
     kill_node(nodes[1])
-    restarted = node(data_dir, log, "1", *args)  # at once: it registers when the master has evicted the dead one
+    # restarted at once (as a fresh machine: in a PID namespace of its own, its run.sh would get the dead one's
+    # pid); it registers when the master has evicted the dead one
+    restarted = node(data_dir, log, "1", *args, host="node1b")
     budget = generation_s(2 * 104, 32) + 2 * UPDATE_S
     out_m = communicate_waiting(
         nodes[0], waiting_for="the master to run 2 iterations, rank 1 out then in", timeout=budget
