@@ -162,9 +162,10 @@ loop_update_cmd() {
     "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2" "${launch[@]}" "${LOOP_UPDATE_OVR[@]}")
 }
 
-# loop_check_start: a run that trains: start `python -m training phase=check` (group update-check) beside vLLM's start-up.
+# loop_check_start: a run that trains: start `python -m training phase=check` (group update-check) beside vLLM's
+# start-up; on several nodes the master checks (every node trains on its config and data).
 loop_check_start() {
-  [[ $RUN_PHASE != rollout ]] || return 0
+  [[ $RUN_PHASE != rollout ]] && nodes_is_master || return 0
   LOOP_CHECK_LOG="$LOOP_RUN_DIR/logs/update-check.log" LOOP_CHECK_SINCE=$SECONDS
   : >"$LOOP_CHECK_LOG"
   loop_update_cmd "$(iteration_next "$RUN_LOG")" check
@@ -177,7 +178,7 @@ loop_check_wait() {
   local pgid rc=0
   [[ $RUN_PHASE != rollout ]] || return 0
   pgid=$(procs_pgid "$LOOP_RUN_DIR" update-check) || return 0
-  wait "$pgid" || rc=$?
+  loop_wait "$pgid" || rc=$?
   rm -f "$LOOP_RUN_DIR/pids/update-check.pgid"
   if ((rc == 2)); then
     common_die 2 "the update would reject this configuration (checked in the train environment before any" \
