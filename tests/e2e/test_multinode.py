@@ -217,21 +217,20 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
 ) -> None:
     """--on-rank-failure continue: rank 1 dies mid-rollout of iteration 1; the master evicts it, rolls out its
     unfinished episodes itself (each planned episode once), trains alone and promotes; rank 1, restarted at
-    once, joins iteration 2, which both roll out and train together."""
+    once, joins the next step, the final held-out evaluation, with its share of the tasks."""
     log = tmp_path / "exp"
-    args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2", "--on-rank-failure", "continue"]
-    args += [*SMALL, *ONE_STEP_LOOP, "env_config.test_tasks_rollout_size=4", *shared(vllm_server)]
+    args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "1", "--final-eval"]
+    args += ["--on-rank-failure", "continue", *SMALL, *ONE_STEP_LOOP, "env_config.test_tasks_rollout_size=8"]
+    args += shared(vllm_server)
     nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
     hold_rollouts_after_next_episode(log, {1: nodes[1]}, generation_s(16, 32))
     kill_node(nodes[1])
     # restarted at once (as a fresh machine: in a PID namespace of its own, its run.sh would get the dead one's
     # pid); it registers when the master has evicted the dead one
     restarted = node(data_dir, log, "1", *args, host="node1b")
-    budget = generation_s(2 * 104, 32) + 2 * UPDATE_S
-    out_m = communicate_waiting(
-        nodes[0], waiting_for="the master to run 2 iterations, rank 1 out then in", timeout=budget
-    )
-    out_w = communicate_waiting(restarted, waiting_for="the restarted rank 1 to finish iteration 2", timeout=300)
+    budget = generation_s(112, 32) + UPDATE_S
+    out_m = communicate_waiting(nodes[0], waiting_for="the master's iteration and final evaluation", timeout=budget)
+    out_w = communicate_waiting(restarted, waiting_for="the restarted rank 1's final evaluation", timeout=300)
     assert (nodes[0].returncode, restarted.returncode) == (0, 0), out_m[-3000:] + out_w[-3000:]
     assert "rank 1 evicted: dead: no heartbeat change seen for" in out_m, out_m[-3000:]
     first = json.loads((log / "trajectories" / "train" / "iter_0001" / "manifest.json").read_text())
@@ -241,10 +240,10 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
     kept = first["cut"]["1"]["lines"]
     assert taken and kept >= 1 and len(taken) + kept == 48  # rank 1's share: what it journaled, the rest taken over
     assert not (log / "training" / "iter_0001" / "train.rank_1.log").exists()  # iteration 1 trained on the master
-    assert len(episodes(log, "train", 2, 1)) == 48  # the restarted rank rolled out its share of iteration 2
-    assert (log / "training" / "iter_0002" / "train.rank_1.log").exists()  # and trained with the master
-    assert os.readlink(log / "policy" / "current") == "v0002"
-    assert "step 2 was planned without this node" not in out_w and "step 1 was planned without this node" in out_w
+    assert os.readlink(log / "policy" / "current") == "v0001"
+    final = episodes(log, "test", 2, 1)  # the restarted rank rolled out its share of the final evaluation
+    assert len(final) == 4 and {t["policy_version"] for t in final} == {1}
+    assert "step 1 was planned without this node" in out_w and "step 2 was planned without this node" not in out_w
     assert_nothing_left(log)
 
 
