@@ -66,7 +66,8 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     from coordinator.aggregate import aggregate
 
     plan = Path(args.takeover_plan) if args.takeover_plan else None
-    record = aggregate(Path(args.log_path), args.split, args.iteration, args.num_nodes, args.wall_s, plan)
+    ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else None
+    record = aggregate(Path(args.log_path), args.split, args.iteration, args.num_nodes, args.wall_s, plan, ranks)
     print(f"{record['episodes']}\t{record['planned']}\t{record['success_rate']}\t{int(record['complete'])}")
     return 0
 
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--num-nodes", type=int, required=True)
     merge.add_argument("--wall-s", type=float, required=True)
     merge.add_argument("--takeover-plan", default="", help="the iteration's takeover.json, if ranks were taken over")
+    merge.add_argument("--ranks", default="", help="the ranks with a share in the step, e.g. 0,2 (default: all)")
     merge.set_defaults(func=cmd_aggregate)
     takeover = sub.add_parser("takeover-plan", help="master: re-assign dead ranks' unfinished episodes")
     takeover.add_argument("--config", required=True, help="a rank's resolved rank_<r>.config.yaml of the iteration")

@@ -179,15 +179,23 @@ def merge_takeover(directory: Path, manifests: dict[int, dict[str, Any] | None],
 
 
 def aggregate(
-    log_path: Path, split: str, iteration: int, num_nodes: int, wall_s: float, takeover_plan: Path | None = None
+    log_path: Path,
+    split: str,
+    iteration: int,
+    num_nodes: int,
+    wall_s: float,
+    takeover_plan: Path | None = None,
+    ranks: list[int] | None = None,
 ) -> dict[str, Any]:
     """Write the iteration's manifest and append the merged metrics record; return the record.
 
     With `takeover_plan` (a takeover.json), the dead ranks' data is their journal up to the cut plus the
-    survivors' takeover journals (merge_takeover); ConfigError when the plan is missing or bad.
+    survivors' takeover journals (merge_takeover); ConfigError when the plan is missing or bad. `ranks`: the
+    ranks with a share in this step (default: all; a continue run's step leaves out the ranks not in it).
     """
     directory = Path(log_path) / "trajectories" / split / f"iter_{iteration:04d}"
-    manifests = {rank: _verified_manifest(directory, f"rank_{rank}.jsonl") for rank in range(num_nodes)}
+    ranks = list(range(num_nodes)) if ranks is None else ranks
+    manifests = {rank: _verified_manifest(directory, f"rank_{rank}.jsonl") for rank in ranks}
     if takeover_plan is None:
         merged = merge_ranks(directory, manifests)
     else:
@@ -207,7 +215,7 @@ def aggregate(
     )
     record = compute_metrics(trajectories, wall_s, planned, cancelled=max(planned - len(trajectories), 0))
     per_rank = {}
-    for rank in range(num_nodes):
+    for rank in ranks:
         own = _rank_record(log_path, rank, split, iteration)
         per_rank[str(rank)] = {k: own.get(k) for k in PER_RANK_KEYS} if own else None
     versions = {r["policy_version"] for r in per_rank.values() if r}

@@ -275,7 +275,8 @@ loop_rollout() {
     ! nodes_continue || loop_timed "$n" "${split}_takeover" loop_takeover "$split" "$n"
     nodes_is_master || return 0
     loop_py "$BATON_APP_PY" -m coordinator aggregate --log-path "$RUN_LOG" --split "$split" --iteration "$n" \
-      --num-nodes "$RUN_NUM_NODES" --wall-s $((SECONDS - start)) --takeover-plan "${LOOP_TAKEOVER_PLAN:-}" >/dev/null ||
+      --num-nodes "$RUN_NUM_NODES" --wall-s $((SECONDS - start)) --takeover-plan "${LOOP_TAKEOVER_PLAN:-}" \
+      --ranks "$(loop_survivors "")" >/dev/null ||
       common_die 1 "could not merge the ranks' $split rollouts of iteration $n"
   fi
   loop_mark "$RUN_LOG" "$n" "$phase"
