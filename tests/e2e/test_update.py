@@ -31,7 +31,6 @@ from tests.waits import UPDATE_S, communicate_waiting, run_waiting
 pytestmark = pytest.mark.e2e
 
 
-
 @pytest.fixture(scope="module")
 def journal_log(vllm_server, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A log path holding one real train rollout (iteration 0) of the default model."""
