@@ -92,7 +92,7 @@ def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: 
     assert (record["version"], record["iteration"]) == (1, 1)  # trained on iteration 1, served in iteration 2
     assert os.readlink(log / "policy" / "current") == "v0002"  # iteration 2's update promoted the next one
     assert {t["policy_version"] for t in first} == {None} and {t["policy_version"] for t in second} == {1}
-    served = (log / "run" / "state" / "iter_0001" / "serve.done").read_text()
+    served = (log / "run" / "state" / "iter_0001" / "serve.done").read_text().strip()
     assert served == "v1 by reload", served  # in place (the restart fallback: tests/shell/vllm.bats)
     iterations = {}
     for line in (log / "metrics.jsonl").read_text().splitlines():
@@ -110,27 +110,31 @@ def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: 
     assert not processes_mentioning(str(log), f"--port {port}") and not serves(port)
 
 
-def test_sigint_during_rollout_stops_everything_then_resume_completes(data_dir: Path, tmp_path: Path) -> None:
-    log, port = tmp_path / "exp", free_port()
-    args = [
-        "--rl-phase",
-        "rollout",
-        "--rollout-split",
-        "eval-only",
-        "--max-iterations",
-        "1",
-        *TINY,
-        "env_config.test_tasks_rollout_size=48",
-        # one slot: the 48 episodes take long enough to be interrupted between two of them
-        "env_config.server_size=1",
-        "env_config.max_vllm_sessions=1",
-    ]
-    proc = run_sh(data_dir, log, *args, port=port)
+def journaled_more(log: Path, before: int, proc: subprocess.Popen, timeout: float) -> None:
+    """Wait (polling fast) until the eval journal of iteration 1 holds more than `before` episodes."""
     path = log / "trajectories" / "test" / "iter_0001" / "rank_0.jsonl"
-    deadline = time.monotonic() + 600
-    while not (path.exists() and path.read_text().count("\n") >= 1):
-        assert proc.poll() is None and time.monotonic() < deadline, "the rollout never journaled an episode"
-        time.sleep(0.1)
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().count("\n") > before):
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            f"no episode journaled after {before} in {timeout} s"
+        )
+        time.sleep(0.02)
+
+
+def signal_group(log: Path, name: str, sig: signal.Signals) -> None:
+    """Signal a process group the run recorded (run/rank_0/pids/<name>.pgid)."""
+    os.killpg(int((log / "run" / "rank_0" / "pids" / f"{name}.pgid").read_text().split()[0]), sig)
+
+
+def test_sigint_during_rollout_stops_everything_then_resume_completes(data_dir: Path, tmp_path: Path) -> None:
+    """The rollout is held (SIGSTOP) right after the episode the test waits for, so that it is mid-rollout
+    when the test acts, however fast the machine; run.sh's clean-up and the next run resume it (SIGCONT)."""
+    log, port = tmp_path / "exp", free_port()
+    args = ["--rl-phase", "rollout", "--rollout-split", "eval-only", "--max-iterations", "1", *TINY]
+    args += ["env_config.test_tasks_rollout_size=48"]
+    proc = run_sh(data_dir, log, *args, port=port)
+    journaled_more(log, 0, proc, VLLM_START_S + generation_s(8, 32))
+    signal_group(log, "rollout-test", signal.SIGSTOP)
     proc.send_signal(signal.SIGINT)
     stopped = time.monotonic()
     time.sleep(0.5)  # clean-up under way (it stops the rollout, then vLLM): a second signal must not cut it short
@@ -142,14 +146,14 @@ def test_sigint_during_rollout_stops_everything_then_resume_completes(data_dir: 
     partial = len(journal(log, "test", 1))
     assert 0 < partial < 48
 
+    # --resume; the policy server dies under the resumed rollout: its whole group SIGKILLed while the rollout
+    # is held after its next episode, then the rollout goes on against the dead server
     budget = 2 * VLLM_START_S + generation_s(48, 32)
     resumed = run_sh(data_dir, log, *args, "--resume", port=port)
-    # the policy server dies under the resumed rollout (its whole group SIGKILLed after the next episode)
-    deadline = time.monotonic() + VLLM_START_S + generation_s(1, 32)
-    while len(journal(log, "test", 1)) <= partial:
-        assert resumed.poll() is None and time.monotonic() < deadline, "the resumed rollout never journaled"
-        time.sleep(0.1)
-    os.killpg(int((log / "run" / "rank_0" / "pids" / "vllm.pgid").read_text().split()[0]), signal.SIGKILL)
+    journaled_more(log, partial, resumed, VLLM_START_S + generation_s(8, 32))
+    signal_group(log, "rollout-test", signal.SIGSTOP)
+    signal_group(log, "vllm", signal.SIGKILL)
+    signal_group(log, "rollout-test", signal.SIGCONT)
     rc, out = finish(resumed, "run.sh --resume to restart vLLM and finish the rollout", budget)
     assert rc == 0, out[-3000:]
     assert "the policy server stopped answering during the test rollout; restarting vLLM and resuming" in out

@@ -1,11 +1,12 @@
-"""The update phase end to end: real rollouts -> LLaMA-Factory -> promoted policy served by vLLM.
+"""The update phase end to end: real rollouts -> LLaMA-Factory -> a promoted policy.
 
 The rollout engine writes a real train journal of the default model (token ids
 from vLLM). `python -m training` (train environment) selects, writes and checks
-the dataset, trains one optimizer step of a full fine-tune and promotes it;
-a second vLLM serves `policy/current` and its logprobs differ from the base
-model's. The fidelity check passes on those rollouts and fails loudly, before
-anything is written, with a template that renders the prompt differently.
+the dataset, trains one optimizer step of a full fine-tune and promotes it
+(that vLLM then serves different outputs is pinned by the loop e2e: its in-place
+reload counts only when the greedy tokens and logprobs change). The fidelity
+check passes on those rollouts and fails loudly, before anything is written,
+with a template that renders the prompt differently.
 `run.sh --rl-phase update` on those rollouts stops every training process on
 Ctrl+C (torchrun's workers included), then trains and promotes on the next run.
 """
@@ -18,19 +19,16 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, default_sigint
-from tests.e2e.conftest import processes_mentioning, run_update, start_vllm, stop_vllm
+from tests.e2e.conftest import processes_mentioning, run_update
 from tests.e2e.rollout_cli import rollout_cmd, run_rollout
 from tests.waits import UPDATE_S, communicate_waiting, run_waiting
 
 pytestmark = pytest.mark.e2e
-
-PROMPT = [{"role": "user", "content": "What is 3 + 4?\nAnswer with only the final number."}]
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +52,6 @@ def journal_log(vllm_server, data_dir: Path, tmp_path_factory: pytest.TempPathFa
     return log
 
 
-def first_logprobs(base_url: str) -> list[float]:
-    """Greedy logprobs of the first reply tokens to a fixed prompt."""
-    body = {"model": "policy", "messages": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": True}
-    request = urllib.request.Request(
-        f"{base_url}/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        reply = json.loads(response.read())
-    return [t["logprob"] for t in reply["choices"][0]["logprobs"]["content"]]
-
-
 def test_wrong_template_fails_fidelity_before_anything_is_written(journal_log: Path, model_dir: Path) -> None:
     # chatml renders no system prompt where SmolLM2's own template inserts one
     out = run_update(
@@ -85,9 +72,7 @@ def test_wrong_template_fails_fidelity_before_anything_is_written(journal_log: P
     assert not (journal_log / "policy").exists()
 
 
-def test_update_trains_promotes_and_vllm_serves_the_new_policy(
-    vllm_server, journal_log: Path, model_dir: Path, tmp_path: Path
-) -> None:
+def test_update_trains_and_promotes_the_new_policy(journal_log: Path, model_dir: Path) -> None:
     out = run_update(
         journal_log,
         f"model_path={model_dir}",
@@ -116,14 +101,6 @@ def test_update_trains_promotes_and_vllm_serves_the_new_policy(
     training = next(m for m in metrics if m.get("kind") == "training")
     assert training["steps"] == 1 and len(training["losses"]) == 1 and training["train_samples_per_second"] > 0
     assert metrics[-1] == {**metrics[-1], "kind": "promotion", "policy_version": 1}
-
-    base = first_logprobs(vllm_server.base_url)
-    promoted_server = start_vllm(tmp_path / "vllm-promoted", policy / "current")
-    try:
-        promoted = first_logprobs(promoted_server.base_url)
-    finally:
-        stop_vllm(promoted_server)
-    assert max(abs(a - b) for a, b in zip(base, promoted, strict=False)) > 1e-3, (base, promoted)
 
 
 def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
