@@ -225,10 +225,7 @@ def print_data(data: dict) -> None:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     cluster, record = this_run(args)
-    ranks = args.ranks
-    if ranks is None:
-        evicted = cluster.evictions() if record.on_rank_failure == "continue" else {}
-        ranks = [rank for rank in range(record.num_nodes) if rank not in evicted]
+    ranks = args.ranks if args.ranks is not None else list(range(record.num_nodes))
     bad = [rank for rank in ranks if not 0 <= rank < record.num_nodes]
     if bad:
         raise ConfigError(f"--ranks must be in 0..{record.num_nodes - 1} for this run (got {bad})")
