@@ -291,17 +291,20 @@ loop_takeover() {
   local split=$1 n=$2 plan="" survivors
   local -A decided=()
   if nodes_is_master; then
-    if [[ -n ${LOOP_SYNC[gone]:-} ]]; then
-      local dir out rank
-      local -a dead=()
+    local dir out rank shared gone=""
+    local -a dead=()
+    shared=",$(loop_survivors ""),"
+    # the ranks lost with a share of this step (a rank out of the step has none)
+    for rank in ${LOOP_SYNC[gone]//,/ }; do [[ $shared != *",$rank,"* ]] || gone+="${gone:+,}$rank"; done
+    if [[ -n $gone ]]; then
       dir="$RUN_LOG/trajectories/$split/$(printf 'iter_%04d' "$n")"
-      survivors=$(loop_survivors "${LOOP_SYNC[gone]}")
-      for rank in ${LOOP_SYNC[gone]//,/ }; do dead+=(--dead "$rank"); done
+      survivors=$(loop_survivors "$gone")
+      for rank in ${gone//,/ }; do dead+=(--dead "$rank"); done
       out=$(loop_py "$BATON_APP_PY" -m coordinator takeover-plan --config "$dir/rank_$RUN_RANK.config.yaml" \
         "${dead[@]}" --survivors "$survivors") ||
-        common_die 1 "could not re-assign the $split episodes of ranks ${LOOP_SYNC[gone]} (iteration $n)"
+        common_die 1 "could not re-assign the $split episodes of ranks $gone (iteration $n)"
       plan=$(head -n 1 <<<"$out")
-      common_log "iteration $n: the unfinished $split episodes of ranks ${LOOP_SYNC[gone]} go to ranks $survivors" \
+      common_log "iteration $n: the unfinished $split episodes of ranks $gone go to ranks $survivors" \
         "(dead rank, journal lines kept, survivor:episodes: $(tail -n +2 <<<"$out" | tr '\t\n' ' ;'))"
     fi
     LOOP_TAKEOVER_PLAN=$plan
@@ -315,9 +318,11 @@ loop_takeover() {
   LOOP_CMD+=("takeover_plan=$plan")
   loop_run "rollout-$split" "$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").$split.takeover.log" "${LOOP_CMD[@]}" ||
     common_die 1 "the $split takeover of iteration $n failed; fix the cause, then rerun with --resume"
+  local before=",${LOOP_SYNC[gone]:-}," rank lost=""
   nodes_sync "$n" "${split}_takeover_done" "" LOOP_SYNC
-  [[ -z ${LOOP_SYNC[gone]:-} ]] ||
-    common_die 1 "ranks ${LOOP_SYNC[gone]} were lost during the $split takeover of iteration $n; restart them, then every node with --resume"
+  for rank in ${LOOP_SYNC[gone]//,/ }; do [[ $before == *",$rank,"* ]] || lost+="${lost:+,}$rank"; done
+  [[ -z $lost ]] ||
+    common_die 1 "ranks $lost were lost during the $split takeover of iteration $n; restart them, then every node with --resume"
 }
 
 # loop_survivors <gone csv>: the ranks with a share this step (weight > 0) that are not in <gone>.
