@@ -291,11 +291,12 @@ loop_takeover() {
   local split=$1 n=$2 plan="" survivors
   local -A decided=()
   if nodes_is_master; then
+    local dropped=${LOOP_SYNC[gone]:-}
     local dir out rank shared gone=""
     local -a dead=()
     shared=",$(loop_survivors ""),"
     # the ranks lost with a share of this step (a rank out of the step has none)
-    for rank in ${LOOP_SYNC[gone]//,/ }; do [[ $shared != *",$rank,"* ]] || gone+="${gone:+,}$rank"; done
+    for rank in ${dropped//,/ }; do [[ $shared != *",$rank,"* ]] || gone+="${gone:+,}$rank"; done
     if [[ -n $gone ]]; then
       dir="$RUN_LOG/trajectories/$split/$(printf 'iter_%04d' "$n")"
       survivors=$(loop_survivors "$gone")
@@ -318,9 +319,10 @@ loop_takeover() {
   LOOP_CMD+=("takeover_plan=$plan")
   loop_run "rollout-$split" "$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").$split.takeover.log" "${LOOP_CMD[@]}" ||
     common_die 1 "the $split takeover of iteration $n failed; fix the cause, then rerun with --resume"
-  local before=",${LOOP_SYNC[gone]:-}," rank lost=""
+  local before=",${LOOP_SYNC[gone]:-}," rank lost="" dropped
   nodes_sync "$n" "${split}_takeover_done" "" LOOP_SYNC
-  for rank in ${LOOP_SYNC[gone]//,/ }; do [[ $before == *",$rank,"* ]] || lost+="${lost:+,}$rank"; done
+  dropped=${LOOP_SYNC[gone]:-}
+  for rank in ${dropped//,/ }; do [[ $before == *",$rank,"* ]] || lost+="${lost:+,}$rank"; done
   [[ -z $lost ]] ||
     common_die 1 "ranks $lost were lost during the $split takeover of iteration $n; restart them, then every node with --resume"
 }
