@@ -243,7 +243,10 @@ def cmd_wait(args: argparse.Namespace) -> int:
         membership = {"drop": lambda missing: peers.drop(missing, args.planned), "fatal": [0]}
     result = wait_barrier(cluster, args.iteration, args.phase, ranks, watcher, on_tick=tick, **timing, **membership)
     if result.gone:
-        say(f"rank {args.rank}: {args.phase} of iteration {args.iteration}: going on without ranks {result.gone}")
+        evictions = cluster.evictions()
+        why = "; ".join(f"rank {r} evicted: {evictions[r].reason}" for r in result.gone if r in evictions)
+        where = f"rank {args.rank}: {args.phase} of iteration {args.iteration}"
+        say(f"{where}: going on without ranks {result.gone} ({why})")
     if args.print_data:
         merged: dict = {}
         for rank in result.ranks:

@@ -232,7 +232,8 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
     out_m = communicate_waiting(nodes[0], waiting_for="the master's iteration and final evaluation", timeout=budget)
     out_w = communicate_waiting(restarted, waiting_for="the restarted rank 1's final evaluation", timeout=300)
     assert (nodes[0].returncode, restarted.returncode) == (0, 0), out_m[-3000:] + out_w[-3000:]
-    assert "rank 1 evicted: dead: no heartbeat change seen for" in out_m, out_m[-3000:]
+    going_on = "train_rollout of iteration 1: going on without ranks [1] (rank 1 evicted: dead: no heartbeat change"
+    assert going_on in out_m, out_m[-3000:]
     first = json.loads((log / "trajectories" / "train" / "iter_0001" / "manifest.json").read_text())
     assert first["complete"] and first["missing_ranks"] == [1] and first["episodes"] == first["planned"] == 96
     assert first["reassigned"] and not first["duplicates"] and not first["missing"]
@@ -241,8 +242,9 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
     assert taken and kept >= 1 and len(taken) + kept == 48  # rank 1's share: what it journaled, the rest taken over
     assert not (log / "training" / "iter_0001" / "train.rank_1.log").exists()  # iteration 1 trained on the master
     assert os.readlink(log / "policy" / "current") == "v0001"
-    final = episodes(log, "test", 2, 1)  # the restarted rank rolled out its share of the final evaluation
-    assert len(final) == 4 and {t["policy_version"] for t in final} == {1}
+    # the restarted rank rolled out its share of the final evaluation (debug mode: no version on the rows)
+    final = [{t["episode_id"] for t in episodes(log, "test", 2, rank)} for rank in (0, 1)]
+    assert len(final[1]) == len(final[0]) > 0 and not final[0] & final[1]
     assert "step 1 was planned without this node" in out_w and "step 2 was planned without this node" not in out_w
     assert_nothing_left(log)
 
