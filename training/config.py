@@ -154,6 +154,10 @@ class LaunchConfig:
     #: this node's address (run.sh --node-addr): gloo and NCCL use the interface that holds it,
     #: unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set; "" = theirs (the host name's address)
     node_addr: str = ""
+    #: the sha256 of the dataset and YAML the master prepared (its training/iter_<n>/dataset.sha256; set
+    #: by run.sh on several nodes): a node trains only on those files, waiting `dataset_wait_s` for them
+    dataset_sha256: str = ""
+    dataset_wait_s: float = 60.0
     #: seconds before the training is stopped (SIGTERM), then `grace_s` more before SIGKILL
     timeout_s: float = 3600.0
     grace_s: float = 10.0

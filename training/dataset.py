@@ -15,11 +15,15 @@ Writes into `out_dir`:
 - `train.token_ids.jsonl` (and `val.token_ids.jsonl`): per row, the ids the
   policy sampled (`training.fidelity` compares them with LLaMA-Factory's).
 
+`dataset_digest(out_dir, recipe)` is the sha256 of those files and the training
+YAML: the master publishes it, and every node checks what it trains on against it.
+
 Pure Python.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -66,6 +70,16 @@ def save_dataset(
         info[TRAIN_NAME if split == "train" else VAL_NAME] = dataset_entry(f"{split}.json", stage)
     save_json(out_dir / "dataset_info.json", info)
     return DatasetFiles(out_dir, len(splits["train"]), len(splits["val"]))
+
+
+def dataset_digest(directory: Path, recipe: Path) -> str:
+    """sha256 over the dataset folder's files (names and bytes, in name order) and the training YAML."""
+    digest = hashlib.sha256()
+    for path in [*sorted(p for p in directory.rglob("*") if p.is_file()), recipe]:
+        name = path.relative_to(directory).as_posix() if path.is_relative_to(directory) else path.name
+        digest.update(f"{name}\0{path.stat().st_size}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def load_token_ids(directory: Path, split: str) -> list[Any]:

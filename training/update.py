@@ -7,6 +7,7 @@ Everything of one update lives in `<log>/training/iter_<NNNN>/`:
     selection.json       counts: trajectories, samples, what each rule filtered
     data/                the LLaMA-Factory dataset (training.dataset)
     train_config.yaml    the LLaMA-Factory YAML (training.recipe)
+    dataset.sha256       the sha256 of data/ and that YAML (every node of a multi-node update checks it)
     train.log            llamafactory-cli's output
     output/              its output directory (merged/ for a LoRA)
 
@@ -31,7 +32,7 @@ from rollout_engine.errors import BatonError, ConfigError
 from rollout_engine.files import append_jsonl, save_json, save_text
 from training import config as config_mod
 from training.config import UpdateConfig
-from training.dataset import DatasetFiles, drop_rows, save_dataset
+from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
 from training.journal import iteration_dir, load_trajectories
 from training.launch import detect_device, run_group, run_training
 from training.metrics import parse_training
@@ -66,6 +67,7 @@ class RunPaths:
     output = property(lambda self: self.run_dir / "output")
     merged = property(lambda self: self.run_dir / "merged")
     train_log = property(lambda self: self.run_dir / "train.log")
+    digest = property(lambda self: self.run_dir / "dataset.sha256")
 
     def node_log(self, node_rank: int) -> Path:
         """llamafactory-cli's output on one node: train.log on node 0, train.rank_<r>.log on the others."""
@@ -142,6 +144,7 @@ def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
         raise
     files.directory = paths.data
     save_recipe(paths.recipe, recipe_of(cfg, paths, files, device))
+    save_text(paths.digest, dataset_digest(paths.data, paths.recipe) + "\n")
     save_text(paths.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     save_json(
         paths.run_dir / "selection.json",
@@ -223,8 +226,10 @@ def check_batch(cfg: UpdateConfig, samples: int, described: str, device: Device)
 
 def train(cfg: UpdateConfig, paths: RunPaths) -> None:
     """Run llamafactory-cli on the prepared YAML; metrics to <log>/metrics.jsonl."""
-    if not paths.recipe.exists():
+    if not paths.recipe.exists() and not cfg.launch.dataset_sha256:
         raise ConfigError(f"{paths.recipe} does not exist; run phase=prepare first")
+    if cfg.launch.dataset_sha256:
+        wait_for_dataset(paths, cfg.launch.dataset_sha256, cfg.launch.dataset_wait_s)
     if cfg.launch.node_rank == 0:
         shutil.rmtree(paths.output, ignore_errors=True)  # never write into files a policy may hard-link
     node_log = paths.node_log(cfg.launch.node_rank)
@@ -248,6 +253,28 @@ def train(cfg: UpdateConfig, paths: RunPaths) -> None:
             },
         )
         log.info("trained in %.1f s: %s", result.wall_s, stats)
+
+
+def wait_for_dataset(paths: RunPaths, expected: str, wait_s: float, every_s: float = 1.0) -> None:
+    """Train only on the dataset the master prepared: its files and YAML must have the sha256 it published.
+    A shared filesystem may show them late (NFS attribute caching): look again every `every_s` for `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            got = dataset_digest(paths.data, paths.recipe)
+        except OSError as exc:
+            got = f"unreadable ({exc})"
+        if got == expected:
+            log.info("the dataset is the one the master prepared (sha256 %s)", expected)
+            return
+        if time.monotonic() >= deadline:
+            raise TrainingError(
+                f"the dataset under {paths.run_dir} (data/ and {paths.recipe.name}) has sha256 {got} on this node "
+                f"after {wait_s:.0f} s, but the master prepared {expected}: this node does not see the master's "
+                "files. Check that the log path is the same shared directory on every node and its mount options "
+                "(docs/multinode.md), then start every node again with --resume"
+            )
+        time.sleep(every_s)
 
 
 def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:

@@ -146,7 +146,7 @@ loop_free_port() {
   loop_py "$BATON_APP_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# loop_update_cmd <iteration> <phase>: set LOOP_CMD to the update command.
+# loop_update_cmd <iteration> <phase> [override...]: set LOOP_CMD to the update command.
 # A single node takes a free torchrun port (29500 may be another job's); on
 # several, every node uses the master's address and the port it chose at the
 # start of the run. An override of launch.master_port, which comes later, still wins.
@@ -159,7 +159,7 @@ loop_update_cmd() {
     launch+=("launch.master_port=$(loop_free_port)")
   fi
   LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_TRAIN_PY" -m training --config-name update
-    "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2" "${launch[@]}" "${LOOP_UPDATE_OVR[@]}")
+    "log_path=$RUN_LOG" "iteration=$1" "model_path=$(loop_policy_path)" "phase=$2" "${launch[@]}" "${@:3}" "${LOOP_UPDATE_OVR[@]}")
 }
 
 # loop_check_start: a run that trains: start `python -m training phase=check` (group update-check) beside vLLM's
@@ -416,7 +416,7 @@ loop_update() {
 # its torchrun node of the training; the master promotes; all wait for that.
 # Returns the master's outcome (0 promoted, 3 nothing to train, else failed).
 loop_update_nodes() {
-  local n=$1 log=$2 rc=0 train=1
+  local n=$1 log=$2 rc=0 train=1 sha=""
   local -A decided=()
   if nodes_is_master; then
     if [[ $(loop_update_phase "$n") == all ]]; then
@@ -433,14 +433,16 @@ loop_update_nodes() {
       members=", \"members\": \"${now[members]}\""
       loop_train_on "${now[members]}"
     fi
-    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc$members}"
+    # Every node trains on exactly the files the master prepared: their sha256 goes with the plan.
+    ((!train)) || sha=$(<"$RUN_LOG/training/$(printf 'iter_%04d' "$n")/dataset.sha256")
+    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc$members, \"dataset_sha256\": \"$sha\"}"
   else
     nodes_receive "$n" update_plan decided
-    train=${decided[train]:-0}
+    train=${decided[train]:-0} sha=${decided[dataset_sha256]:-}
     [[ -z ${decided[members]:-} ]] || loop_train_on "${decided[members]}" || train=0
   fi
   if ((train)); then
-    loop_update_cmd "$n" train
+    loop_update_cmd "$n" train "launch.dataset_sha256=$sha"
     loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
   fi
   if nodes_is_master && ((rc == 0)); then

@@ -145,6 +145,8 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
     for rank in (0, 1):  # gloo on the interface that holds the node's address (127.0.0.2, 127.0.0.3: lo)
         update_log = (log / "run" / f"rank_{rank}" / "logs" / "iter_0001.update.log").read_text()
         assert f"collectives: gloo on lo, NCCL on lo (lo holds 127.0.0.{rank + 2})" in update_log, rank
+        sha = (log / "training" / "iter_0001" / "dataset.sha256").read_text().strip()
+        assert f"the dataset is the one the master prepared (sha256 {sha})" in update_log, rank
     assert os.readlink(log / "policy" / "current") == "v0001"
     for rank in (0, 1):  # the final evaluation (iteration 2): each node served the promoted policy
         final = episodes(log, "test", 2, rank)

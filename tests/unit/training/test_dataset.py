@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from rollout_engine.errors import ConfigError
 from tests.unit.training.trajectories import traj, turn
-from training.dataset import convert_messages, drop_rows, save_dataset, to_row
+from training.dataset import convert_messages, dataset_digest, drop_rows, save_dataset, to_row
 from training.selection import DPOSelector, KTOSelector, RFTSelector
+from training.update import RunPaths, TrainingError, wait_for_dataset
 
 
 def multi_turn_sample():
@@ -79,3 +82,39 @@ def test_validation_split_and_dropping_rows(tmp_path: Path) -> None:
     left = [json.loads(line)["source"] for line in (tmp_path / "train.token_ids.jsonl").read_text().splitlines()]
     assert left == [s for i, s in enumerate(sources) if i not in (0, 3)] and files.train_rows == 6
     assert len(json.loads((tmp_path / "train.json").read_text())) == 6
+
+
+def dataset_folder(tmp_path: Path) -> tuple[Path, Path]:
+    data, recipe = tmp_path / "data", tmp_path / "train_config.yaml"
+    save_dataset([multi_turn_sample()], data, "sft")
+    recipe.write_text("stage: sft\n")
+    return data, recipe
+
+
+def test_dataset_digest_changes_with_any_file_or_the_yaml(tmp_path: Path) -> None:
+    data, recipe = dataset_folder(tmp_path)
+    first = dataset_digest(data, recipe)
+    assert first == dataset_digest(data, recipe) and len(first) == 64
+    recipe.write_text("stage: kto\n")
+    assert dataset_digest(data, recipe) != first
+    recipe.write_text("stage: sft\n")
+    (data / "train.json").write_text((data / "train.json").read_text().replace("look", "seek"))
+    assert dataset_digest(data, recipe) != first
+    (data / "train.json").unlink()
+    assert dataset_digest(data, recipe) != first
+
+
+def test_a_node_trains_only_on_the_dataset_the_master_published(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    data, recipe = dataset_folder(tmp_path)
+    wanted = dataset_digest(data, recipe)
+    wait_for_dataset(paths, wanted, wait_s=0)  # the same files: at once
+    recipe.write_text("stage: kto\n")  # what this node sees differs: it waits, then stops naming both
+    began = time.monotonic()
+    expected = f"has sha256 [0-9a-f]{{64}} on this node after 0 s, but the master prepared {wanted}"
+    with pytest.raises(TrainingError, match=expected):
+        wait_for_dataset(paths, wanted, wait_s=0.3, every_s=0.05)
+    assert time.monotonic() - began >= 0.3
+    # the master's files show up late on this node (NFS attribute caching): it waits for them
+    threading.Timer(0.2, lambda: recipe.write_text("stage: sft\n")).start()
+    wait_for_dataset(paths, wanted, wait_s=5, every_s=0.05)
