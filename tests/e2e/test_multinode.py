@@ -15,10 +15,11 @@ each in PID and UTS namespaces of its own, with its own host name and address (t
 - `--on-rank-failure continue`: a worker dead mid-rollout is evicted, the master takes over its unfinished
   episodes (each planned episode once) and trains alone; the restarted worker rejoins the next iteration.
 - The seed's split deployment on three nodes, the rank from RANK / NODE_RANK: a rollout run and an
-  update run on every node.
+  update run on every node, the update run's workers started a minute before its master.
 
-Real vLLM per node on the happy paths and the dead-node test; the other fault tests run `--debug-mode`
-against one shared real vLLM (the session's), saving start-ups.
+Real vLLM per node (each bound to its own core) on the 2-node happy path and the dead-node test; the other
+fault tests and the split deployment's rollout runs use `--debug-mode` against one shared real vLLM (the
+session's), saving start-ups.
 
 A node that must still be mid-rollout when the test acts has its rollout engine held with
 SIGSTOP (`hold_rollouts_after_next_episode`) right after the episode the test waited for: a slow node, whatever
@@ -314,27 +315,39 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     assert_nothing_left(log)
 
 
-def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(data_dir: Path, tmp_path: Path) -> None:
+def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(
+    data_dir: Path, tmp_path: Path, vllm_server: VllmServer
+) -> None:
     """The seed's split deployment on three nodes, each told its rank only by the environment (`export RANK=r`
     for the rollout runs, NODE_RANK for the update runs): the update run trains (on the three nodes) what the
-    rollout run (on the three) collected, each run coordinating in its own group."""
+    rollout run (on the three) collected, each run coordinating in its own group; the update run's workers
+    start a minute before its master and wait for it. The rollout runs use the
+    seed's `--debug-mode` with a vLLM already running (one real server for the three, on this machine)."""
     log = tmp_path / "exp"
     rollout = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
-    rollout += ["env_config.train_tasks_rollout_size=24", "env_config.n_samples_per_task=4"]
+    rollout += ["env_config.train_tasks_rollout_size=24", "env_config.n_samples_per_task=4", *shared(vllm_server)]
     update = ["--rl-phase", "update", "--max-iterations", "1", "algorithm.max_steps=1", "algorithm.learning_rate=1e-4"]
     update += ["algorithm.per_device_train_batch_size=1", "algorithm.gradient_accumulation_steps=1"]
     update += ["algorithm.cutoff_len=512"]
     poll = {"BATON_UPDATE_POLL_S": "2"}
     ranks = ("0", "1", "2")
-    nodes = [
-        node(data_dir, log, None, *update, env={"NODE_RANK": r, **poll}, nodes=THREE, host=f"update{r}") for r in ranks
-    ]
+
+    def update_node(rank: str) -> subprocess.Popen:
+        return node(data_dir, log, None, *update, env={"NODE_RANK": rank, **poll}, nodes=THREE, host=f"update{rank}")
+
+    # The update run's workers start a minute before its master (while the rollout runs collect): they wait.
+    began = time.monotonic()
+    nodes = [update_node(r) for r in ranks[1:]]
     nodes += [node(data_dir, log, None, *rollout, env={"RANK": r}, nodes=THREE, host=f"rollout{r}") for r in ranks]
-    budget = 3 * VLLM_START_S + generation_s(96, 32) + 3 * UPDATE_S
+    wait_for(lambda: time.monotonic() - began >= 60, "a minute, before starting the update run's master", 90, nodes)
+    nodes.insert(0, update_node("0"))
+    budget = generation_s(96, 32) + 3 * UPDATE_S
     outs = [
         communicate_waiting(proc, waiting_for="the six runs of the split deployment", timeout=budget) for proc in nodes
     ]
     assert [proc.returncode for proc in nodes] == [0] * 6, "\n".join(out[-1500:] for out in outs)
+    for out in outs[1:3]:  # the update workers waited for their master, then joined its run
+        assert "waiting for the master (rank 0)" in out and "of 3: run " in out, out[-1500:]
     shares = [{t["episode_id"] for t in episodes(log, "train", 1, rank)} for rank in (0, 1, 2)]
     assert [len(share) for share in shares] == [32, 32, 32] and len(set().union(*shares)) == 96
     record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
