@@ -1,6 +1,6 @@
 """Overhead of a multi-node iteration: the share of its wall time spent outside rollouts and optimizer steps.
 
-    PYTHONPATH=. $BATON_APP_PY -m bench.multinode_overhead [--nodes 2] [--tasks 64] [--single-too]
+    PYTHONPATH=. $BATON_APP_PY -m bench.multinode_overhead [--nodes 2] [--tasks 64] [--single-too] [--keep DIR]
 
 Starts N real `scripts/run.sh` nodes (--master / --worker R, each with its own vLLM,
 one shared temporary log path) for one iteration of `--rl-phase both` on the default
@@ -19,6 +19,7 @@ Outside CI: about 10 minutes per configuration on 2 cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=64, help="train tasks (x 4 samples)")
     parser.add_argument("--single-too", action="store_true", help="also one node on the same work, beside it")
+    parser.add_argument("--keep", metavar="DIR", help="keep the runs' log paths and node outputs under DIR")
     parser.add_argument(
         "--data-path", default=os.environ.get("BATON_DATA", str(Path.home() / ".cache/baton/bench-data"))
     )
@@ -131,7 +133,10 @@ def main() -> None:
     ]
     print(f"# {cpu_line()}")
     configs = [args.nodes, 1] if args.single_too else [args.nodes]
-    with tempfile.TemporaryDirectory(prefix="baton-overhead-") as tmp:
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+    where = tempfile.TemporaryDirectory(prefix="baton-overhead-") if not args.keep else None
+    with where or contextlib.nullcontext(tempfile.mkdtemp(prefix="baton-overhead-", dir=args.keep)) as tmp:
         for nodes in configs:
             log = Path(tmp) / f"nodes{nodes}"
             wall = run_nodes(Path(args.data_path), log, nodes, overrides)
