@@ -62,7 +62,14 @@ nodes_start() {
       --heartbeat-interval "${BATON_HEARTBEAT_S:-5}" --dead-after "${BATON_DEAD_AFTER_S:-30}") || rc=$?
   else
     common_log "rank $RUN_RANK: waiting for the master (rank 0) on $RUN_LOG (at most ${BATON_JOIN_WAIT_S:-600}s)"
-    NODES_RUN_ID=$(nodes_cli join --rank "$RUN_RANK" "${node[@]}" --wait "${BATON_JOIN_WAIT_S:-600}") || rc=$?
+    # In the background (bash runs a trap only once its foreground command ends): a SIGTERM or
+    # Ctrl+C during the wait, which may last minutes, stops this node at once (loop_cleanup kills the join).
+    nodes_cli join --rank "$RUN_RANK" "${node[@]}" --wait "${BATON_JOIN_WAIT_S:-600}" >"$LOOP_RUN_DIR/.join.$$" &
+    LOOP_WAIT_PID=$!
+    loop_wait "$LOOP_WAIT_PID" || rc=$?
+    LOOP_WAIT_PID=""
+    NODES_RUN_ID=$(<"$LOOP_RUN_DIR/.join.$$")
+    rm -f "$LOOP_RUN_DIR/.join.$$"
   fi
   ((rc == 0)) || nodes_exit "$rc" "could not $(nodes_is_master && echo start || echo join) the multi-node run"
   while IFS=$'\t' read -r key value; do

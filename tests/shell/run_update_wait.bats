@@ -1,7 +1,7 @@
 #!/usr/bin/env bats
 # run.sh --rl-phase update with nothing to train on: it waits for a train
-# rollout, --wait-timeout bounds the wait, SIGTERM ends the wait at once, and
-# two runs of the same role on one log path are refused (needs the app
+# rollout, --wait-timeout bounds the wait, SIGTERM ends the wait (and a worker's
+# wait for its master) at once, and two runs of the same role on one log path are refused (needs the app
 # environment; no training starts, so the model folder only needs config.json;
 # a fake train interpreter accepts the update-check: run_update_check.bats).
 
@@ -18,6 +18,8 @@ setup() {
 teardown() {
   # the background run started by a test, by the pid it recorded: nothing else
   [[ -z ${BG:-} ]] || kill -KILL "$BG" 2>/dev/null || true
+  local join
+  join=$(join_of "$LOG") && kill "$join" || true # a worker's wait for its master, orphaned by a failed test
 }
 
 # wait_for <seconds> <cmd...>: poll until <cmd> succeeds.
@@ -40,6 +42,11 @@ wait_for() {
   [ ! -e "$LOG/policy" ]
   # the run released its role: the next one may start
   [ ! -e "$LOG/run/rank_0/owner.update" ]
+}
+
+# join_of <log>: the pid of the `coordinator join` of <log> (false while there is none).
+join_of() {
+  ps -eo pid=,args= | awk -v dir="$1" '/coordinator join/ && index($0, dir) {print $1; found=1} END {exit !found}'
 }
 
 @test "the wait polls until --wait-timeout, saying what it waits for" {
@@ -79,6 +86,26 @@ wait_for() {
   done
   [ ! -e "$LOG/run/rank_0/owner.update" ]
   BG=""
+}
+
+@test "a worker waiting for its master (minutes at most) stops on SIGTERM at once: exit 143, the join stopped" {
+  BATON_JOIN_WAIT_S=600 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
+    --num-nodes 2 --rank-weights 1,1 --worker 1 >"$BATS_TEST_TMPDIR/bg.log" 2>&1 &
+  BG=$!
+  wait_for 60 grep -q "rank 1: waiting for the master (rank 0)" "$BATS_TEST_TMPDIR/bg.log"
+  local join="" rc=0 start=$SECONDS
+  wait_for 30 join_of "$LOG"
+  join=$(join_of "$LOG")
+  kill -TERM "$BG"
+  wait "$BG" || rc=$?
+  [ "$rc" -eq 143 ]
+  ((SECONDS - start < 30)) # not after the join's 600 s
+  if kill -0 "$join" 2>/dev/null; then
+    kill "$join"
+    return 1
+  fi
+  [ ! -e "$LOG/run/rank_1/owner.update" ]
+  [ -z "$(find "$LOG/run/rank_1" -name '.join.*')" ]
 }
 
 @test "procs_claim: a dead owner's record is taken over; a live owner keeps it" {
