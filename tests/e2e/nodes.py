@@ -11,6 +11,7 @@ itself (`signal_run_sh`); SIGKILL of pid 1 kills the whole node at once (`kill_n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,6 +25,8 @@ from tests.e2e.conftest import free_port
 FAST_LIVENESS = {"BATON_HEARTBEAT_S": "1", "BATON_DEAD_AFTER_S": "10"}
 #: exit code of a node that left processes running after run.sh exited
 LEFT_RUNNING = 99
+#: the nodes started (kill_the_nodes_left)
+STARTED: list[subprocess.Popen] = []
 
 NODE_INIT = r"""
 hostname "$0"
@@ -65,7 +68,7 @@ def start_node(
     extra |= {"VLLM_CPU_OMP_THREADS_BIND": node_cores(rank), **(env or {})}
     cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--uts", "--", "bash", "-c", NODE_INIT]
     cmd += [host or f"node{rank}", str(REPO / "scripts/run.sh"), *args]
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         cmd,
         cwd=REPO,
         env={**os.environ, **extra},
@@ -75,6 +78,17 @@ def start_node(
         preexec_fn=default_sigint,
         start_new_session=True,
     )
+    STARTED.append(proc)
+    return proc
+
+
+def kill_the_nodes_left() -> None:
+    """Kill every node started that still runs (a test that failed midway), each with all of its processes."""
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(OSError, RuntimeError, subprocess.TimeoutExpired):
+                kill_node(proc)
 
 
 def _children(pid: int) -> list[int]:
