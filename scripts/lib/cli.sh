@@ -66,6 +66,7 @@ cli_parse() {
   RUN_RANK_WEIGHTS="" RUN_MASTER="" RUN_WORKER="" RUN_DEBUG=0 RUN_RESUME=0 RUN_MAX_ITER=""
   # shellcheck disable=SC2034 # RUN_NODE_FILE is read by nodes.sh
   RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0 RUN_FINAL_EVAL=0 RUN_NODE_ADDR="" RUN_STOP=0 RUN_NODE_FILE=""
+  # shellcheck disable=SC2034 # RUN_NODE_ADDR_SOURCE is set and read by slurm.sh
   RUN_ON_FAILURE="" RUN_RANK_SOURCE="" RUN_NODE_ADDR_SOURCE=""
   RUN_OVERRIDES=()
   while (($#)); do

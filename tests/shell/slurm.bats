@@ -21,6 +21,11 @@ in_step() {
   export SLURMD_NODENAME="n$1"
 }
 
+# in_batch_shell: the environment a batch script's own shell has (job 7 of 2 tasks; no step).
+in_batch_shell() {
+  export SLURM_JOB_ID=7 SLURM_PROCID=0 SLURM_NTASKS=2
+}
+
 # dry <args...>: run.sh --dry-run of a rollout (train-only) with <args>; must exit 0.
 dry() {
   run -0 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout \
@@ -57,7 +62,7 @@ bad() {
 
 @test "slurm_in_step: a task of an srun step, not a batch script's shell" {
   run -1 slurm_in_step
-  export SLURM_JOB_ID=7 SLURM_PROCID=0 SLURM_NTASKS=2 # what a batch script's shell has
+  in_batch_shell
   run -1 slurm_in_step
   export SLURM_STEP_ID=0
   run -0 slurm_in_step
@@ -109,7 +114,7 @@ bad() {
 }
 
 @test "a batch script's own shell is no task: its SLURM_PROCID is not a rank" {
-  export SLURM_JOB_ID=7 SLURM_PROCID=0 SLURM_NTASKS=2
+  in_batch_shell
   bad "--num-nodes 2 needs this node's rank: --master, --worker R, RANK / NODE_RANK in the environment, or one srun task per node (SLURM_PROCID; docs/slurm.md)" \
     --rl-phase rollout --rollout-split train-only --num-nodes 2 --rank-weights 1,1
   dry # a single node, whatever the job's task count
@@ -117,7 +122,7 @@ bad() {
 }
 
 @test "rank 0's default address is the first host of SLURM_JOB_NODELIST; --node-addr, BATON_NODE_ADDR win" {
-  local -a update=(--rl-phase update --dry-run --rank-weights 1,1)
+  local -a update=(--rl-phase update --dry-run --rank-weights "1,1")
   in_step 0 2
   run -0 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" "${update[@]}"
   [[ $output == *"; address n0 (the first host of SLURM_JOB_NODELIST)"* ]]
@@ -143,6 +148,7 @@ bad() {
 # leave <rc>: nodes_leave <rc> of rank 1 of 2 (run r1) in a shell of its own, the protocol subcommands
 # it runs recorded in $BATS_TEST_TMPDIR/calls; the shell exits with the code run.sh would.
 leave() {
+  # shellcheck disable=SC2016 # the inner bash's own script, expanded when it runs
   run -"$1" --separate-stderr bash -c 'source "$1"; source "$2"; source "$3"
     calls=$4
     nodes_cli() { printf "%s\n" "$*" >>"$calls"; }
