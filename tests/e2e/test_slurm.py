@@ -24,7 +24,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -76,7 +76,8 @@ def sbatch(slurm: SlurmCluster, out: Path, args: list[str], *, wait_s: float | N
     wait = [] if wait_s is None else ["--wait"]
     cmd = ["sbatch", "--parsable", *wait, *ON_THIS_NODE, f"--output={out}", str(TEMPLATE), *args]
     env = slurm.env(BATON_REPO=str(REPO), **FAST_LIVENESS)
-    done = run_waiting(cmd, waiting_for="the job to end (sbatch --wait)", timeout=wait_s or START_S, env=env, cwd=REPO)
+    waiting_for = "sbatch to submit the job" if wait_s is None else "the job to end (sbatch --wait)"
+    done = run_waiting(cmd, waiting_for=waiting_for, timeout=wait_s or START_S, env=env, cwd=REPO)
     job = done.stdout.strip().split(";")[0]
     if not job.isdigit():
         pytest.fail(f"sbatch did not submit the job (exit {done.returncode}): {done.stderr.strip()}")
@@ -100,18 +101,18 @@ def task_exits(output: str) -> dict[int, str]:
     return found
 
 
-def running_check(slurm: SlurmCluster, job: str, out: Path):
-    """A wait_until check: fail when the job has ended (its batch shell reported the tasks' end)."""
+def running_check(job: str, out: Path) -> Callable[[], None]:
+    """A wait_until check: fail when the job has ended or failed to start (its batch shell said so)."""
 
     def check() -> None:
         text = out.read_text() if out.exists() else ""
-        if "run.sh's tasks ended" in text:
+        if "run.sh's tasks ended" in text or "[baton-sbatch] error:" in text:
             pytest.fail(f"job {job} ended before the test acted:\n{text[-3000:]}")
 
     return check
 
 
-def hold_each_rank_after_its_first_episode(slurm: SlurmCluster, job: str, out: Path, log: Path) -> None:
+def hold_each_rank_after_its_first_episode(job: str, out: Path, log: Path) -> None:
     """Wait for each rank's first journaled episode and SIGSTOP its rollout engine at once: the rank stays
     mid-rollout (run.sh and its heartbeat run) until its run.sh stops the group (SIGTERM + SIGCONT)."""
     held: set[int] = set()
@@ -129,7 +130,7 @@ def hold_each_rank_after_its_first_episode(slurm: SlurmCluster, job: str, out: P
         waiting_for=f"the first journaled episode of both ranks of job {job}",
         timeout=generation_s(16, 32),
         every=0.02,
-        check=running_check(slurm, job, out),
+        check=running_check(job, out),
     )
 
 
@@ -182,7 +183,7 @@ def test_scancel_stops_every_task_by_its_own_clean_up_long_before_killwait(
         data_dir, log, vllm_server, "env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1"
     )
     job, _ = sbatch(slurm, out, args)  # the node count from SLURM_NTASKS
-    hold_each_rank_after_its_first_episode(slurm, job, out, log)
+    hold_each_rank_after_its_first_episode(job, out, log)
     took = stop_and_time(slurm, job)
     print(f"job {job} ended {took:.1f} s after scancel (KillWait {KILL_WAIT_S} s)")
     text = out.read_text()
@@ -201,7 +202,7 @@ def test_the_time_limit_signal_stops_the_run_resumably_and_the_requeued_job_fini
         data_dir, log, vllm_server, "env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1"
     )
     job, _ = sbatch(slurm, out, args)
-    hold_each_rank_after_its_first_episode(slurm, job, out, log)
+    hold_each_rank_after_its_first_episode(job, out, log)
     # 1. what --signal=B:TERM@120 does two minutes before the time limit: SIGTERM to the batch shell alone
     took = stop_and_time(slurm, job, "--batch", "--signal=TERM")
     text = out.read_text()
