@@ -18,6 +18,8 @@ source "$ROOT/scripts/lib/envs.sh"
 source "$ROOT/scripts/lib/procs.sh"
 # shellcheck source=scripts/lib/vllm.sh
 source "$ROOT/scripts/lib/vllm.sh"
+# shellcheck source=scripts/lib/slurm.sh
+source "$ROOT/scripts/lib/slurm.sh"
 # shellcheck source=scripts/lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 # shellcheck source=scripts/lib/iteration.sh
@@ -40,6 +42,7 @@ cmd_dry_run() {
   local -a args
   n=$(iteration_next "$RUN_LOG")
   printf '# iteration %s, --rl-phase %s (dry run: nothing started or written)\n' "$n" "$RUN_PHASE"
+  [[ -z $(slurm_describe) ]] || printf '# %s\n' "$(slurm_describe)"
   if nodes_multi; then
     printf '# rank %s of %s; the master (rank 0) numbers the iterations and chooses the torchrun port\n' "$RUN_RANK" "$RUN_NUM_NODES"
     NODES_MASTER_ADDR="<master address>" NODES_TORCHRUN_PORT="<torchrun port>"
@@ -92,6 +95,7 @@ cmd_run() {
   common_atomic_copy "$resolved" "$LOOP_RUN_DIR/resolved.yaml" || common_die 1 "cannot write $LOOP_RUN_DIR/resolved.yaml (error above)"
   rm -f "$resolved"
   common_log "run: --rl-phase $RUN_PHASE, log path $RUN_LOG, policy ${LOOP_BASE_URL} (${LOOP_MODEL})"
+  [[ -z $(slurm_describe) ]] || common_log "$(slurm_describe)"
   nodes_start
   loop_steps
   common_log "run finished: $RUN_LOG/metrics.jsonl, $RUN_LOG/plots/success.png"
@@ -136,6 +140,7 @@ main() {
   cli_validate
   envs_export
   nodes_apply_file
+  slurm_default_addr
   loop_setup
   if ((RUN_DRY)); then
     loop_compose

@@ -2,7 +2,7 @@
 # Build (or reuse) Baton's three Python environments and the system packages
 # they need. Idempotent: a rerun with everything in place takes seconds.
 #
-#   bash scripts/setup.sh [--only app|serve|train]... [--rebuild] [--no-apt]
+#   bash scripts/setup.sh [--only app|serve|train]... [--rebuild] [--no-apt] [--for-tests]
 #
 # Environments live in $BATON_HOME/envs (default ~/.cache/baton/envs), keyed by
 # a hash of their pinned recipe in pyproject.toml. One counts as complete only
@@ -21,15 +21,17 @@ source "$ROOT/scripts/lib/sysdeps.sh"
 
 usage() {
   cat <<'EOF'
-Usage: bash scripts/setup.sh [--only ENV]... [--rebuild] [--no-apt]
+Usage: bash scripts/setup.sh [--only ENV]... [--rebuild] [--no-apt] [--for-tests]
 
 Creates the app, serve and train environments under $BATON_HOME/envs and
 installs the system packages they need (Debian: chromium, gcc).
 
-  --only ENV   set up only ENV (app, serve or train); repeatable
-  --rebuild    delete and rebuild the selected environments
-  --no-apt     never run apt-get; fail with the packages to install instead
-  -h, --help   show this help
+  --only ENV    set up only ENV (app, serve or train); repeatable
+  --rebuild     delete and rebuild the selected environments
+  --no-apt      never run apt-get; fail with the packages to install instead
+  --for-tests   also the system packages only the tests need (Debian: slurm-wlm
+                and munge, a real Slurm for tests/e2e/test_slurm.py)
+  -h, --help    show this help
 EOF
 }
 
@@ -112,7 +114,7 @@ setup_env() {
 }
 
 main() {
-  local rebuild=0 apt=1 env
+  local rebuild=0 apt=1 for_tests=0 env
   local -a only=()
   while (($#)); do
     case "$1" in
@@ -123,6 +125,7 @@ main() {
         ;;
       --rebuild) rebuild=1 && shift ;;
       --no-apt) apt=0 && shift ;;
+      --for-tests) for_tests=1 && shift ;;
       -h | --help) usage && return 0 ;;
       *) usage >&2 && common_die 2 "unknown argument '$1'" ;;
     esac
@@ -140,7 +143,7 @@ main() {
     flock 9
   fi
   common_log "device: $(envs_device); cache: $home"
-  sysdeps_ensure "$apt"
+  sysdeps_ensure "$apt" "$for_tests"
   for env in "${only[@]}"; do
     setup_env "$env" "$rebuild"
   done

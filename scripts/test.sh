@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# README command 2: set up if needed, then run every check Baton has.
+# README command 2: set up if needed (with the e2e stage, also the system
+# packages only the tests need: scripts/setup.sh --for-tests), then run every
+# check Baton has.
 #
 #   bash scripts/test.sh [lint] [unit] [shell] [e2e]
 #
@@ -28,7 +30,7 @@ declare -A STAGE_RESULT=() STAGE_TIME=()
 # shellcheck disable=SC2329 # called through test_stage
 test_lint() {
   local -a scripts
-  mapfile -t scripts < <(cd "$ROOT" && ls scripts/*.sh scripts/lib/*.sh bench/*.sh .ci/run)
+  mapfile -t scripts < <(cd "$ROOT" && ls scripts/*.sh scripts/lib/*.sh scripts/slurm/*.sbatch bench/*.sh .ci/run)
   (cd "$ROOT" && shellcheck -x "${scripts[@]}") &&
     (cd "$ROOT" && shellcheck -x -s bash tests/shell/*.bats tests/shell/*.bash) &&
     (cd "$ROOT" && ruff check . && ruff format --check coordinator rollout_engine training tests bench)
@@ -70,7 +72,11 @@ main() {
   for stage in "${stages[@]}"; do
     case "$stage" in lint | unit | shell | e2e) ;; *) common_die 2 "unknown stage '$stage' (lint, unit, shell or e2e)" ;; esac
   done
-  bash "$ROOT/scripts/setup.sh"
+  if [[ " ${stages[*]} " == *" e2e "* ]]; then
+    bash "$ROOT/scripts/setup.sh" --for-tests # a real Slurm for tests/e2e/test_slurm.py
+  else
+    bash "$ROOT/scripts/setup.sh"
+  fi
   envs_export
   PATH="$(dirname "$BATON_APP_PY"):$PATH"
   export PATH

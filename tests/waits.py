@@ -9,12 +9,15 @@ end of the process's output; it never raises a bare `TimeoutExpired`.
 
     out = run_waiting(cmd, waiting_for="a rollout of 192 episodes", timeout=generation_s(192, 24))
     out = communicate_waiting(proc, waiting_for="run.sh to finish 2 iterations", timeout=...)
+    wait_until(lambda: path.exists(), waiting_for="rank 1's journal", timeout=START_S)
 """
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,6 +30,8 @@ START_S = 120.0
 VLLM_START_S = 300.0
 #: one LLaMA-Factory update with its start-up on 2 cores, for the few optimizer steps the tests run
 UPDATE_S = 900.0
+#: a system daemon's start (munged, slurmctld, slurmd: about a second each on 2 cores)
+DAEMON_START_S = 60.0
 
 
 def generation_s(episodes: int, max_tokens: int, turns: int = 1) -> float:
@@ -64,3 +69,24 @@ def communicate_waiting(proc: subprocess.Popen, *, waiting_for: str, timeout: fl
         output = _tail(out) + _tail(err)
         pytest.fail(f"timed out after {timeout:.0f} s waiting for {waiting_for}; last output:\n{output}")
     return (out or "") + (err or "")
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    *,
+    waiting_for: str,
+    timeout: float,
+    every: float = 0.5,
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Poll `condition` every `every` s until it is true; fail naming what was awaited after `timeout` s.
+    `check`, run before each poll, may fail the test sooner (say, when the process waited on has ended)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check is not None:
+            check()
+        if condition():
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {waiting_for}")
+        time.sleep(every)

@@ -2,7 +2,7 @@
 # run.sh's command line: usage text, the while/case parser and every rule of
 # the argument table (docs/cli.md). Bad input exits 2 with one message on
 # stderr before anything is started or written.
-# Library file: defines functions only. Needs common.sh.
+# Library file: defines functions only. Needs common.sh and slurm.sh.
 
 # cli_usage: print run.sh's usage text.
 cli_usage() {
@@ -14,9 +14,9 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --rl-phase PHASE           rollout | update | both
   --eval-interval N          required with both: evaluate when iteration % N == 1 (N = 1: every iteration)
   --rollout-split SPLIT      required with rollout: train-only | eval-only
-  --num-nodes N              nodes sharing the log path (default 1)
+  --num-nodes N              nodes sharing the log path (default 1; under srun, SLURM_NTASKS)
   --rank-weights W0,W1,...   required when N > 1: one integer load weight >= 1 per node
-  --master | --worker R      this node's rank (0 | 1..N-1); else $RANK, then $NODE_RANK
+  --master | --worker R      this node's rank (0 | 1..N-1); else $RANK, then $NODE_RANK, then under srun $SLURM_PROCID
   --node-addr ADDR           the address other nodes reach this one at (default $BATON_NODE_ADDR, else the default route's)
   --node-file FILE           per-node settings (environment variables, interpreters, vLLM port) by rank (default $BATON_NODE_FILE)
   --on-rank-failure MODE     the master's choice when a worker dies: abort (default: every node stops) | continue
@@ -66,7 +66,8 @@ cli_parse() {
   RUN_RANK_WEIGHTS="" RUN_MASTER="" RUN_WORKER="" RUN_DEBUG=0 RUN_RESUME=0 RUN_MAX_ITER=""
   # shellcheck disable=SC2034 # RUN_NODE_FILE is read by nodes.sh
   RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0 RUN_FINAL_EVAL=0 RUN_NODE_ADDR="" RUN_STOP=0 RUN_NODE_FILE=""
-  RUN_ON_FAILURE=""
+  # shellcheck disable=SC2034 # RUN_NODE_ADDR_SOURCE is set and read by slurm.sh
+  RUN_ON_FAILURE="" RUN_RANK_SOURCE="" RUN_NODE_ADDR_SOURCE=""
   RUN_OVERRIDES=()
   while (($#)); do
     case "$1" in
@@ -203,50 +204,77 @@ cli_validate_phase() {
   fi
 }
 
-# cli_validate_nodes: --num-nodes, --rank-weights and the rank (flags, $RANK, $NODE_RANK).
+# cli_validate_nodes: --num-nodes, --rank-weights and the rank (flags, $RANK,
+# $NODE_RANK, then Slurm's SLURM_PROCID / SLURM_NTASKS under srun).
 cli_validate_nodes() {
-  RUN_NUM_NODES=${RUN_NUM_NODES:-1}
-  cli_is_int "$RUN_NUM_NODES" 1 || cli_bad "--num-nodes must be an integer >= 1 (got '$RUN_NUM_NODES')"
+  local nodes w
+  local -a weights
+  RUN_RANK_SOURCE=""
+  if [[ -n $RUN_NUM_NODES ]] && ! cli_is_int "$RUN_NUM_NODES" 1; then
+    cli_bad "--num-nodes must be an integer >= 1 (got '$RUN_NUM_NODES')"
+  fi
   if [[ -n $RUN_MASTER && -n $RUN_WORKER ]]; then
     cli_bad "--master and --worker $RUN_WORKER are exclusive; give --master on node 0, --worker R on the others"
   fi
+  nodes="--num-nodes ${RUN_NUM_NODES:-1}"
+  if [[ -z $RUN_MASTER && -z $RUN_WORKER && -z ${RANK:-} && -z ${NODE_RANK:-} ]] && slurm_in_step; then
+    cli_validate_slurm
+    nodes="--num-nodes $RUN_NUM_NODES (from SLURM_NTASKS)"
+  fi
+  RUN_NUM_NODES=${RUN_NUM_NODES:-1}
   if ((RUN_NUM_NODES == 1)); then
     [[ -z $RUN_WORKER ]] || cli_bad "--worker $RUN_WORKER needs --num-nodes > 1 (got 1); drop it for a single node"
     if [[ -n $RUN_RANK_WEIGHTS && ! $RUN_RANK_WEIGHTS =~ ^[0-9]+$ ]]; then
-      cli_bad "--rank-weights needs exactly 1 value with --num-nodes 1 (got '$RUN_RANK_WEIGHTS'); drop it"
+      cli_bad "--rank-weights needs exactly 1 value with $nodes (got '$RUN_RANK_WEIGHTS'); drop it"
     fi
-    RUN_RANK=0
+    RUN_RANK=0 RUN_RANK_SOURCE=""
     return 0
   fi
-  [[ -n $RUN_RANK_WEIGHTS ]] || cli_bad "--num-nodes $RUN_NUM_NODES requires --rank-weights with $RUN_NUM_NODES values, e.g. \"$(cli_ones "$RUN_NUM_NODES")\""
-  local -a weights
+  [[ -n $RUN_RANK_WEIGHTS ]] || cli_bad "$nodes requires --rank-weights with $RUN_NUM_NODES values, e.g. \"$(cli_ones "$RUN_NUM_NODES")\""
   IFS=, read -r -a weights <<<"$RUN_RANK_WEIGHTS"
-  ((${#weights[@]} == RUN_NUM_NODES)) || cli_bad "--rank-weights needs exactly $RUN_NUM_NODES values for --num-nodes $RUN_NUM_NODES (got '$RUN_RANK_WEIGHTS')"
-  local w
+  ((${#weights[@]} == RUN_NUM_NODES)) || cli_bad "--rank-weights needs exactly $RUN_NUM_NODES values for $nodes (got '$RUN_RANK_WEIGHTS')"
   for w in "${weights[@]}"; do
     cli_is_int "$w" 1 || cli_bad "--rank-weights values must be integers >= 1 (got '$w' in '$RUN_RANK_WEIGHTS')"
   done
   cli_validate_rank
 }
 
-# cli_validate_rank: the node rank of a multi-node run, in priority order.
+# cli_validate_slurm: a task of a Slurm step (srun) with no rank from the flags
+# or the environment: each task is one node, so the node count is the step's
+# SLURM_NTASKS (--num-nodes, when given, must agree) and the rank SLURM_PROCID.
+cli_validate_slurm() {
+  cli_is_int "${SLURM_NTASKS:-}" 1 ||
+    cli_bad "SLURM_NTASKS must be an integer >= 1 in a Slurm step (got '${SLURM_NTASKS:-}'); give the rank with --master / --worker R"
+  if [[ -z $RUN_NUM_NODES ]]; then
+    RUN_NUM_NODES=$SLURM_NTASKS
+  elif ((RUN_NUM_NODES != SLURM_NTASKS)); then
+    cli_bad "--num-nodes $RUN_NUM_NODES does not match this Slurm step's SLURM_NTASKS=$SLURM_NTASKS (each task is one node);" \
+      "start one task per node (sbatch or srun --nodes=$RUN_NUM_NODES --ntasks-per-node=1), or give --num-nodes $SLURM_NTASKS"
+  fi
+  ((RUN_NUM_NODES == 1)) || RUN_RANK_SOURCE=SLURM_PROCID
+}
+
+# cli_validate_rank: the node rank of a multi-node run, in priority order; sets
+# RUN_RANK and RUN_RANK_SOURCE (--master, --worker, RANK, NODE_RANK, SLURM_PROCID).
 cli_validate_rank() {
-  local source
   if [[ -n $RUN_MASTER ]]; then
-    RUN_RANK=0 source="--master"
+    RUN_RANK=0 RUN_RANK_SOURCE="--master"
   elif [[ -n $RUN_WORKER ]]; then
     { cli_is_int "$RUN_WORKER" 1 && ((RUN_WORKER <= RUN_NUM_NODES - 1)); } ||
       cli_bad "--worker must be an integer in 1..$((RUN_NUM_NODES - 1)) for --num-nodes $RUN_NUM_NODES (got '$RUN_WORKER'); node 0 uses --master"
-    RUN_RANK=$RUN_WORKER source="--worker"
+    RUN_RANK=$RUN_WORKER RUN_RANK_SOURCE="--worker"
   elif [[ -n ${RANK:-} ]]; then
-    RUN_RANK=$RANK source="RANK"
+    RUN_RANK=$RANK RUN_RANK_SOURCE="RANK"
   elif [[ -n ${NODE_RANK:-} ]]; then
-    RUN_RANK=$NODE_RANK source="NODE_RANK"
+    RUN_RANK=$NODE_RANK RUN_RANK_SOURCE="NODE_RANK"
+  elif [[ $RUN_RANK_SOURCE == SLURM_PROCID ]]; then
+    RUN_RANK=$SLURM_PROCID
   else
-    cli_bad "--num-nodes $RUN_NUM_NODES needs this node's rank: --master, --worker R, or RANK / NODE_RANK in the environment"
+    cli_bad "--num-nodes $RUN_NUM_NODES needs this node's rank: --master, --worker R, RANK / NODE_RANK in the environment," \
+      "or one srun task per node (SLURM_PROCID; docs/slurm.md)"
   fi
   { cli_is_int "$RUN_RANK" 0 && ((RUN_RANK < RUN_NUM_NODES)); } ||
-    cli_bad "$source must be an integer in 0..$((RUN_NUM_NODES - 1)) for --num-nodes $RUN_NUM_NODES (got '$RUN_RANK')"
+    cli_bad "$RUN_RANK_SOURCE must be an integer in 0..$((RUN_NUM_NODES - 1)) for --num-nodes $RUN_NUM_NODES (got '$RUN_RANK')"
 }
 
 # cli_ones <n>: print "1,1,...,1" with <n> ones.

@@ -5,7 +5,7 @@
 # calls `python -m coordinator ...`, keeps the processes it needs tracked, and
 # turns the protocol's outcomes into run.sh's exit codes (docs/multinode.md).
 # With --num-nodes 1 they do nothing, except nodes_apply_file (a node file applies to one node too).
-# Library file: defines functions only. Needs common.sh, procs.sh and loop.sh (loop_py, LOOP_*).
+# Library file: defines functions only. Needs common.sh, procs.sh, slurm.sh and loop.sh (loop_py, LOOP_*).
 
 # nodes_multi: true when several nodes share this run.
 nodes_multi() {
@@ -220,10 +220,15 @@ nodes_leave() {
       3) common_warn "stopping this node: $reason; start every node again with --resume once it is fixed" && rc=1 ;;
       5) common_warn "this rank was evicted: $reason" && rc=1 ;;
     esac
-  elif ((rc == 130 || rc == 143)) && nodes_is_master && ((!${NODES_STOPPED:-0})); then
-    # Ctrl+C or SIGTERM on the master stops the whole run: a stop, not a failure.
-    reason="SIGINT on the master"
-    ((rc == 130)) || reason="SIGTERM on the master"
+  elif ((rc == 130 || rc == 143)) && { nodes_is_master || slurm_in_step; } && ((!${NODES_STOPPED:-0})); then
+    # Ctrl+C or SIGTERM on the master stops the whole run: a stop, not a failure. So does one on any
+    # node of a Slurm step: Slurm signals every task at once (scancel, the time limit's signal, a requeue),
+    # and a worker's signal taken as its failure would race the others' (exit 1 instead of 143).
+    reason="SIGINT on"
+    ((rc == 130)) || reason="SIGTERM on"
+    if nodes_is_master; then reason+=" the master"; else reason+=" rank $RUN_RANK"; fi
+    ! slurm_in_step || reason+=" (Slurm job ${SLURM_JOB_ID:-?}: scancel, the time limit or a requeue)"
+    common_log "$reason: every node of the run stops; continue it with --resume"
     nodes_cli stop --run-id "$NODES_RUN_ID" --reason "$reason" 2>/dev/null || true
   elif ((rc != 0)) && ((!${NODES_STOPPED:-0})); then
     case "$rc" in

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages Baton needs (Chromium for MiniWoB++, a C compiler for
-# TextWorld's jericho): detection and installation with apt.
+# TextWorld's jericho), and those only its tests need (a real Slurm for
+# tests/e2e/test_slurm.py): detection and installation with apt.
 # Library file: defines functions only. Needs common.sh.
 
 # sysdeps_chromium: print the path of a Chromium binary Playwright can launch.
@@ -25,17 +26,30 @@ sysdeps_missing() {
   return 0
 }
 
+# sysdeps_missing_for_tests: print the Debian packages only the tests need that are not present.
+sysdeps_missing_for_tests() {
+  local tool
+  for tool in slurmctld slurmd sbatch; do
+    command -v "$tool" >/dev/null 2>&1 || {
+      printf 'slurm-wlm\n'
+      break
+    }
+  done
+  command -v munged >/dev/null 2>&1 || printf 'munge\n'
+  return 0
+}
+
 # sysdeps_can_apt: true when apt-get can be run (as root, apt-get present).
 sysdeps_can_apt() {
   [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1
 }
 
-# sysdeps_ensure <allow_apt>: install missing packages with apt, or fail with
-# the command to run.
+# sysdeps_ensure <allow_apt> [for_tests]: install missing packages with apt
+# (with for_tests=1 also the tests' own), or fail with the command to run.
 sysdeps_ensure() {
-  local allow_apt=$1 log
+  local allow_apt=$1 for_tests=${2:-0} log
   local -a missing
-  mapfile -t missing < <(sysdeps_missing)
+  mapfile -t missing < <(sysdeps_missing && if ((for_tests)); then sysdeps_missing_for_tests; fi)
   ((${#missing[@]})) || return 0
   if [[ $allow_apt != 1 ]] || ! sysdeps_can_apt; then
     common_die 1 "missing system packages: ${missing[*]}; install them with: sudo apt-get install -y ${missing[*]} (then rerun)"

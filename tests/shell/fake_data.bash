@@ -5,6 +5,8 @@
 # shellcheck shell=bash disable=SC2034 # ROOT, LOG, DATA, CALLS, VLLM_PID_FILE are for the test files
 
 fake_data_setup() {
+  local var
+  for var in $(compgen -e SLURM); do unset "$var"; done # outside any Slurm step (tests/shell/slurm.bats)
   ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
   source "$ROOT/scripts/lib/common.sh"
   LOG="$BATS_TEST_TMPDIR/log"

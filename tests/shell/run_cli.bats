@@ -10,6 +10,8 @@ setup() {
   LOG="$BATS_TEST_TMPDIR/log"
   mkdir -p "$DATA"
   unset RANK NODE_RANK
+  local var
+  for var in $(compgen -e SLURM); do unset "$var"; done # outside any Slurm step (tests/shell/slurm.bats)
 }
 
 # run_bad <expected message part> <args...>: run.sh must exit 2, say it, write nothing.
@@ -75,7 +77,8 @@ run_bad() {
   run_bad "--worker must be an integer in 1..1 for --num-nodes 2 (got '2')" "${base[@]}" --num-nodes 2 --rank-weights 1,1 --worker 2
   run_bad "--worker 1 needs --num-nodes > 1 (got 1)" "${base[@]}" --worker 1
   run_bad "--rank-weights needs exactly 1 value with --num-nodes 1 (got '1,1')" "${base[@]}" --rank-weights 1,1
-  run_bad "needs this node's rank: --master, --worker R, or RANK / NODE_RANK" "${base[@]}" --num-nodes 2 --rank-weights 1,1
+  run_bad "--num-nodes 2 needs this node's rank: --master, --worker R, RANK / NODE_RANK in the environment, or one srun task per node (SLURM_PROCID; docs/slurm.md)" \
+    "${base[@]}" --num-nodes 2 --rank-weights 1,1
   RANK=5 run_bad "RANK must be an integer in 0..1 for --num-nodes 2 (got '5')" "${base[@]}" --num-nodes 2 --rank-weights 1,1
   NODE_RANK=x run_bad "NODE_RANK must be an integer in 0..1" "${base[@]}" --num-nodes 2 --rank-weights 1,1
 }

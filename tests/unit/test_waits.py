@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.e2e.rollout_cli import rollout_work
-from tests.waits import SLOWEST_TOKENS_PER_S, START_S, communicate_waiting, generation_s, run_waiting
+from tests.waits import SLOWEST_TOKENS_PER_S, START_S, communicate_waiting, generation_s, run_waiting, wait_until
 
 
 def test_bound_grows_with_the_tokens_to_generate() -> None:
@@ -37,3 +37,17 @@ def test_communicate_waiting_stops_the_process_and_names_what_it_waited_for() ->
     with pytest.raises(pytest.fail.Exception, match="timed out after 1 s waiting for a long sleep"):
         communicate_waiting(proc, waiting_for="a long sleep", timeout=1)
     assert proc.poll() is not None
+
+
+def test_wait_until_polls_until_true_and_names_what_it_waited_for() -> None:
+    seen = []
+    wait_until(lambda: seen.append(1) or len(seen) == 3, waiting_for="three polls", timeout=10, every=0.01)
+    assert len(seen) == 3
+    with pytest.raises(pytest.fail.Exception, match="timed out after 0 s waiting for the impossible"):
+        wait_until(lambda: False, waiting_for="the impossible", timeout=0.05, every=0.01)
+
+    def ended() -> None:
+        pytest.fail("the job ended")
+
+    with pytest.raises(pytest.fail.Exception, match="the job ended"):
+        wait_until(lambda: False, waiting_for="never", timeout=10, check=ended)
