@@ -733,7 +733,7 @@ loop_cleanup() {
   [[ -n ${LOOP_RUN_DIR:-} && -d $LOOP_RUN_DIR ]] || return 0
   [[ -z ${LOOP_SLEEP_PID:-} ]] || kill "$LOOP_SLEEP_PID" 2>/dev/null || true
   [[ -z ${LOOP_WAIT_PID:-} ]] || kill "$LOOP_WAIT_PID" 2>/dev/null || true
-  rm -f "$LOOP_RUN_DIR/.join.$$"
+  [[ -z ${NODES_JOINED:-} ]] || rm -f "$NODES_JOINED"
   # Several nodes: flag this node's failure first, so that the others stop now rather than at their next barrier.
   nodes_leave "$rc"
   if ((${#LOOP_CLAIMED[@]})); then

@@ -51,7 +51,7 @@ nodes_cli() {
 # NODES_MASTER_ADDR and NODES_TORCHRUN_PORT.
 nodes_start() {
   # shellcheck disable=SC2034 # NODES_ME (this node's registration, host:pid) is read by loop_next
-  NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT="" NODES_ON_FAILURE=abort NODES_ME="$HOSTNAME:$$" NODES_PLANNED=""
+  NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT="" NODES_ON_FAILURE=abort NODES_ME="$HOSTNAME:$$" NODES_PLANNED="" NODES_JOINED=""
   nodes_multi || return 0
   local rc=0 key value group
   local -a node=(--num-nodes "$RUN_NUM_NODES" --rank-weights "$RUN_RANK_WEIGHTS" --pid $$ --vllm-port "$LOOP_PORT")
@@ -64,12 +64,14 @@ nodes_start() {
     common_log "rank $RUN_RANK: waiting for the master (rank 0) on $RUN_LOG (at most ${BATON_JOIN_WAIT_S:-600}s)"
     # In the background (bash runs a trap only once its foreground command ends): a SIGTERM or
     # Ctrl+C during the wait, which may last minutes, stops this node at once (loop_cleanup kills the join).
-    nodes_cli join --rank "$RUN_RANK" "${node[@]}" --wait "${BATON_JOIN_WAIT_S:-600}" >"$LOOP_RUN_DIR/.join.$$" &
+    # (a file of its own: a split deployment's other run, maybe on another host, shares this rank's directory)
+    NODES_JOINED=$(mktemp "$LOOP_RUN_DIR/.join.XXXXXX")
+    nodes_cli join --rank "$RUN_RANK" "${node[@]}" --wait "${BATON_JOIN_WAIT_S:-600}" >"$NODES_JOINED" &
     LOOP_WAIT_PID=$!
     loop_wait "$LOOP_WAIT_PID" || rc=$?
     LOOP_WAIT_PID=""
-    NODES_RUN_ID=$(<"$LOOP_RUN_DIR/.join.$$")
-    rm -f "$LOOP_RUN_DIR/.join.$$"
+    NODES_RUN_ID=$(<"$NODES_JOINED")
+    rm -f "$NODES_JOINED"
   fi
   ((rc == 0)) || nodes_exit "$rc" "could not $(nodes_is_master && echo start || echo join) the multi-node run"
   while IFS=$'\t' read -r key value; do
