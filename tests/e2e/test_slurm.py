@@ -39,8 +39,6 @@ pytestmark = pytest.mark.e2e
 TEMPLATE = REPO / "scripts" / "slurm" / "baton.sbatch"
 #: the template's resources overridden for this one CPU node: its two tasks, no GPUs, a time limit far off
 ON_THIS_NODE = ["--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--gpus-per-node=0", "--time=60"]
-#: 96 episodes: a rollout still running when the test stops it
-NINETY_SIX = ["env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1"]
 SMALL = ["policy_config.max_new_tokens=32", "env_config.max_vllm_sessions=8", "env_config.live_view=plain"]
 #: heartbeats every second, a rank silent for 10 s is dead (as tests/e2e/nodes.py)
 FAST_LIVENESS = {"BATON_HEARTBEAT_S": "1", "BATON_DEAD_AFTER_S": "10"}
@@ -199,7 +197,7 @@ def test_the_time_limit_signal_stops_the_run_resumably_and_the_requeued_job_fini
 ) -> None:
     log, out = tmp_path / "exp", tmp_path / "slurm.out"
     args = run_args(
-        data_dir, log, vllm_server, "env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1"
+        data_dir, log, vllm_server, "env_config.train_tasks_rollout_size=48", "env_config.n_samples_per_task=1"
     )
     job, _ = sbatch(slurm, out, args)
     hold_each_rank_after_its_first_episode(job, out, log)
@@ -212,14 +210,14 @@ def test_the_time_limit_signal_stops_the_run_resumably_and_the_requeued_job_fini
     assert slurm.job(job)["ExitCode"] == "143:0"
     assert_nothing_left(log)
     kept = sum(len(episodes(log, rank)) for rank in (0, 1))
-    assert 2 <= kept < 96
+    assert 2 <= kept < 48
     # 2. requeued (at once: a requeued job waits a while by default), it continues with --resume
     slurm.run("scontrol", "requeue", job)
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     wait_until(
         lambda: slurm.job(job)["JobState"] not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"),
         waiting_for=f"the requeued job {job} to finish the iteration",
-        timeout=START_S + generation_s(96, 32),
+        timeout=START_S + generation_s(48, 32),
         every=2,
     )
     text = out.read_text()  # --open-mode=append: both runs' lines
@@ -227,8 +225,8 @@ def test_the_time_limit_signal_stops_the_run_resumably_and_the_requeued_job_fini
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), text[-3000:]
     assert "[baton-sbatch] restart 1 of a requeued job: adding --resume" in text
     ids = [t["episode_id"] for rank in (0, 1) for t in episodes(log, rank)]
-    assert len(ids) == len(set(ids)) == 96  # every planned episode once: the stopped parts kept, none twice
+    assert len(ids) == len(set(ids)) == 48  # every planned episode once: the stopped parts kept, none twice
     merged = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rollout = [r for r in merged if r["kind"] == "rollout" and r["iteration"] == 1]
-    assert len(rollout) == 1 and rollout[0]["complete"] and rollout[0]["episodes"] == rollout[0]["planned"] == 96
+    assert len(rollout) == 1 and rollout[0]["complete"] and rollout[0]["episodes"] == rollout[0]["planned"] == 48
     assert_nothing_left(log)
