@@ -132,6 +132,17 @@ def hold_each_rank_after_its_first_episode(job: str, out: Path, log: Path) -> No
     )
 
 
+def job_held_mid_rollout(
+    slurm: SlurmCluster, data: Path, log: Path, out: Path, server: VllmServer, episodes: int
+) -> str:
+    """Submit a 2-task rollout of `episodes` (the node count from SLURM_NTASKS) and hold each rank after
+    its first episode; return the job id."""
+    sizes = [f"env_config.train_tasks_rollout_size={episodes}", "env_config.n_samples_per_task=1"]
+    job, _ = sbatch(slurm, out, run_args(data, log, server, *sizes))
+    hold_each_rank_after_its_first_episode(job, out, log)
+    return job
+
+
 def assert_nothing_left(log: Path) -> None:
     for rank in (0, 1):
         assert not list((log / "run" / f"rank_{rank}" / "pids").glob("*.pgid")), rank
@@ -177,11 +188,7 @@ def test_scancel_stops_every_task_by_its_own_clean_up_long_before_killwait(
     data_dir: Path, tmp_path: Path, slurm: SlurmCluster, vllm_server: VllmServer
 ) -> None:
     log, out = tmp_path / "exp", tmp_path / "slurm.out"
-    args = run_args(
-        data_dir, log, vllm_server, "env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1"
-    )
-    job, _ = sbatch(slurm, out, args)  # the node count from SLURM_NTASKS
-    hold_each_rank_after_its_first_episode(job, out, log)
+    job = job_held_mid_rollout(slurm, data_dir, log, out, vllm_server, episodes=96)
     took = stop_and_time(slurm, job)
     print(f"job {job} ended {took:.1f} s after scancel (KillWait {KILL_WAIT_S} s)")
     text = out.read_text()
@@ -196,11 +203,7 @@ def test_the_time_limit_signal_stops_the_run_resumably_and_the_requeued_job_fini
     data_dir: Path, tmp_path: Path, slurm: SlurmCluster, vllm_server: VllmServer
 ) -> None:
     log, out = tmp_path / "exp", tmp_path / "slurm.out"
-    args = run_args(
-        data_dir, log, vllm_server, "env_config.train_tasks_rollout_size=48", "env_config.n_samples_per_task=1"
-    )
-    job, _ = sbatch(slurm, out, args)
-    hold_each_rank_after_its_first_episode(job, out, log)
+    job = job_held_mid_rollout(slurm, data_dir, log, out, vllm_server, episodes=48)
     # 1. what --signal=B:TERM@120 does two minutes before the time limit: SIGTERM to the batch shell alone
     took = stop_and_time(slurm, job, "--batch", "--signal=TERM")
     text = out.read_text()
