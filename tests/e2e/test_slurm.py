@@ -214,9 +214,11 @@ def test_the_time_limit_signal_stops_the_run_resumably_and_the_requeued_job_fini
     assert_nothing_left(log)
     kept = sum(len(episodes(log, rank)) for rank in (0, 1))
     assert 2 <= kept < 48
-    # 2. requeued (at once: a requeued job waits a while by default), it continues with --resume
+    # 2. requeued (soon: a requeued job waits a while by default), it continues with --resume. Not in the
+    # second its first run ended: slurmd revokes the job's credentials at that second, and a launch whose
+    # credential bears the same second is killed ("Job credential revoked", the job FAILED, seen once here).
     slurm.run("scontrol", "requeue", job)
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now+3")
     wait_until(
         lambda: slurm.job(job)["JobState"] not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"),
         waiting_for=f"the requeued job {job} to finish the iteration",
