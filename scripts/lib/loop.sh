@@ -73,6 +73,9 @@ loop_release() {
 loop_py() {
   local py=$1
   shift
+  # LOOP_PY_EXEC: a background job of this function (`(LOOP_PY_EXEC=1 loop_py ...) &`) is python
+  # itself, not a subshell with python under it, so that killing $! stops python.
+  [[ -z ${LOOP_PY_EXEC:-} ]] || PYTHONPATH="$LOOP_ROOT" exec "$py" "$@"
   PYTHONPATH="$LOOP_ROOT" "$py" "$@"
 }
 

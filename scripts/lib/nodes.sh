@@ -66,7 +66,7 @@ nodes_start() {
     # Ctrl+C during the wait, which may last minutes, stops this node at once (loop_cleanup kills the join).
     # (a file of its own: a split deployment's other run, maybe on another host, shares this rank's directory)
     NODES_JOINED=$(mktemp "$LOOP_RUN_DIR/.join.XXXXXX")
-    nodes_cli join --rank "$RUN_RANK" "${node[@]}" --wait "${BATON_JOIN_WAIT_S:-600}" >"$NODES_JOINED" &
+    (LOOP_PY_EXEC=1 nodes_cli join --rank "$RUN_RANK" "${node[@]}" --wait "${BATON_JOIN_WAIT_S:-600}" >"$NODES_JOINED") &
     LOOP_WAIT_PID=$!
     loop_wait "$LOOP_WAIT_PID" || rc=$?
     LOOP_WAIT_PID=""
@@ -134,7 +134,7 @@ nodes_wait_bg() {
   local out=$1 n=$2 phase=$3 rc=0
   shift 3
   [[ -z ${NODES_PLANNED:-} ]] || set -- "$@" --planned "$NODES_PLANNED"
-  nodes_cli wait --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "$n" --phase "$phase" "$@" >"$out" &
+  (LOOP_PY_EXEC=1 nodes_cli wait --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "$n" --phase "$phase" "$@" >"$out") &
   LOOP_WAIT_PID=$!
   loop_wait "$LOOP_WAIT_PID" || rc=$?
   LOOP_WAIT_PID=""
