@@ -48,6 +48,8 @@ class RFTSelectionConfig(SelectionConfig):
     positive_samples_to_train: int = 1800
     #: a step of iteration i (oldest used = 1) is drawn with weight i**power; 0 = uniform
     recency_bias_power: float = 2.0
+    #: at most this many successes per task and iteration, the shortest replies first (0 = all; against length drift)
+    shortest_per_task: int = 0
 
 
 @dataclass
@@ -257,6 +259,10 @@ def validate(cfg: UpdateConfig) -> None:
         problems.append(f"data.val_split_ratio must be in [0, 1) (got {cfg.data.val_split_ratio})")
     if not 0 <= launch.node_rank < launch.nnodes:
         problems.append(f"launch.node_rank must be in [0, launch.nnodes={launch.nnodes}) (got {launch.node_rank})")
+    if getattr(sel, "shortest_per_task", 0) < 0:
+        problems.append(
+            f"algorithm.selection.shortest_per_task must be >= 0, 0 = every success (got {sel.shortest_per_task})"
+        )
     if launch.nproc_per_node < 0:
         problems.append(f"launch.nproc_per_node must be >= 0, 0 = detect (got {launch.nproc_per_node})")
     if launch.timeout_s <= 0 or launch.grace_s < 0:

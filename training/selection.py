@@ -144,6 +144,8 @@ class RFTSelector(_Rules):
 
     positive_samples_to_train: int = 1800
     recency_bias_power: float = 2.0
+    #: keep at most this many successes per task and iteration, those with the fewest reply tokens (0 = all)
+    shortest_per_task: int = 0
 
     def weight(self, step_iteration: int, iteration: int) -> float:
         return float(self.last_k_iterations - (iteration - step_iteration)) ** self.recency_bias_power
@@ -151,14 +153,35 @@ class RFTSelector(_Rules):
     def select(self, trajectories: list[Trajectory], iteration: int, cutoff_len: int) -> Selection:
         filtered: Counter[str] = Counter()
         window = self.window(trajectories, iteration, filtered)
-        eligible: list[Sample] = []
+        successes: list[Trajectory] = []
         for traj in self.usable_trajectories(window, filtered):
             if not traj.success:
                 filtered["not_successful"] += 1
-                continue
+            else:
+                successes.append(traj)
+        eligible: list[Sample] = []
+        for traj in self.shortest(successes, filtered):
             eligible.extend(self.steps(traj, cutoff_len, filtered))
         chosen = self.draw(eligible, iteration)
         return Selection(chosen, dict(filtered), len(trajectories))
+
+    def shortest(self, successes: list[Trajectory], filtered: Counter[str]) -> list[Trajectory]:
+        """With `shortest_per_task` k: the k successes of each (iteration, task) with the fewest reply tokens.
+
+        Against length drift: RFT on every success favours the longer replies a task happens to draw,
+        and replies grow from one iteration to the next. Ties go to the lower episode id.
+        """
+        if not self.shortest_per_task:
+            return successes
+        groups: dict[tuple[int, str], list[Trajectory]] = defaultdict(list)
+        for traj in successes:
+            groups[(traj.iteration, traj.task_id)].append(traj)
+        kept = []
+        for group in groups.values():
+            group.sort(key=lambda t: (_reply_tokens(t), t.episode_id))
+            kept += group[: self.shortest_per_task]
+            filtered["longer_success"] += max(0, len(group) - self.shortest_per_task)
+        return kept
 
     def draw(self, eligible: list[Sample], iteration: int) -> list[Sample]:
         """`positive_samples_to_train` samples by weighted sampling without replacement."""
@@ -254,6 +277,13 @@ def _length(turn: Turn) -> int:
     prompt = len(turn.prompt_token_ids) if turn.prompt_token_ids is not None else turn.prompt_tokens
     reply = len(turn.completion_token_ids) if turn.completion_token_ids is not None else turn.completion_tokens
     return prompt + reply
+
+
+def _reply_tokens(traj: Trajectory) -> int:
+    """Reply tokens of a whole trajectory (the ids when stored, else the reported counts)."""
+    return sum(
+        len(t.completion_token_ids) if t.completion_token_ids is not None else t.completion_tokens for t in traj.turns
+    )
 
 
 def _has_placeholder(turn: Turn) -> bool:

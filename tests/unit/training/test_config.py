@@ -43,6 +43,7 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
         "algorithm.warmup_ratio=0.1",
         "launch.node_rank=2",
         "promotion.keep_optimizer=true",
+        "algorithm.selection.shortest_per_task=-1",
     )
     with pytest.raises(ConfigError) as err:
         validate(cfg)
@@ -53,6 +54,7 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
         "warmup_steps and algorithm.warmup_ratio",
         "launch.node_rank must be in [0, launch.nnodes=1)",
         "keep_optimizer needs algorithm.save_only_model=false",
+        "algorithm.selection.shortest_per_task must be >= 0, 0 = every success (got -1)",
     ):
         assert needle in text
 

@@ -64,6 +64,31 @@ def test_rft_uses_all_eligible_steps_when_fewer_than_requested() -> None:
     assert len(selection.samples) == 1
 
 
+def reply(tokens: int) -> list:
+    t = turn()
+    t.completion_token_ids = list(range(tokens))
+    return [t]
+
+
+def test_rft_shortest_per_task_keeps_the_shortest_successes_of_each_task_and_iteration() -> None:
+    trajectories = [
+        traj("a", 0, True, turns=reply(9)),
+        traj("a", 1, True, turns=reply(3)),
+        traj("a", 2, True, turns=reply(5)),
+        traj("a", 3, False, turns=reply(1)),  # a short failure is still a failure
+        traj("a", 4, True, iteration=1, turns=reply(30)),  # another iteration: a group of its own
+        traj("b", 0, True, turns=reply(7)),
+        traj("b", 1, True, turns=reply(7)),  # a tie: the lower episode id wins
+    ]
+    chosen = RFTSelector(shortest_per_task=1).select(trajectories, iteration=1, cutoff_len=2048)
+    assert sorted(s.episode_id for s in chosen.samples) == ["a#1", "a#4", "b#0"]
+    assert chosen.filtered == {"not_successful": 1, "longer_success": 3}
+    two = RFTSelector(shortest_per_task=2).select(trajectories, iteration=1, cutoff_len=2048)
+    assert sorted(s.episode_id for s in two.samples) == ["a#1", "a#2", "a#4", "b#0", "b#1"]
+    # off (0, the default): every success
+    assert len(RFTSelector().select(trajectories, iteration=1, cutoff_len=2048).samples) == 6
+
+
 def test_disagreement_filter_drops_groups_that_all_succeed_or_all_fail() -> None:
     trajectories = [
         traj("mixed", 0, True),
