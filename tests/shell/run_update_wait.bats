@@ -101,6 +101,7 @@ join_of() {
   [ "$rc" -eq 143 ]
   ((SECONDS - start < 30)) # not after the join's 600 s
   # no process of the join is left (python itself, not only a subshell around it)
+  # shellcheck disable=SC2016 # $1 is the inner bash's argument, expanded there
   wait_for 10 bash -c '! ps -eo args= | grep -F "$1" | grep -q "coordinator joi[n]"' _ "$LOG"
   [ ! -e "$LOG/run/rank_1/owner.update" ]
   [ -z "$(find "$LOG/run/rank_1" -name '.join.*')" ]
