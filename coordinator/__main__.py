@@ -55,11 +55,19 @@ def cmd_compose(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from coordinator.summary import summarize
+    """Append the iteration's record; print it as one line for people (--json: as JSON)."""
+    from coordinator.summary import summarize, summary_line
 
     served = None if args.served_version in (None, "", "base") else int(args.served_version)
-    print(json.dumps(summarize(Path(args.log_path), args.iteration, served)))
+    record = summarize(Path(args.log_path), args.iteration, served)
+    print(json.dumps(record) if args.json else summary_line(record))
     return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from coordinator.watch import run_watch
+
+    return run_watch(Path(args.log_path), args.phase, args.iteration, args.every)
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
@@ -199,7 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
     summarize.add_argument("--log-path", required=True)
     summarize.add_argument("--iteration", type=int, required=True)
     summarize.add_argument("--served-version", default=None)
+    summarize.add_argument("--json", action="store_true", help="print the record as JSON, not as a line")
     summarize.set_defaults(func=cmd_summarize)
+    watch = sub.add_parser("watch", help="run.sh's live view of one phase (every rank), until SIGTERM")
+    watch.add_argument("--log-path", required=True)
+    watch.add_argument("--phase", choices=("rollout-train", "rollout-test", "update"), required=True)
+    watch.add_argument("--iteration", type=int, required=True)
+    watch.add_argument("--every", type=float, default=30.0, help="seconds between lines when not on a terminal")
+    watch.set_defaults(func=cmd_watch)
     merge = sub.add_parser("aggregate", help="master: merge every rank's rollout of one iteration")
     merge.add_argument("--log-path", required=True)
     merge.add_argument("--split", choices=("train", "test"), required=True)

@@ -111,6 +111,24 @@ def summarize(log_path: Path, iteration: int, served_version: int | None) -> dic
     return record
 
 
+def _percent(rate: float | None, episodes: int | None) -> str:
+    return "-" if rate is None else f"{100 * rate:.1f} % ({episodes or 0})"
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    """The iteration in one line: success train / held-out, loss, the update's outcome, seconds per phase."""
+    loss = record.get("train_loss")
+    phases = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in record.get("phase_s", {}).items())
+    served = record.get("served_version")
+    return (
+        f"iteration {record['iteration']} (served {'v' + str(served) if served is not None else 'base'}): "
+        f"success train {_percent(record.get('train_success_rate'), record.get('train_episodes'))}, "
+        f"held-out {_percent(record.get('eval_success_rate'), record.get('eval_episodes'))}; "
+        f"loss {'-' if loss is None else f'{loss:.4f}'}; update: {record.get('update') or '-'}; "
+        f"{phases or 'no phase timed'}"
+    )
+
+
 def iteration_records(log_path: Path) -> list[dict[str, Any]]:
     """The last record of each iteration, in iteration order."""
     by_iteration = {r["iteration"]: r for r in load_metrics(log_path) if r.get("kind") == "iteration"}

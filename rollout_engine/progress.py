@@ -3,7 +3,8 @@
 The scheduler calls `start`, `attach` (the live `EpisodeState`, whose `phase`
 the episode loop keeps current) and `finish`; `snapshot()` gives a JSON-ready
 picture: one cell per episode (waiting, setup, generating, env, scoring, done,
-failed), counters per state, successes, failures by kind, tokens so far.
+failed), counters per state, successes, failures by kind, tokens so far, and
+which rollout it is (split, iteration, rank).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Cell:
     step: int = 0
     live: EpisodeState | None = None
     success: bool = False
+    reward: float | None = None
 
 
 @dataclass
@@ -35,6 +37,10 @@ class Progress:
 
     planned: int = 0
     skipped: int = 0
+    #: which rollout this is (for readers of status.json: run.sh's terminal view, the dashboard)
+    split: str | None = None
+    iteration: int | None = None
+    rank: int | None = None
     started_at: float = field(default_factory=time.time)
     cells: dict[str, Cell] = field(default_factory=dict)
     failures: collections.Counter = field(default_factory=collections.Counter)
@@ -57,6 +63,7 @@ class Progress:
         cell = self.cells.setdefault(trajectory.episode_id, Cell())
         cell.state = "done" if trajectory.status is Failure.OK else "failed"
         cell.step, cell.live, cell.success = len(trajectory.turns), None, trajectory.success
+        cell.reward = trajectory.reward
         self.successes += int(trajectory.success)
         self.completion_tokens += sum(t.completion_tokens for t in trajectory.turns)
         if trajectory.status is not Failure.OK:
@@ -73,10 +80,15 @@ class Progress:
         for episode_id, cell in self.cells.items():
             state, step = self.cell_state(cell)
             counts[state] += 1
-            cells.append({"episode_id": episode_id, "state": state, "step": step, "success": cell.success})
+            cells.append(
+                {"episode_id": episode_id, "state": state, "step": step, "success": cell.success, "reward": cell.reward}
+            )
         finished = counts["done"] + counts["failed"]
         elapsed = time.time() - self.started_at
         return {
+            "split": self.split,
+            "iteration": self.iteration,
+            "rank": self.rank,
             "planned": self.planned,
             "skipped_resumed": self.skipped,
             "finished": finished,

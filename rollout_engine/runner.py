@@ -162,7 +162,9 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
     journals = [Journal(out_dir / work.journal, cfg.resume) for work in prepared.work]
     done = {episode_id for journal in journals for episode_id in journal.done_ids}
     todo = [s for s in prepared.specs if s.episode_id not in done]
-    progress = Progress(skipped=len(prepared.specs) - len(todo))
+    progress = Progress(
+        skipped=len(prepared.specs) - len(todo), split=cfg.split, iteration=cfg.iteration, rank=cfg.rank
+    )
     progress.add([s.episode_id for s in todo])
     takeover_of = [work.takeover_of for work in prepared.work if work.takeover_of is not None]
     logger.info(

@@ -33,6 +33,13 @@ loop_setup() {
     rollout) LOOP_ROLES=(rollout) LOOP_GROUPS=(rollout-train rollout-test vllm) ;;
     update) LOOP_ROLES=(update) LOOP_GROUPS=(update update-check) ;;
   esac
+  # The live view (loop_watch_start) is a group of each role: a rollout run and an update run on one log
+  # path share this rank's run directory, so each names its own.
+  case "$RUN_PHASE" in
+    update) LOOP_WATCH=watch-update ;;
+    *) LOOP_WATCH=watch ;;
+  esac
+  LOOP_GROUPS+=("$LOOP_WATCH")
   LOOP_CLAIMED=()
 }
 
@@ -207,8 +214,10 @@ loop_run() {
   common_log "$name: started (log: $logfile)"
   procs_start "$LOOP_RUN_DIR" "$name" "$logfile" "$@" >/dev/null
   pgid=$(procs_pgid "$LOOP_RUN_DIR" "$name")
+  loop_watch_start "$name"
   loop_wait "$pgid" || rc=$?
   rm -f "$LOOP_RUN_DIR/pids/$name.pgid"
+  loop_watch_stop
   if ((rc != 0)); then
     common_warn "$name failed (exit $rc) after $((SECONDS - start))s; last lines of $logfile:"
     tail -n 15 "$logfile" >&2
@@ -216,6 +225,21 @@ loop_run() {
     common_log "$name: done in $((SECONDS - start))s"
   fi
   return "$rc"
+}
+
+# loop_watch_start <phase>: show a rollout's or an update's progress (every rank's, read from the log
+# path) on run.sh's stderr while it runs: `python -m coordinator watch` as the tracked group LOOP_WATCH. Lines come
+# every BATON_PROGRESS_S seconds (30) when stderr is not a terminal; BATON_PROGRESS_S=0 turns the view off.
+loop_watch_start() {
+  case "$1" in rollout-train | rollout-test | update) ;; *) return 0 ;; esac
+  [[ ${BATON_PROGRESS_S:-30} != 0 ]] || return 0
+  procs_start "$LOOP_RUN_DIR" "$LOOP_WATCH" - env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m coordinator watch \
+    --log-path "$RUN_LOG" --phase "$1" --iteration "$LOOP_N" --every "${BATON_PROGRESS_S:-30}" >/dev/null
+}
+
+# loop_watch_stop: stop the phase's live view (it clears its lines on a terminal).
+loop_watch_stop() {
+  procs_stop "$LOOP_RUN_DIR" "$LOOP_WATCH" 5
 }
 
 # loop_ensure_vllm: serve the current policy. A recorded server that still
@@ -514,10 +538,12 @@ loop_finish() {
     common_log "iteration $n done on rank $RUN_RANK"
     return 0
   fi
-  loop_py "$BATON_APP_PY" -m coordinator summarize --log-path "$RUN_LOG" --iteration "$n" \
-    --served-version "${2:-}" >/dev/null || common_warn "could not summarize iteration $n"
+  local line
+  line=$(loop_py "$BATON_APP_PY" -m coordinator summarize --log-path "$RUN_LOG" --iteration "$n" \
+    --served-version "${2:-}") || common_warn "could not summarize iteration $n"
   plot=$(loop_py "$BATON_APP_PY" -m coordinator plot --log-path "$RUN_LOG") || common_warn "could not draw the plot"
   iteration_mark "$RUN_LOG" "$n" iteration
+  [[ -z ${line:-} ]] || common_log "$line"
   common_log "iteration $n done; metrics: $RUN_LOG/metrics.jsonl, plot: ${plot:-none}"
 }
 

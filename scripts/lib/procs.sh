@@ -4,15 +4,21 @@
 # Library file: defines functions only. Needs common.sh.
 
 # procs_start <run_dir> <name> <logfile> <cmd...>: start <cmd> in a new session
-# (its own process group) with output appended to <logfile>; record the group
-# id and its leader's start time in <run_dir>/pids/<name>.pgid; print the id.
+# (its own process group) with output appended to <logfile> (`-`: to this
+# shell's stderr, as it is); record the group id and its leader's start time in
+# <run_dir>/pids/<name>.pgid; print the id.
 procs_start() {
   local run_dir=$1 name=$2 logfile=$3 pid
   shift 3
-  mkdir -p "$run_dir/pids" "$(dirname "$logfile")"
+  mkdir -p "$run_dir/pids"
   # setsid without job control does not fork: $! is the new session's leader,
   # so the pid is also the process group id of everything it starts.
-  setsid "$@" >>"$logfile" 2>&1 </dev/null &
+  if [[ $logfile == - ]]; then
+    setsid "$@" >&2 </dev/null &
+  else
+    mkdir -p "$(dirname "$logfile")"
+    setsid "$@" >>"$logfile" 2>&1 </dev/null &
+  fi
   pid=$!
   printf '%s %s\n' "$pid" "$(procs_start_time "$pid")" >"$run_dir/pids/$name.pgid.tmp"
   mv -f "$run_dir/pids/$name.pgid.tmp" "$run_dir/pids/$name.pgid"

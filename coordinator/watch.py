@@ -1,0 +1,159 @@
+"""run.sh's live view of a running phase, read from the log path (so every rank shows, on any node).
+
+    python -m coordinator watch --log-path L --phase rollout-train --iteration 3   # until SIGTERM
+
+On a terminal: a live block, one line per rank of the rollout (episodes done /
+planned, successes, tokens/s, elapsed, ETA) or the training (step / total,
+loss, elapsed, ETA), and any trouble in red with what to do. Otherwise (CI,
+a log file): the same lines at most every `--every` seconds (30), only when
+they changed, and a trouble line once when it appears. run.sh starts it beside
+each rollout and update as a tracked process group and stops it (SIGTERM) when
+the phase ends.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TextIO
+
+from coordinator.runview import RankRollout, RunView, StallWatch, TrainProgress, Trouble
+
+PHASES = ("rollout-train", "rollout-test", "update")
+
+
+def duration(seconds: float | None) -> str:
+    """`1h02m`, `3m05s`, `42s`; `?` when unknown."""
+    if seconds is None:
+        return "?"
+    seconds = round(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def rollout_line(r: RankRollout) -> str:
+    who = "" if r.rank is None else f" rank {r.rank}"
+    rate = 100.0 * r.successes / r.finished if r.finished else 0.0
+    resumed = f" (+{r.resumed} resumed)" if r.resumed else ""
+    failed = sum(r.failures.values())
+    return (
+        f"{r.split} rollout{who}: {r.finished}/{r.todo} episodes{resumed}, {r.successes} successes ({rate:.1f} %)"
+        f"{f', {failed} failed' if failed else ''}, {r.tokens_per_s:.1f} tok/s, "
+        f"{duration(r.elapsed_s)} elapsed, ETA {duration(r.eta_s)}"
+    )
+
+
+def train_line(t: TrainProgress) -> str:
+    loss = "?" if t.loss is None else f"{t.loss:.4f}"
+    return (
+        f"update: step {t.step}/{t.total_steps}, loss {loss}, {duration(t.elapsed_s)} elapsed, "
+        f"ETA {duration(t.remaining_s)}"
+    )
+
+
+@dataclass
+class Frame:
+    """What the view shows at one moment."""
+
+    lines: list[str] = field(default_factory=list)
+    troubles: list[Trouble] = field(default_factory=list)
+
+
+def build_frame(view: RunView, stalls: StallWatch, phase: str, iteration: int) -> Frame:
+    frame = Frame()
+    if phase == "update":
+        training = view.training(iteration)
+        frame.lines.append(train_line(training) if training else "update: preparing (no training step logged yet)")
+        frame.troubles = stalls.observe(view, rollouts=[])
+        return frame
+    split = phase.removeprefix("rollout-")
+    rollouts = [r for r in view.rollouts() if r.split == split and r.iteration == iteration]
+    frame.lines = [rollout_line(r) for r in rollouts] or [f"{split} rollout: starting"]
+    frame.troubles = stalls.observe(view, rollouts=rollouts)
+    return frame
+
+
+class Output(Protocol):
+    def show(self, frame: Frame) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class PlainOutput:
+    """Lines on a stream that is not a terminal: at most every `every_s`, only when changed; troubles once."""
+
+    def __init__(self, stream: TextIO, every_s: float, clock=time.monotonic) -> None:
+        self.stream, self.every_s, self.clock = stream, every_s, clock
+        self.shown: list[str] = []
+        self.at = clock()  # the phase's own start line was just printed: the first progress comes a period later
+        self.told: set[str] = set()
+
+    def show(self, frame: Frame) -> None:
+        for trouble in frame.troubles:
+            key = f"{trouble.rank}:{trouble.what.split(' for ')[0]}"
+            if key not in self.told:
+                self.told.add(key)
+                self._print(f"[baton] trouble: {trouble.line()}")
+        if frame.lines != self.shown and self.clock() - self.at >= self.every_s:
+            for line in frame.lines:
+                self._print(f"[baton] {line}")
+            self.shown, self.at = list(frame.lines), self.clock()
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        return None
+
+
+class LiveOutput:
+    """A rich Live block on a terminal, cleared when the phase ends (run.sh prints the outcome)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.live = Live(console=Console(file=stream), refresh_per_second=2, transient=True)
+        self.live.start()
+
+    def show(self, frame: Frame) -> None:
+        from rich.text import Text
+
+        text = Text()
+        for line in frame.lines:
+            text.append(f"[baton] {line}\n", style="bold")
+        for trouble in frame.troubles:
+            text.append(f"[baton] trouble: {trouble.line()}\n", style="red")
+        text.rstrip()
+        self.live.update(text)
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def build_output(stream: TextIO, every_s: float, live: bool | None = None) -> Output:
+    return LiveOutput(stream) if (stream.isatty() if live is None else live) else PlainOutput(stream, every_s)
+
+
+def run_watch(log_path: Path, phase: str, iteration: int, every_s: float, poll_s: float = 1.0) -> int:
+    """Show the phase until SIGTERM / SIGINT (then exit 0, leaving the terminal clean)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    view, stalls = RunView(log_path), StallWatch()
+    output = build_output(sys.stderr, every_s)
+    try:
+        while True:
+            output.show(build_frame(view, stalls, phase, iteration))
+            time.sleep(poll_s)
+    finally:
+        output.close()
