@@ -6,9 +6,10 @@ On a terminal: a live block, one line per rank of the rollout (episodes done /
 planned, successes, tokens/s, elapsed, ETA) or the training (step / total,
 loss, elapsed, ETA), and any trouble in red with what to do. Otherwise (CI,
 a log file): the same lines at most every `--every` seconds (30), only when
-they changed, and a trouble line once when it appears. run.sh starts it beside
-each rollout and update as a tracked process group and stops it (SIGTERM) when
-the phase ends.
+they changed, a trouble line once when it appears, and the final numbers when
+it is stopped. run.sh starts it beside each rollout and update (and the barrier
+after it: a node that finished sees the others) as a tracked process group and
+stops it (SIGTERM) when the phase ends.
 """
 
 from __future__ import annotations
@@ -45,15 +46,16 @@ def rollout_line(r: RankRollout) -> str:
     return (
         f"{r.split} rollout{who}: {r.finished}/{r.todo} episodes{resumed}, {r.successes} successes ({rate:.1f} %)"
         f"{f', {failed} failed' if failed else ''}, {r.tokens_per_s:.1f} tok/s, "
-        f"{duration(r.elapsed_s)} elapsed, ETA {duration(r.eta_s)}"
+        f"{duration(r.elapsed_s)} {'in all' if r.done else f'elapsed, ETA {duration(r.eta_s)}'}"
     )
 
 
 def train_line(t: TrainProgress) -> str:
     loss = "?" if t.loss is None else f"{t.loss:.4f}"
+    done = t.total_steps > 0 and t.step >= t.total_steps
     return (
-        f"update: step {t.step}/{t.total_steps}, loss {loss}, {duration(t.elapsed_s)} elapsed, "
-        f"ETA {duration(t.remaining_s)}"
+        f"update: step {t.step}/{t.total_steps}, loss {loss}, {duration(t.elapsed_s)} "
+        f"{'in all' if done else f'elapsed, ETA {duration(t.remaining_s)}'}"
     )
 
 
@@ -82,7 +84,7 @@ def build_frame(view: RunView, stalls: StallWatch, phase: str, iteration: int) -
 class Output(Protocol):
     def show(self, frame: Frame) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, last: Frame) -> None: ...
 
 
 class PlainOutput:
@@ -108,8 +110,11 @@ class PlainOutput:
     def _print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
 
-    def close(self) -> None:
-        return None
+    def close(self, last: Frame) -> None:
+        """The phase ended: its final numbers, unless just shown (so a log always has them)."""
+        if last.lines != self.shown:
+            for line in last.lines:
+                self._print(f"[baton] {line}")
 
 
 class LiveOutput:
@@ -133,7 +138,7 @@ class LiveOutput:
         text.rstrip()
         self.live.update(text)
 
-    def close(self) -> None:
+    def close(self, last: Frame) -> None:
         self.live.stop()
 
 
@@ -156,4 +161,5 @@ def run_watch(log_path: Path, phase: str, iteration: int, every_s: float, poll_s
             output.show(build_frame(view, stalls, phase, iteration))
             time.sleep(poll_s)
     finally:
-        output.close()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # run.sh's one SIGTERM: let the last frame out
+        output.close(build_frame(view, stalls, phase, iteration))

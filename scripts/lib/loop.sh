@@ -214,10 +214,8 @@ loop_run() {
   common_log "$name: started (log: $logfile)"
   procs_start "$LOOP_RUN_DIR" "$name" "$logfile" "$@" >/dev/null
   pgid=$(procs_pgid "$LOOP_RUN_DIR" "$name")
-  loop_watch_start "$name"
   loop_wait "$pgid" || rc=$?
   rm -f "$LOOP_RUN_DIR/pids/$name.pgid"
-  loop_watch_stop
   if ((rc != 0)); then
     common_warn "$name failed (exit $rc) after $((SECONDS - start))s; last lines of $logfile:"
     tail -n 15 "$logfile" >&2
@@ -228,10 +226,10 @@ loop_run() {
 }
 
 # loop_watch_start <phase>: show a rollout's or an update's progress (every rank's, read from the log
-# path) on run.sh's stderr while it runs: `python -m coordinator watch` as the tracked group LOOP_WATCH. Lines come
-# every BATON_PROGRESS_S seconds (30) when stderr is not a terminal; BATON_PROGRESS_S=0 turns the view off.
+# path) on run.sh's stderr while it runs, the barrier after it included: `python -m coordinator watch` as the
+# tracked group LOOP_WATCH. When stderr is not a terminal, lines come every BATON_PROGRESS_S seconds (30) and
+# once at the end; BATON_PROGRESS_S=0 turns the view off.
 loop_watch_start() {
-  case "$1" in rollout-train | rollout-test | update) ;; *) return 0 ;; esac
   [[ ${BATON_PROGRESS_S:-30} != 0 ]] || return 0
   procs_start "$LOOP_RUN_DIR" "$LOOP_WATCH" - env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m coordinator watch \
     --log-path "$RUN_LOG" --phase "$1" --iteration "$LOOP_N" --every "${BATON_PROGRESS_S:-30}" >/dev/null
@@ -372,6 +370,7 @@ loop_survivors() {
 loop_rollout_run() {
   local log rc restarts=0
   log="$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$2").$1.log"
+  loop_watch_start "rollout-$1"
   while :; do
     rc=0
     loop_run "rollout-$1" "$log" "${LOOP_CMD[@]}" || rc=$?
@@ -383,9 +382,13 @@ loop_rollout_run() {
     loop_ensure_vllm
     loop_rollout_cmd "$1" "$2" 1
   done
-  ((rc == 0)) || return "$rc"
+  if ((rc != 0)); then
+    loop_watch_stop
+    return "$rc"
+  fi
   LOOP_SYNC=()
   nodes_sync "$2" "${1}_rollout" "" LOOP_SYNC
+  loop_watch_stop
 }
 
 # loop_update_phase <iteration>: the training phase to run for <iteration>
@@ -409,12 +412,14 @@ loop_update() {
   # Only a run that serves (both) may put its own vLLM to sleep; an update-only run leaves servers alone.
   [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)) && { vllm_sleep "$LOOP_PORT" || common_warn "could not put vLLM to sleep; training beside it"; }
   LOOP_UPDATE_RUNNING=$n
+  loop_watch_start update
   if nodes_multi; then
     loop_timed "$n" update loop_update_nodes "$n" "$log" || rc=$?
   else
     loop_update_cmd "$n" "$(loop_update_phase "$n")"
     loop_timed "$n" update loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
   fi
+  loop_watch_stop
   LOOP_UPDATE_RUNNING=""
   [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)) && { vllm_wake "$LOOP_PORT" || common_warn "could not wake vLLM up"; }
   nodes_is_master || return 0

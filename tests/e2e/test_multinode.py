@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -139,9 +140,11 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
         *ONE_STEP_LOOP,
         "env_config.test_tasks_rollout_size=8",
     ]
-    worker = node(data_dir, log, None, *args, env={"RANK": "1"}, nodes=TWO_ONE)  # the seed's "export RANK=r" form
+    progress = {"BATON_PROGRESS_S": "5"}  # the live view's lines (every 30 s by default, and at each phase's end)
+    # the seed's "export RANK=r" form
+    worker = node(data_dir, log, None, *args, env={"RANK": "1", **progress}, nodes=TWO_ONE)
     wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])
-    master = node(data_dir, log, "0", *args, nodes=TWO_ONE)
+    master = node(data_dir, log, "0", *args, env=progress, nodes=TWO_ONE)
     # two vLLM starts, 96 + 8 + 8 episodes, a 2-node update and the reload of both servers
     budget = 2 * VLLM_START_S + generation_s(112, 32) + 2 * UPDATE_S
     out_w = communicate_waiting(worker, waiting_for="the worker (RANK=1) to finish the run", timeout=budget)
@@ -169,6 +172,14 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
     iterations = {r["iteration"]: r for r in rows if r["kind"] == "iteration"}
     assert sorted(iterations) == [1, 2] and iterations[1]["update"] == "promoted v1"
     assert iterations[2]["eval_success_rate"] is not None
+    # each node's terminal view read every rank from the log path: after the rollout barrier, both ranks' final
+    # numbers; the training's last step; then the iteration's summary line
+    for out in (out_m, out_w):
+        for rank, share in ((0, 64), (1, 32)):
+            line = rf"\[baton\] train rollout rank {rank}: {share}/{share} episodes, \d+ successes"
+            assert re.search(line, out), (rank, out[-3000:])
+        assert re.search(r"\[baton\] update: step (\d+)/\1, loss \d", out), out[-3000:]
+    assert "[baton] iteration 1 (served base): success train " in out_m, out_m[-3000:]
     assert_nothing_left(log)
 
 

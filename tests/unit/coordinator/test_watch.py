@@ -60,6 +60,8 @@ def test_every_ranks_status_file_is_read_and_only_the_phases_rollouts_are_shown(
     frame = build_frame(RunView(tmp_path), StallWatch(), "rollout-train", 2)
     assert [line.split(":")[0] for line in frame.lines] == ["train rollout rank 0", "train rollout rank 1"]
     assert frame.lines[1].endswith("ETA ?")
+    status(tmp_path, 0, finished=8)
+    assert build_frame(RunView(tmp_path), StallWatch(), "rollout-train", 2).lines[0].endswith("15.0 tok/s, 20s in all")
     assert build_frame(RunView(tmp_path), StallWatch(), "rollout-train", 3).lines == ["train rollout: starting"]
 
 
@@ -77,6 +79,13 @@ def test_training_progress_from_llamafactorys_trainer_log(tmp_path: Path) -> Non
     assert (training.elapsed_s, training.remaining_s) == (80.0, 3605.0)
     frame = build_frame(RunView(tmp_path), StallWatch(), "update", 2)
     assert frame.lines == ["update: step 2/4, loss 2.0000, 1m20s elapsed, ETA 1h00m"]
+    rows.append(
+        {"current_steps": 4, "total_steps": 4, "loss": 1.0, "elapsed_time": "0:02:00", "remaining_time": "0:00:00"}
+    )
+    (out / "trainer_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert build_frame(RunView(tmp_path), StallWatch(), "update", 2).lines == [
+        "update: step 4/4, loss 1.0000, 2m00s in all"
+    ]
     assert build_frame(RunView(tmp_path), StallWatch(), "update", 3).lines == [
         "update: preparing (no training step logged yet)"
     ]
@@ -142,6 +151,10 @@ def test_plain_lines_come_at_most_every_period_only_when_changed_and_trouble_onc
     out.show(Frame(lines=["a 2"], troubles=[trouble]))
     out.show(Frame(lines=["a 2"], troubles=[later]))
     assert stream.getvalue().count("trouble") == 1
+    out.close(Frame(lines=["a 2"]))  # the final numbers were just shown
+    assert stream.getvalue().count("a 2") == 1
+    out.close(Frame(lines=["a 3"]))
+    assert stream.getvalue().endswith("[baton] a 3\n")
 
 
 def test_durations_and_llamafactory_clocks() -> None:
