@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -104,7 +105,7 @@ def scalars_of(record: dict[str, Any]) -> dict[str, float]:
 
 def read_new(metrics: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     """The complete records after byte `offset`, and the offset after the last of them (a torn line is skipped)."""
-    if not metrics.exists():
+    if not metrics.exists() or offset >= metrics.stat().st_size:
         return [], offset
     with metrics.open("rb") as f:
         f.seek(offset)
@@ -198,9 +199,7 @@ class WandbTracker:
         """The log path's W&B run id (made and saved on first use)."""
         path = self.dir / "run_id"
         if not path.exists():
-            from wandb.util import generate_id
-
-            save_text(path, generate_id() + "\n")
+            save_text(path, uuid.uuid4().hex[:12] + "\n")  # W&B ids: letters and digits
         return path.read_text().strip()
 
     def log(self, step: int, scalars: dict[str, float], wall_time: float) -> None:
