@@ -138,7 +138,7 @@ setup() {
 
 @test "tracker=: one tracker or a list reaches the update; an unknown one or a bad field exits 2, nothing written" {
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --dry-run \
-    tracker=[tensorboard,wandb] tracker.wandb.mode=online
+    'tracker=[tensorboard,wandb]' tracker.wandb.mode=online
   [[ $output == *"[update] "*" tracker=\\[tensorboard\\,wandb\\] tracker.wandb.mode=online"* ]]
   run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both \
     --eval-interval 1 tracker=tensorbord
