@@ -51,6 +51,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
             print(f"{target}\t{override}")
     print(f"policy\t{routed.policy_base_url}\t{routed.policy_model}")
     print(f"sessions\t{routed.max_sessions}")
+    print("tracker\t" + ",".join(k for k, v in routed.resolved["update"]["tracker"].items() if v))
     return 0
 
 
@@ -252,8 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     fingerprint.add_argument("--timeout", type=float, default=60.0)
     fingerprint.set_defaults(func=cmd_fingerprint)
     from coordinator.protocol_cli import add_subcommands
+    from coordinator.track_cli import add_track
 
     add_subcommands(sub)
+    add_track(sub)
     return parser
 
 

@@ -6,7 +6,9 @@
 
 An override goes to every config that has its key (`env_config.*` to the
 rollouts, `algorithm.*` to the update, a key both have to both); a key neither
-has is tried on each and must be accepted by one. Keys that run.sh sets itself
+has is tried on each (with the group choices given, so that `tracker=wandb
+tracker.wandb.mode=online` routes) and must be accepted by one. A choice a config
+group (a folder under configs/) lacks is refused naming the group's options. Keys that run.sh sets itself
 are refused, as is an external `policy_config.base_url` without --debug-mode.
 Every problem is collected into one `ConfigError`.
 """
@@ -93,6 +95,25 @@ def _base(req: Request) -> dict[str, list[str]]:
     return {"rollout": rollout, "update": update}
 
 
+def group_options(group: str) -> list[str]:
+    """The options of a config group (a folder of YAML files under configs/); [] when `group` is none."""
+    folder = Path(CONFIG_DIR) / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if "/" not in group and folder.is_dir() else []
+
+
+def unknown_option(override: str) -> str | None:
+    """The problem with `group=choice` (or `group=[a,b]`) naming a choice the group lacks; None when fine."""
+    key, _, value = override.partition("=")
+    options = group_options(key.strip()) if not override.startswith(("+", "~")) else []
+    chosen = [v.strip() for v in value.strip().strip("[]").split(",") if v.strip()]
+    bad = [v for v in chosen if v not in options]
+    if not options or not bad:
+        return None
+    return (
+        f"override {override!r}: configs/{key}/ has no {', '.join(map(repr, bad))}; choose one of {', '.join(options)}"
+    )
+
+
 def _has_key(cfg: DictConfig, key: str) -> bool:
     return OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False) is not _MISSING
 
@@ -110,8 +131,16 @@ def route(req: Request) -> tuple[Routed, list[str]]:
     base = _base(req)
     plain = {"rollout": _compose("rollout_train", base["rollout"]), "update": _compose("update", base["update"])}
     routed, problems = Routed(), []
+    # group choices (tracker=wandb) per config: a key such a choice adds (tracker.wandb.mode) is tried with them
+    chosen = {
+        t: [o for o in req.overrides if "." not in override_key(o) and _has_key(cfg, override_key(o))]
+        for t, cfg in plain.items()
+    }
     for override in req.overrides:
         key = override_key(override)
+        if bad := unknown_option(override):
+            problems.append(bad)
+            continue
         if key in RESERVED:
             problems.append(f"override {override!r}: {key} is set by run.sh ({RESERVED[key]}); drop the override")
             continue
@@ -124,7 +153,7 @@ def route(req: Request) -> tuple[Routed, list[str]]:
         targets = [t for t, cfg in plain.items() if _has_key(cfg, key)]
         if not targets:
             names = {"rollout": "rollout_train", "update": "update"}
-            targets = [t for t in plain if _accepts(names[t], base[t], override)]
+            targets = [t for t in plain if _accepts(names[t], [*base[t], *chosen[t]], override)]
         if not targets:
             problems.append(
                 f"override {override!r}: no key {key!r} in the rollout config (configs/rollout_*.yaml) "

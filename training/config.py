@@ -181,6 +181,47 @@ class PromotionConfig:
     keep_optimizer: bool = False
 
 
+WANDB_MODES = ("offline", "online")
+
+
+@dataclass
+class TensorBoardConfig:
+    """TensorBoard event files: Baton's metrics (<log>/trackers/tensorboard/, written by `python -m coordinator
+    track`) and LLaMA-Factory's training curves (report_to, in <log>/training/iter_<NNNN>/tensorboard/)."""
+
+    _target_: str = "coordinator.trackers.TensorBoardTracker"
+
+
+@dataclass
+class WandbConfig:
+    """A Weights & Biases run per log path (<log>/trackers/wandb/), and one per training (report_to)."""
+
+    _target_: str = "coordinator.trackers.WandbTracker"
+    project: str = "baton"
+    #: offline writes local run directories (`wandb sync` uploads them later); online needs a login and network
+    mode: str = "offline"
+    #: the W&B group of the run and its trainings; "" = the log path's folder name
+    group: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode not in WANDB_MODES:
+            raise ConfigError(f"tracker.wandb.mode must be offline or online (got {self.mode!r})")
+
+
+@dataclass
+class TrackerConfig:
+    """The experiment trackers of a run (configs/tracker/: none, tensorboard, wandb; several as a list,
+    tracker=[tensorboard,wandb]). An unset entry is off. Lives in the update config, which every run
+    composes and whose training reports to the same trackers."""
+
+    tensorboard: TensorBoardConfig | None = None
+    wandb: WandbConfig | None = None
+
+    def report_to(self) -> list[str]:
+        """LLaMA-Factory's (the HF Trainer's) `report_to` names of the chosen trackers."""
+        return [name for name in ("tensorboard", "wandb") if getattr(self, name) is not None]
+
+
 @dataclass
 class UpdateConfig:
     """Top level of configs/update.yaml."""
@@ -203,6 +244,7 @@ class UpdateConfig:
     data: DataConfig = field(default_factory=DataConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     promotion: PromotionConfig = field(default_factory=PromotionConfig)
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:

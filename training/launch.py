@@ -136,11 +136,13 @@ def exit_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def run_training(recipe: Path, log_file: Path, cfg: LaunchConfig, device: Device) -> TrainResult:
-    """Run the training to the end or the time limit; never leaves the group running."""
-    return run_group(
-        [*cli_command(), "train", str(recipe)], log_file, launch_env(cfg, device), cfg.timeout_s, cfg.grace_s
-    )
+def run_training(
+    recipe: Path, log_file: Path, cfg: LaunchConfig, device: Device, extra_env: dict[str, str] | None = None
+) -> TrainResult:
+    """Run the training to the end or the time limit; never leaves the group running. `extra_env` is added to
+    the launch environment (the trackers' variables)."""
+    env = launch_env(cfg, device) | (extra_env or {})
+    return run_group([*cli_command(), "train", str(recipe)], log_file, env, cfg.timeout_s, cfg.grace_s)
 
 
 def run_group(cmd: list[str], log_file: Path, env: dict[str, str], timeout_s: float, grace_s: float) -> TrainResult:

@@ -11,6 +11,8 @@ file under configs/deepspeed/ (`auto`: none on CPU, ZeRO-1 on GPU). bf16
 `null` means bf16 on GPU and fp32 on CPU. `parse_recipe` / `load_template` read
 a recipe back the way `llamafactory-cli train` does (token fidelity and
 `phase=check` use them); `check_deepspeed` checks the preset's file and package.
+`tracker_env` is the environment that points LLaMA-Factory's `report_to` trackers
+(the chosen `tracker`) into the iteration's training folder.
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
         "overwrite_output_dir": True,
         "overwrite_cache": True,
         "save_strategy": "no" if alg.save_only_model else "epoch",
-        "report_to": "none",
+        "report_to": cfg.tracker.report_to() or "none",
+        "run_name": f"iter_{cfg.iteration:04d}",
         "plot_loss": False,
         "bf16": alg.bf16 if alg.bf16 is not None else device.kind == "cuda",
     }
@@ -131,6 +134,23 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
         recipe["deepspeed"] = str(ds)
     recipe |= dict(alg.llamafactory_overrides)
     return recipe
+
+
+def tracker_env(cfg: UpdateConfig, run_dir: Path) -> dict[str, str]:
+    """The environment LLaMA-Factory's trackers read (report_to): TensorBoard's logging dir and W&B's
+    directory, mode, project and group, all inside the iteration's `run_dir` (training/iter_<NNNN>/)."""
+    env: dict[str, str] = {}
+    if cfg.tracker.tensorboard is not None:
+        env["TENSORBOARD_LOGGING_DIR"] = str(run_dir / "tensorboard")
+    if (wandb := cfg.tracker.wandb) is not None:
+        env |= {
+            "WANDB_DIR": str(run_dir),
+            "WANDB_MODE": wandb.mode,
+            "WANDB_PROJECT": wandb.project,
+            "WANDB_RUN_GROUP": wandb.group or Path(cfg.log_path).name,
+            "WANDB_SILENT": "true",
+        }
+    return env
 
 
 def parse_recipe(recipe: dict) -> RecipeArgs:

@@ -10,6 +10,7 @@ Everything of one update lives in `<log>/training/iter_<NNNN>/`:
     dataset.sha256       the sha256 of data/ and that YAML (every node of a multi-node update checks it)
     train.log            llamafactory-cli's output
     output/              its output directory (merged/ for a LoRA)
+    tensorboard/, wandb/ its training curves, with tracker=tensorboard / wandb (report_to)
 
 Bad input raises `ConfigError` before anything is written or launched (its
 subclass `NothingToTrain` when the data cannot fill one optimizer step); a
@@ -37,7 +38,15 @@ from training.journal import iteration_dir, load_trajectories
 from training.launch import detect_device, run_group, run_training
 from training.metrics import parse_training
 from training.promotion import promote
-from training.recipe import Device, build_recipe, check_deepspeed, load_template, parse_recipe, save_recipe
+from training.recipe import (
+    Device,
+    build_recipe,
+    check_deepspeed,
+    load_template,
+    parse_recipe,
+    save_recipe,
+    tracker_env,
+)
 from training.selection import Selection
 
 log = logging.getLogger(__name__)
@@ -68,6 +77,9 @@ class RunPaths:
     merged = property(lambda self: self.run_dir / "merged")
     train_log = property(lambda self: self.run_dir / "train.log")
     digest = property(lambda self: self.run_dir / "dataset.sha256")
+    #: LLaMA-Factory's tracker outputs (tracker=tensorboard / wandb)
+    tensorboard = property(lambda self: self.run_dir / "tensorboard")
+    wandb = property(lambda self: self.run_dir / "wandb")
 
     def node_log(self, node_rank: int) -> Path:
         """llamafactory-cli's output on one node: train.log on node 0, train.rank_<r>.log on the others."""
@@ -232,8 +244,10 @@ def train(cfg: UpdateConfig, paths: RunPaths) -> None:
         wait_for_dataset(paths, cfg.launch.dataset_sha256, cfg.launch.dataset_wait_s)
     if cfg.launch.node_rank == 0:
         shutil.rmtree(paths.output, ignore_errors=True)  # never write into files a policy may hard-link
+        for tracked in (paths.tensorboard, paths.wandb):  # a retried training's curves replace the last try's
+            shutil.rmtree(tracked, ignore_errors=True)
     node_log = paths.node_log(cfg.launch.node_rank)
-    result = run_training(paths.recipe, node_log, cfg.launch, detect_device())
+    result = run_training(paths.recipe, node_log, cfg.launch, detect_device(), tracker_env(cfg, paths.run_dir))
     if result.returncode != 0 or result.timed_out:
         why = f"timed out after {cfg.launch.timeout_s:.0f} s" if result.timed_out else f"exit {result.returncode}"
         raise TrainingError(

@@ -88,7 +88,8 @@ loop_py() {
 
 # loop_compose [save_file]: validate the overrides by composing every config
 # once, with this rank's keys; set LOOP_ROLLOUT_OVR, LOOP_UPDATE_OVR, LOOP_BASE_URL,
-# LOOP_MODEL and VLLM_MAX_SESSIONS (this node's max_vllm_sessions, which vLLM's KV cache must hold).
+# LOOP_MODEL, VLLM_MAX_SESSIONS (this node's max_vllm_sessions, which vLLM's KV cache must hold) and
+# LOOP_TRACKERS (the chosen experiment trackers, e.g. "tensorboard,wandb"; "" for none).
 loop_compose() {
   local save=${1:-} target value rest
   local -a args=(--data-path "$RUN_DATA" --log-path "$RUN_LOG" --base-model "$LOOP_BASE_MODEL"
@@ -97,7 +98,7 @@ loop_compose() {
   [[ -n $save ]] && args+=(--save "$save")
   local out
   out=$(loop_py "$BATON_APP_PY" -m coordinator compose "${args[@]}" -- "${RUN_OVERRIDES[@]}") || exit 2
-  LOOP_ROLLOUT_OVR=() LOOP_UPDATE_OVR=()
+  LOOP_ROLLOUT_OVR=() LOOP_UPDATE_OVR=() LOOP_TRACKERS=""
   # shellcheck disable=SC2034 # VLLM_MAX_SESSIONS is read by vllm_choose (vllm.sh)
   while IFS=$'\t' read -r target value rest; do
     case "$target" in
@@ -105,6 +106,7 @@ loop_compose() {
       update) LOOP_UPDATE_OVR+=("$value") ;;
       policy) LOOP_BASE_URL=$value LOOP_MODEL=$rest ;;
       sessions) VLLM_MAX_SESSIONS=$value ;;
+      tracker) LOOP_TRACKERS=$value ;;
     esac
   done <<<"$out"
   ((RUN_DEBUG)) || LOOP_BASE_URL="http://127.0.0.1:$LOOP_PORT/v1"
@@ -535,7 +537,7 @@ loop_serve() {
   loop_mark "$RUN_LOG" "$n" serve "${LOOP_SERVE_HOW:-no new policy}"
 }
 
-# loop_finish <iteration>: metrics record, plot, and the iteration's end marker (the master's).
+# loop_finish <iteration>: metrics record, plot, trackers, and the iteration's end marker (the master's).
 loop_finish() {
   local n=$1 plot
   LOOP_PHASE=finish
@@ -547,6 +549,8 @@ loop_finish() {
   line=$(loop_py "$BATON_APP_PY" -m coordinator summarize --log-path "$RUN_LOG" --iteration "$n" \
     --served-version "${2:-}") || common_warn "could not summarize iteration $n"
   plot=$(loop_py "$BATON_APP_PY" -m coordinator plot --log-path "$RUN_LOG") || common_warn "could not draw the plot"
+  [[ -z ${LOOP_TRACKERS:-} ]] || loop_py "$BATON_APP_PY" -m coordinator track --log-path "$RUN_LOG" >/dev/null ||
+    common_warn "could not log iteration $n to the trackers ($LOOP_TRACKERS); the next iteration logs it"
   iteration_mark "$RUN_LOG" "$n" iteration
   [[ -z ${line:-} ]] || common_log "$line"
   common_log "iteration $n done; metrics: $RUN_LOG/metrics.jsonl, plot: ${plot:-none}"

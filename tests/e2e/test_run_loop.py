@@ -2,7 +2,9 @@
 
 - `--rl-phase both --max-iterations 2`: trajectories of both iterations, a
   promoted policy that serves iteration 2 (its policy version on every
-  trajectory, the in-place reload recorded), metrics and plot, no process left.
+  trajectory, the in-place reload recorded), metrics and plot, no process left;
+  with `tracker=tensorboard`, the iteration metrics and LLaMA-Factory's loss
+  curve in TensorBoard event files.
 - SIGINT during a rollout, then SIGTERM during the clean-up: run.sh exits (130) within 30 s
   with nothing of it left;
   `--resume` completes the iteration without duplicate episodes, though vLLM is SIGKILLed
@@ -79,6 +81,7 @@ def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: 
         *TINY,
         *ONE_STEP_LOOP,
         "env_config.test_tasks_rollout_size=8",
+        "tracker=tensorboard",
         port=port,
     )
     # 2 x (96 train + 8 eval episodes of 32 tokens), 2 updates, a vLLM start and a reload
@@ -105,9 +108,23 @@ def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: 
     assert iterations[1]["update"] == "promoted v1" and iterations[1]["train_loss"] is not None
     assert {"train_rollout", "update", "serve"} <= set(iterations[1]["phase_s"])
     assert (log / "plots" / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tracked = tensorboard_scalars(log / "trackers" / "tensorboard")  # tracker=tensorboard
+    assert [step for step, _ in tracked["iteration/train_success_rate"]] == [1, 2]
+    assert tracked["training/train_loss"][0] == (1, pytest.approx(iterations[1]["train_loss"]))
+    curves = tensorboard_scalars(log / "training" / "iter_0001" / "tensorboard")  # LLaMA-Factory's report_to
+    assert curves["train/loss"], sorted(curves)
     assert (log / "run" / "state" / "iter_0002" / "config.yaml").exists()
     assert not list((log / "run" / "rank_0" / "pids").glob("*.pgid"))
     assert not processes_mentioning(str(log), f"--port {port}") and not serves(port)
+
+
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series under a TensorBoard log dir (TensorBoard's own reader)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def journaled_more(log: Path, before: int, proc: subprocess.Popen, timeout: float) -> None:

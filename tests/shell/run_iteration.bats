@@ -136,6 +136,19 @@ setup() {
   [ ! -e "$LOG" ]
 }
 
+@test "tracker=: one tracker or a list reaches the update; an unknown one or a bad field exits 2, nothing written" {
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --dry-run \
+    'tracker=[tensorboard,wandb]' tracker.wandb.mode=online
+  [[ $output == *"[update] "*" tracker=\\[tensorboard\\,wandb\\] tracker.wandb.mode=online"* ]]
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both \
+    --eval-interval 1 tracker=tensorbord
+  [ "$stderr" = "[baton] error: override 'tracker=tensorbord': configs/tracker/ has no 'tensorbord'; choose one of none, tensorboard, wandb" ]
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
+    tracker=wandb tracker.wandb.mode=onlin
+  [[ $stderr == *"tracker.wandb.mode must be offline or online (got 'onlin')"* ]]
+  [ ! -e "$LOG" ]
+}
+
 @test "--node-file: this rank's variables and port reach its vLLM, other ranks keep the defaults; a bad file exits 2" {
   cat >"$BATS_TEST_TMPDIR/nodes.yaml" <<YAML
 node_groups:

@@ -108,3 +108,26 @@ def test_phase_check_needs_llamafactory(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(ConfigError, match=r"phase=check needs LLaMA-Factory: run it with the train environment's"):
         run_update(cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # nothing written
+
+
+def test_trackers_reach_llamafactory_through_report_to_and_the_environment(tmp_path: Path) -> None:
+    from training.dataset import DatasetFiles
+    from training.recipe import tracker_env
+
+    plain = load(tmp_path)
+    assert (
+        build_recipe(plain, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path, Device("cpu", 1))["report_to"] == "none"
+    )
+    assert tracker_env(plain, tmp_path / "iter_0000") == {}
+    cfg = load(tmp_path, "tracker=[tensorboard,wandb]", "tracker.wandb.project=p")
+    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1))
+    assert recipe["report_to"] == ["tensorboard", "wandb"] and recipe["run_name"] == "iter_0000"
+    env = tracker_env(cfg, tmp_path / "iter_0000")
+    assert env["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "iter_0000" / "tensorboard")
+    assert env["WANDB_DIR"] == str(tmp_path / "iter_0000") and env["WANDB_MODE"] == "offline"
+    assert env["WANDB_PROJECT"] == "p" and env["WANDB_RUN_GROUP"] == tmp_path.name
+
+
+def test_a_bad_wandb_mode_names_the_field_and_the_choices(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"tracker\.wandb\.mode must be offline or online \(got 'onlin'\)"):
+        load(tmp_path, "tracker=wandb", "tracker.wandb.mode=onlin")

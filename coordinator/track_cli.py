@@ -1,0 +1,37 @@
+"""`python -m coordinator track --log-path L`: log the new metrics.jsonl records to the run's trackers.
+
+The trackers are the `update.tracker` node of the run's resolved config
+(`<log>/run/rank_0/resolved.yaml`, the master's); run.sh calls this on the
+master after each iteration's summary when one is chosen. Prints how many
+records were logged (0 when every tracker is up to date). See coordinator/trackers.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rollout_engine.errors import ConfigError
+
+#: the master's resolved config, relative to the log path
+RESOLVED = Path("run") / "rank_0" / "resolved.yaml"
+
+
+def cmd_track(args: argparse.Namespace) -> int:
+    from omegaconf import OmegaConf
+
+    from coordinator.trackers import build_trackers, track
+
+    resolved = Path(args.log_path) / RESOLVED
+    if not resolved.is_file():
+        raise ConfigError(f"--log-path has no {RESOLVED} (got {args.log_path!r}); pass the log path of a run")
+    tracker_cfg = OmegaConf.to_container(OmegaConf.load(resolved)).get("update", {}).get("tracker")
+    print(track(Path(args.log_path), build_trackers(tracker_cfg, args.log_path)))
+    return 0
+
+
+def add_track(sub: argparse._SubParsersAction) -> None:
+    """Register the `track` subcommand."""
+    parser = sub.add_parser("track", help="master: log the new metrics.jsonl records to the configured trackers")
+    parser.add_argument("--log-path", required=True)
+    parser.set_defaults(func=cmd_track)
