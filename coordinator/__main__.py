@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     from coordinator.protocol_cli import add_subcommands
 
     add_subcommands(sub)
+    from coordinator.dashboard.server import add_subcommand as add_dashboard
+
+    add_dashboard(sub)
     return parser
 
 
