@@ -20,7 +20,7 @@ function dur(s) {
 }
 function pct(x) { return x === null || x === undefined ? '-' : (100 * x).toFixed(1) + ' %'; }
 function num(x, d) { return x === null || x === undefined ? '-' : Number(x).toFixed(d); }
-function fill(id, ...kids) { const node = document.getElementById(id); node.replaceChildren(...kids); }
+function fill(id, ...kids) { document.getElementById(id).replaceChildren(...kids.filter(k => k !== null)); }
 
 function renderRun(s) {
   const run = s.run;

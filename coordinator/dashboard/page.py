@@ -22,7 +22,7 @@ def render_page(log_path: str) -> str:
     style = (HERE / "page.css").read_text()
     script = f"const POLL_MS = {POLL_MS};\n" + (HERE / "page.js").read_text()
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Baton: {escape(log_path)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>Baton: {escape(log_path)}</title><link rel="icon" href="data:,">
 <style>{style}</style></head>
 <body><header><h1>Baton run</h1><span class="path">{escape(log_path)}</span>
 <span id="updated" class="muted"></span></header>

@@ -48,8 +48,8 @@ class Chart:
         x0, x1 = min(xs), max(xs)
         y0 = min(ys) if self.y_min is None else self.y_min
         y1 = max(ys) if self.y_max is None else self.y_max
-        if x1 == x0:
-            x0, x1 = x0 - 1, x1 + 1
+        if x1 == x0:  # one iteration so far: it sits at the left edge of a unit-wide axis
+            x1 = x0 + 1
         if y1 == y0:
             y0, y1 = y0 - 1, y1 + 1
         frame = _Frame(x0, x1, y0, y1)
