@@ -47,7 +47,7 @@ class Chart:
         ys = [y for s in drawn for _, y in s.points]
         x0, x1 = min(xs), max(xs)
         y0 = min(ys) if self.y_min is None else self.y_min
-        y1 = max(ys) if self.y_max is None else self.y_max
+        y1 = max(ys) * 1.1 if self.y_max is None else self.y_max  # headroom: the top point is not on the frame
         if x1 == x0:  # one iteration so far: it sits at the left edge of a unit-wide axis
             x1 = x0 + 1
         if y1 == y0:
