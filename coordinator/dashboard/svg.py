@@ -46,8 +46,9 @@ class Chart:
         xs = [x for s in drawn for x, _ in s.points]
         ys = [y for s in drawn for _, y in s.points]
         x0, x1 = min(xs), max(xs)
-        y0 = min(ys) if self.y_min is None else self.y_min
-        y1 = max(ys) * 1.1 if self.y_max is None else self.y_max  # headroom: the top point is not on the frame
+        pad = 0.1 * ((max(ys) - min(ys)) or abs(max(ys)) or 1.0)  # no point sits on the frame
+        y0 = min(ys) - pad if self.y_min is None else self.y_min
+        y1 = max(ys) + pad if self.y_max is None else self.y_max
         if x1 == x0:  # one iteration so far: it sits at the left edge of a unit-wide axis
             x1 = x0 + 1
         if y1 == y0:
