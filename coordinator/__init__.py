@@ -13,6 +13,7 @@ heartbeat.py, barrier.py). scripts/run.sh asks it through one entry point:
     python -m coordinator start-run|join|heartbeat|arrive|wait|fail|stop|evict|status ...   (protocol_cli.py)
     python -m coordinator takeover-plan --config C --dead D --survivors 0,2   (reassign.py; being wired)
     python -m coordinator aggregate ... [--takeover-plan trajectories/<split>/iter_NNNN/takeover.json]
+    python -m coordinator dashboard --log-path L [--port P] [--host H]   (the run's web page: dashboard/)
 
 It imports rollout_engine and training, never the reverse (tests/unit/test_layering.py);
 importing the package does nothing; run.sh calls the entry point in the app environment.

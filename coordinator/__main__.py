@@ -257,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_subcommands(sub)
     add_track(sub)
+    from coordinator.dashboard.server import add_subcommand as add_dashboard
+
+    add_dashboard(sub)
     return parser
 
 

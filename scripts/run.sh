@@ -70,6 +70,9 @@ cmd_dry_run() {
   elif [[ $RUN_PHASE != rollout ]]; then
     loop_update_cmd "$n" all && run_print_cmd update
   fi
+  if [[ -n $RUN_DASHBOARD_PORT ]]; then
+    loop_dashboard_cmd && run_print_cmd "dashboard (for the whole run)"
+  fi
   if [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)); then
     printf '[serve new policy] POST http://127.0.0.1:%s/collective_rpc {"method":"reload_weights","kwargs":{"weights_path":"%s"}}; POST /reset_prefix_cache (restart if the outputs do not change)\n' \
       "$LOOP_PORT" "$RUN_LOG/policy/v<NNNN>"
@@ -95,6 +98,7 @@ cmd_run() {
   common_atomic_copy "$resolved" "$LOOP_RUN_DIR/resolved.yaml" || common_die 1 "cannot write $LOOP_RUN_DIR/resolved.yaml (error above)"
   rm -f "$resolved"
   common_log "run: --rl-phase $RUN_PHASE, log path $RUN_LOG, policy ${LOOP_BASE_URL} (${LOOP_MODEL})"
+  loop_dashboard_start
   [[ -z $(slurm_describe) ]] || common_log "$(slurm_describe)"
   nodes_start
   loop_steps

@@ -27,6 +27,7 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --max-update-failures N    stop after N consecutive failed updates (default 3)
   --final-eval               both, with --max-iterations: evaluate the last promoted policy on the held-out tasks at the end
   --wait-timeout S           update: stop after S seconds with no new train rollout (default: wait until stopped)
+  --dashboard-port P         serve the run's web page on 127.0.0.1:P while it runs (docs/observability-dashboard.md)
   --dry-run                  print the commands each phase would run, then exit
   --stop                     with --log-path only: stop the run on that log path (every node), at once and cleanly
   -h, --help                 this text
@@ -68,12 +69,14 @@ cli_parse() {
   RUN_MAX_FAILURES="" RUN_WAIT="" RUN_DRY=0 RUN_HELP=0 RUN_FINAL_EVAL=0 RUN_NODE_ADDR="" RUN_STOP=0 RUN_NODE_FILE=""
   # shellcheck disable=SC2034 # RUN_NODE_ADDR_SOURCE is set and read by slurm.sh
   RUN_ON_FAILURE="" RUN_RANK_SOURCE="" RUN_NODE_ADDR_SOURCE=""
+  # shellcheck disable=SC2034 # RUN_DASHBOARD_PORT is read by loop.sh
+  RUN_DASHBOARD_PORT=""
   RUN_OVERRIDES=()
   while (($#)); do
     case "$1" in
       --data-path | --log-path | --rl-phase | --eval-interval | --rollout-split | --num-nodes | \
         --rank-weights | --worker | --max-iterations | --max-update-failures | --wait-timeout | --node-addr | --node-file | \
-          --on-rank-failure)
+          --on-rank-failure | --dashboard-port)
         cli_need_value "$1" $#
         cli_parse_valued "$1" "$2"
         shift 2
@@ -132,6 +135,7 @@ cli_parse_valued() {
     --node-addr) cli_set_once RUN_NODE_ADDR "$1" "$2" ;;
     --node-file) cli_set_once RUN_NODE_FILE "$1" "$2" ;;
     --on-rank-failure) cli_set_once RUN_ON_FAILURE "$1" "$2" ;;
+    --dashboard-port) cli_set_once RUN_DASHBOARD_PORT "$1" "$2" ;;
   esac
 }
 
@@ -156,6 +160,9 @@ cli_validate() {
     auto | float32 | bfloat16 | float16) ;;
     *) cli_bad "BATON_VLLM_DTYPE must be auto, float32, bfloat16 or float16 (got '$BATON_VLLM_DTYPE'); unset it to detect" ;;
   esac
+  if [[ -n $RUN_DASHBOARD_PORT ]] && ! { cli_is_int "$RUN_DASHBOARD_PORT" 1 && ((10#$RUN_DASHBOARD_PORT <= 65535)); }; then
+    cli_bad "--dashboard-port must be a TCP port in 1..65535 (got '$RUN_DASHBOARD_PORT'); e.g. --dashboard-port 8080, or drop it"
+  fi
   RUN_NODE_ADDR=${RUN_NODE_ADDR:-${BATON_NODE_ADDR:-}}
   if [[ -n $RUN_NODE_ADDR && ! $RUN_NODE_ADDR =~ ^[A-Za-z0-9.:_-]+$ ]]; then
     cli_bad "--node-addr must be a host name or an IP address (got '$RUN_NODE_ADDR')"

@@ -40,6 +40,12 @@ loop_setup() {
     *) LOOP_WATCH=watch ;;
   esac
   LOOP_GROUPS+=("$LOOP_WATCH")
+  # The web page (--dashboard-port), named per role like the live view.
+  LOOP_DASHBOARD=""
+  if [[ -n ${RUN_DASHBOARD_PORT:-} ]]; then
+    LOOP_DASHBOARD=${LOOP_WATCH/watch/dashboard}
+    LOOP_GROUPS+=("$LOOP_DASHBOARD")
+  fi
   LOOP_CLAIMED=()
 }
 
@@ -235,6 +241,22 @@ loop_watch_start() {
   [[ ${BATON_PROGRESS_S:-30} != 0 ]] || return 0
   procs_start "$LOOP_RUN_DIR" "$LOOP_WATCH" - env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m coordinator watch \
     --log-path "$RUN_LOG" --phase "$1" --iteration "$LOOP_N" --every "${BATON_PROGRESS_S:-30}" >/dev/null
+}
+
+# loop_dashboard_cmd: set LOOP_CMD to the web page's server (read-only on the log path; 127.0.0.1 only).
+loop_dashboard_cmd() {
+  LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m coordinator dashboard --log-path "$RUN_LOG"
+    --port "$RUN_DASHBOARD_PORT" --host 127.0.0.1)
+}
+
+# loop_dashboard_start: with --dashboard-port, serve the web page as the tracked group LOOP_DASHBOARD for the
+# whole run (loop_cleanup stops it); a port it cannot bind is a warning in its log, never the run's end.
+loop_dashboard_start() {
+  [[ -n $LOOP_DASHBOARD ]] || return 0
+  local logfile="$LOOP_RUN_DIR/logs/$LOOP_DASHBOARD.log"
+  loop_dashboard_cmd
+  procs_start "$LOOP_RUN_DIR" "$LOOP_DASHBOARD" "$logfile" "${LOOP_CMD[@]}" >/dev/null
+  common_log "dashboard: http://127.0.0.1:$RUN_DASHBOARD_PORT/ (log: $logfile; from another host: ssh -L $RUN_DASHBOARD_PORT:127.0.0.1:$RUN_DASHBOARD_PORT $(hostname))"
 }
 
 # loop_watch_stop: stop the phase's live view (it clears its lines on a terminal).

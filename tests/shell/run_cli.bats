@@ -107,6 +107,18 @@ run_bad() {
     --on-rank-failure abort --on-rank-failure continue
 }
 
+@test "--dashboard-port is a TCP port in 1..65535, given once" {
+  local -a base=(--data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split eval-only)
+  local fix="; e.g. --dashboard-port 8080, or drop it"
+  run_bad "--dashboard-port must be a TCP port in 1..65535 (got 'web')$fix" "${base[@]}" --dashboard-port web
+  run_bad "--dashboard-port must be a TCP port in 1..65535 (got '0')$fix" "${base[@]}" --dashboard-port 0
+  run_bad "--dashboard-port must be a TCP port in 1..65535 (got '70000')$fix" "${base[@]}" --dashboard-port 70000
+  run_bad "--dashboard-port must be a TCP port in 1..65535 (got '-1')$fix" "${base[@]}" --dashboard-port -1
+  run_bad "--dashboard-port needs a value" "${base[@]}" --dashboard-port
+  run_bad "--dashboard-port is given twice ('8080' and '8081'); give it once" "${base[@]}" \
+    --dashboard-port 8080 --dashboard-port 8081
+}
+
 @test "--wait-timeout: update only, whole seconds >= 0" {
   run_bad "--wait-timeout applies to --rl-phase update only (got --rl-phase both)" \
     --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 --wait-timeout 10
