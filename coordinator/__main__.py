@@ -252,13 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     fingerprint.add_argument("--model", required=True)
     fingerprint.add_argument("--timeout", type=float, default=60.0)
     fingerprint.set_defaults(func=cmd_fingerprint)
+    from coordinator.dashboard.server import add_subcommand as add_dashboard
     from coordinator.protocol_cli import add_subcommands
     from coordinator.track_cli import add_track
 
     add_subcommands(sub)
     add_track(sub)
-    from coordinator.dashboard.server import add_subcommand as add_dashboard
-
     add_dashboard(sub)
     return parser
 
