@@ -6,6 +6,6 @@
 Modules: `journals` (episodes and their turns from the trajectory journals),
 `state` (everything the page shows, as one JSON-able snapshot), `svg` (the
 curves, drawn as inline SVG), `page` (the HTML and its small polling script),
-`server` (the HTTP server and the subcommand). docs/observability-dashboard.md
+`server` (the HTTP server and the subcommand). docs/observability.md
 says what the page shows and where each number comes from.
 """

@@ -8,7 +8,7 @@ turns; `/files/<path>` a file under the log path (screenshots), refused (404)
 when the path resolves outside it. Every request reads the log path anew and
 writes nothing. SIGTERM or SIGINT stops the server (exit 0). It binds
 127.0.0.1 unless told otherwise: reach it from elsewhere through an SSH tunnel
-(docs/observability-dashboard.md).
+(docs/observability.md).
 """
 
 from __future__ import annotations

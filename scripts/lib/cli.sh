@@ -27,7 +27,7 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --max-update-failures N    stop after N consecutive failed updates (default 3)
   --final-eval               both, with --max-iterations: evaluate the last promoted policy on the held-out tasks at the end
   --wait-timeout S           update: stop after S seconds with no new train rollout (default: wait until stopped)
-  --dashboard-port P         serve the run's web page on 127.0.0.1:P while it runs (docs/observability-dashboard.md)
+  --dashboard-port P         serve the run's web page on 127.0.0.1:P while it runs (docs/observability.md)
   --dry-run                  print the commands each phase would run, then exit
   --stop                     with --log-path only: stop the run on that log path (every node), at once and cleanly
   -h, --help                 this text

@@ -222,8 +222,10 @@ loop_run() {
   common_log "$name: started (log: $logfile)"
   procs_start "$LOOP_RUN_DIR" "$name" "$logfile" "$@" >/dev/null
   pgid=$(procs_pgid "$LOOP_RUN_DIR" "$name")
+  case "$name" in rollout-train | rollout-test | update) loop_watch_start "$name" ;; esac
   loop_wait "$pgid" || rc=$?
   rm -f "$LOOP_RUN_DIR/pids/$name.pgid"
+  loop_watch_stop # before this shell prints again: a terminal's live block is cleared first
   if ((rc != 0)); then
     common_warn "$name failed (exit $rc) after $((SECONDS - start))s; last lines of $logfile:"
     tail -n 15 "$logfile" >&2
@@ -234,9 +236,9 @@ loop_run() {
 }
 
 # loop_watch_start <phase>: show a rollout's or an update's progress (every rank's, read from the log
-# path) on run.sh's stderr while it runs, the barrier after it included: `python -m coordinator watch` as the
-# tracked group LOOP_WATCH. When stderr is not a terminal, lines come every BATON_PROGRESS_S seconds (30) and
-# once at the end; BATON_PROGRESS_S=0 turns the view off.
+# path) on run.sh's stderr while it runs (and while a node waits for the others after its rollout):
+# `python -m coordinator watch` as the tracked group LOOP_WATCH. When stderr is not a terminal, lines come
+# every BATON_PROGRESS_S seconds (30) and once at the end; BATON_PROGRESS_S=0 turns the view off.
 loop_watch_start() {
   [[ ${BATON_PROGRESS_S:-30} != 0 ]] || return 0
   procs_start "$LOOP_RUN_DIR" "$LOOP_WATCH" - env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m coordinator watch \
@@ -394,7 +396,6 @@ loop_survivors() {
 loop_rollout_run() {
   local log rc restarts=0
   log="$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$2").$1.log"
-  loop_watch_start "rollout-$1"
   while :; do
     rc=0
     loop_run "rollout-$1" "$log" "${LOOP_CMD[@]}" || rc=$?
@@ -406,11 +407,9 @@ loop_rollout_run() {
     loop_ensure_vllm
     loop_rollout_cmd "$1" "$2" 1
   done
-  if ((rc != 0)); then
-    loop_watch_stop
-    return "$rc"
-  fi
+  ((rc == 0)) || return "$rc"
   LOOP_SYNC=()
+  ! nodes_multi || loop_watch_start "rollout-$1" # the other ranks, while this one waits for them
   nodes_sync "$2" "${1}_rollout" "" LOOP_SYNC
   loop_watch_stop
 }
@@ -436,14 +435,12 @@ loop_update() {
   # Only a run that serves (both) may put its own vLLM to sleep; an update-only run leaves servers alone.
   [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)) && { vllm_sleep "$LOOP_PORT" || common_warn "could not put vLLM to sleep; training beside it"; }
   LOOP_UPDATE_RUNNING=$n
-  loop_watch_start update
   if nodes_multi; then
     loop_timed "$n" update loop_update_nodes "$n" "$log" || rc=$?
   else
     loop_update_cmd "$n" "$(loop_update_phase "$n")"
     loop_timed "$n" update loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
   fi
-  loop_watch_stop
   LOOP_UPDATE_RUNNING=""
   [[ $RUN_PHASE == both ]] && ((!RUN_DEBUG)) && { vllm_wake "$LOOP_PORT" || common_warn "could not wake vLLM up"; }
   nodes_is_master || return 0
