@@ -4,7 +4,8 @@
 
 On a terminal: a live block, one line per rank of the rollout (episodes done /
 planned, successes, tokens/s, elapsed, ETA) or the training (step / total,
-loss, elapsed, ETA), and any trouble in red with what to do. Otherwise (CI,
+loss, elapsed, ETA), and any trouble in red with what to do; when the phase
+ends, its final numbers stay as plain lines. Otherwise (CI,
 a log file): the same lines at most every `--every` seconds (30), only when
 they changed, a trouble line once when it appears, and the final numbers when
 it is stopped. run.sh starts it beside each rollout and update (and the barrier
@@ -118,12 +119,14 @@ class PlainOutput:
 
 
 class LiveOutput:
-    """A rich Live block on a terminal, cleared when the phase ends (run.sh prints the outcome)."""
+    """A rich Live block on a terminal, redrawn in place; when the phase ends it gives way to the final numbers
+    as plain lines (the terminal's history keeps them)."""
 
     def __init__(self, stream: TextIO) -> None:
         from rich.console import Console
         from rich.live import Live
 
+        self.stream = stream
         self.live = Live(console=Console(file=stream), refresh_per_second=2, transient=True)
         self.live.start()
 
@@ -140,6 +143,8 @@ class LiveOutput:
 
     def close(self, last: Frame) -> None:
         self.live.stop()
+        for line in last.lines:
+            print(f"[baton] {line}", file=self.stream, flush=True)
 
 
 def build_output(stream: TextIO, every_s: float, live: bool | None = None) -> Output:

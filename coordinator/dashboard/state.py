@@ -90,14 +90,16 @@ def state_iterations(log: Path) -> list[int]:
 
 
 def markers(log: Path, iteration: int) -> dict[str, str]:
-    """The iteration's phase markers: {phase: content} of run/state/iter_<NNNN>/<phase>.done."""
+    """The iteration's phase markers: {phase: content} of run/state/iter_<NNNN>/<phase>.done ("" for a marker
+    that holds only the time it was written: `update: promoted v3` says something, `1795503157` does not)."""
     state = log / "run" / "state" / f"iter_{iteration:04d}"
     done = {}
     for path in sorted(state.glob("*.done")):
         try:
-            done[path.name.removesuffix(".done")] = path.read_text().strip()
+            content = path.read_text().strip()
         except OSError:
             continue
+        done[path.name.removesuffix(".done")] = "" if content.isdigit() else content
     return done
 
 

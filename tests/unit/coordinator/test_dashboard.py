@@ -257,3 +257,13 @@ def test_ticks_and_a_chart_with_one_point() -> None:
     assert ticks(0, 3, integer=True) == [0, 1, 2, 3]
     svg = Chart("t <x>", [Series("a&b", [(2, 5.0)])]).svg()
     assert "t &lt;x&gt;" in svg and "a&amp;b" in svg and "<circle" in svg
+
+
+def test_the_run_shows_what_a_marker_says_not_the_time_it_was_written(tmp_path: Path) -> None:
+    from coordinator.dashboard.state import markers
+
+    state = tmp_path / "run" / "state" / "iter_0003"
+    state.mkdir(parents=True)
+    (state / "train_rollout.done").write_text("1795503157\n")
+    (state / "update.done").write_text("promoted v3\n")
+    assert markers(tmp_path, 3) == {"train_rollout": "", "update": "promoted v3"}

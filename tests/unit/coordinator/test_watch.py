@@ -9,7 +9,7 @@ from pathlib import Path
 
 from coordinator.runview import RunView, StallWatch, clock_s
 from coordinator.summary import summary_line
-from coordinator.watch import Frame, PlainOutput, build_frame, duration, rollout_line
+from coordinator.watch import Frame, PlainOutput, build_frame, build_output, duration, rollout_line
 
 
 def status(log: Path, rank: int | None, **fields) -> None:
@@ -177,3 +177,11 @@ def test_the_summary_line_names_success_loss_update_and_phase_times() -> None:
         "iteration 3 (served v2): success train 12.5 % (64), held-out -; loss 0.5123; update: promoted v3; "
         "train_rollout 61s, update 90s"
     )
+
+
+def test_on_a_terminal_the_live_block_gives_way_to_the_final_numbers() -> None:
+    stream = io.StringIO()
+    out = build_output(stream, every_s=30, live=True)
+    out.show(Frame(lines=["train rollout: 3/8 episodes"]))
+    out.close(Frame(lines=["train rollout: 8/8 episodes"]))
+    assert stream.getvalue().endswith("[baton] train rollout: 8/8 episodes\n")
