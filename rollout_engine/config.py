@@ -40,6 +40,7 @@ from rollout_engine.errors import ConfigError
 SPLITS = ("train", "test")
 SAMPLERS = ("uniform", "ratio")
 LIVE_VIEWS = ("auto", "rich", "plain", "off")
+CONSTRAIN_VERDICT = ("auto", "regex", "none")
 LIMITS_SCOPES = ("node", "cluster")
 
 
@@ -269,6 +270,10 @@ class OpenAIConfig:
     request_timeout_s: float = 60.0
     max_retries: int = 3
     retry_backoff_s: float = 0.5
+    #: constrain the judge's decoding to a reply ending in the verdict line: `regex` (vLLM's structured outputs,
+    #: the reply is always parseable), `none` (an endpoint without them), `auto` (regex when the judge is the
+    #: policy server, a vLLM of ours; none for another endpoint)
+    constrain_verdict: str = "auto"
     #: override for the answer-evaluation calls
     evaluation: JudgeOverride = field(default_factory=JudgeOverride)
 
@@ -290,6 +295,12 @@ class OpenAIConfig:
             f"openai_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})",
         )
         _check(p, self.max_retries >= 0, f"openai_config.max_retries must be >= 0 (got {self.max_retries})")
+        _check(
+            p,
+            self.constrain_verdict in CONSTRAIN_VERDICT,
+            f"openai_config.constrain_verdict must be one of {', '.join(CONSTRAIN_VERDICT)} "
+            f"(got {self.constrain_verdict!r})",
+        )
         _raise(p)
 
 

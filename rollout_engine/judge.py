@@ -10,6 +10,12 @@ The judge must end its reply with a line `Verdict: SUCCESS` or
 different verdicts) is unparseable: the call is retried, and after
 `max_retries` it raises `JudgeError`, which the engine records as
 `judge_error`, excluded from success rates and training.
+
+With `openai_config.constrain_verdict` `regex` (`auto` does so when the judge
+is the policy server, our vLLM) the request carries vLLM's structured-outputs
+regex (`verdict_regex`): at most a short reason on one line, then the verdict
+line, sized so that the whole reply fits in `max_tokens`. Even a 135M model
+then always gives a verdict (a reply cut by `max_tokens` is impossible).
 """
 
 from __future__ import annotations
@@ -27,6 +33,14 @@ from rollout_engine.types import Message
 _VERDICT = re.compile(r"^[\s*#>_-]*verdict[\s*_]*:[\s*_]*(success|failure)[\s*_.]*$", re.IGNORECASE | re.MULTILINE)
 
 
+def verdict_regex(max_tokens: int) -> str:
+    """A reply of an optional one-line reason and the verdict line. Every token is at least one character, so a
+    reason of at most `max_tokens - 12` characters and the verdict line (at most 12 tokens here) fit the budget."""
+    reason = max(0, max_tokens - 12)
+    prefix = f"(?:[ -~]{{1,{reason}}}\\n)?" if reason else ""  # printable ASCII: one byte, so at most one token, each
+    return prefix + "Verdict: (SUCCESS|FAILURE)"
+
+
 def parse_verdict(text: str) -> bool | None:
     """True / False for a single clear verdict line, None when absent or contradictory."""
     found = {m.group(1).lower() for m in _VERDICT.finditer(text)}
@@ -40,15 +54,20 @@ class JudgeEndpoint:
     base_url: str
     model: str
     api_key_env: str
+    #: send vLLM's structured-outputs regex (only a vLLM understands it)
+    constrained: bool = False
 
 
 def resolve_endpoint(cfg: OpenAIConfig, policy: PolicyConfig, purpose: str) -> JudgeEndpoint:
     """Override for `purpose`, else openai_config, else the policy server; checks the key variable."""
     override = getattr(cfg, purpose)
+    base_url = override.base_url or cfg.base_url or policy.base_url
     endpoint = JudgeEndpoint(
-        base_url=override.base_url or cfg.base_url or policy.base_url,
+        base_url=base_url,
         model=override.model or cfg.model or policy.model,
         api_key_env=override.api_key_env if override.api_key_env is not None else cfg.api_key_env,
+        constrained=cfg.constrain_verdict == "regex"
+        or (cfg.constrain_verdict == "auto" and base_url.rstrip("/") == policy.base_url.rstrip("/")),
     )
     if endpoint.api_key_env and not os.environ.get(endpoint.api_key_env):
         raise ConfigError(
@@ -93,11 +112,15 @@ class Judge:
         raise JudgeError(f"unparseable verdict after {self.cfg.max_retries + 1} tries; last reply: {last[-300:]!r}")
 
     async def _create(self, messages: list[Message]):
+        extra = (
+            {"structured_outputs": {"regex": verdict_regex(self.cfg.max_tokens)}} if self.endpoint.constrained else {}
+        )
         return await self.client.chat.completions.create(
             model=self.endpoint.model,
             messages=messages,
             temperature=self.cfg.temperature,
             max_tokens=self.cfg.max_tokens,
+            extra_body=extra or None,
         )
 
     async def close(self) -> None:
