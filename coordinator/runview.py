@@ -207,7 +207,7 @@ class StallWatch:
 
     silent_s: float = 60.0  # a running rollout rewrites its status every second
     no_finish_s: float = 300.0
-    beat_s: float = 30.0
+    beat_s: float = 15.0  # three beats at the default BATON_HEARTBEAT_S (5 s)
     clock: Any = time.monotonic
     _status: dict[Any, _Seen] = field(default_factory=dict)
     _finished: dict[Any, _Seen] = field(default_factory=dict)
