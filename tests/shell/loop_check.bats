@@ -1,7 +1,7 @@
 #!/usr/bin/env bats
 # loop.sh's update-check: loop_check_start runs the check as a tracked group,
 # loop_check_wait turns its exit code into the run's (the check itself is
-# stubbed; tests/unit/training/test_check_with_llamafactory.py runs the real one).
+# stubbed; tests/e2e/test_llamafactory_check.py runs the real one).
 
 bats_require_minimum_version 1.5.0
 

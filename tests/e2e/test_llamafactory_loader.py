@@ -7,12 +7,17 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, env_python
+
+# a real LLaMA-Factory on the default model (prepared from its PyPI wheel on first use): not a unit test
+pytestmark = pytest.mark.e2e
 
 
 def test_sft_kto_dpo_files_load_as_written(model_dir: Path, tmp_path: Path) -> None:
     out = subprocess.run(
-        [env_python("train"), "tests/unit/training/load_with_llamafactory.py", str(model_dir), str(tmp_path)],
+        [env_python("train"), "tests/e2e/load_with_llamafactory.py", str(model_dir), str(tmp_path)],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,

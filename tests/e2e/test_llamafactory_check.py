@@ -7,7 +7,12 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, env_python
+
+# a real LLaMA-Factory on the default model (prepared from its PyPI wheel on first use): not a unit test
+pytestmark = pytest.mark.e2e
 
 CASES = {
     "default": "",
@@ -22,7 +27,7 @@ def test_llamafactory_accepts_the_defaults_and_rejects_what_it_does_not_know(mod
     out = subprocess.run(
         [
             env_python("train"),
-            "tests/unit/training/check_with_llamafactory.py",
+            "tests/e2e/check_with_llamafactory.py",
             str(model_dir),
             str(log_path),
             *(f"{name}={overrides}" for name, overrides in CASES.items()),
