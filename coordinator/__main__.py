@@ -1,6 +1,7 @@
 """Entry point of run.sh's helpers (see the package docstring for the subcommands).
 
-Exit codes: 0 done, 2 bad input (the problems on stderr, nothing written),
+Exit codes: 0 done, 2 bad input (the problems on stderr, nothing written; a model
+folder whose config.json cannot size the KV cache is bad input too),
 1 anything else (a server that does not answer, a missing file).
 """
 
@@ -148,7 +149,7 @@ def cmd_serving(args: argparse.Namespace) -> int:
     import subprocess
     import time
 
-    from coordinator.serving import choose_dtype, kv_cache_gib, parse_cpuinfo
+    from coordinator.serving import SHAPE_KEYS, choose_dtype, kv_cache_gib, model_config_problem, parse_cpuinfo
     from rollout_engine.files import save_json
 
     cpuinfo = Path(args.cpuinfo).read_text() if Path(args.cpuinfo).exists() else ""
@@ -164,12 +165,21 @@ def cmd_serving(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"[baton] error: {exc}", file=sys.stderr)
         return 2
+    path = Path(args.model) / "config.json"
     try:
-        config = json.loads((Path(args.model) / "config.json").read_text())
-        kv = kv_cache_gib(config, choice.dtype, args.sessions, args.max_model_len)
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"[baton] error: cannot size the KV cache from {args.model}/config.json: {exc}", file=sys.stderr)
-        return 1
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        problem = f"is not readable JSON ({exc.msg if isinstance(exc, json.JSONDecodeError) else exc})"
+    else:
+        problem = model_config_problem(config)
+    if problem:
+        print(
+            f"[baton] error: model config {path} {problem}; point BATON_BASE_MODEL (or the policy) at a "
+            "Hugging Face model folder whose config.json has " + ", ".join(SHAPE_KEYS),
+            file=sys.stderr,
+        )
+        return 2
+    kv = kv_cache_gib(config, choice.dtype, args.sessions, args.max_model_len)
     if args.record:
         info = parse_cpuinfo(cpuinfo)
         record = {

@@ -70,10 +70,16 @@ def load_node_file(path: Path, num_nodes: int) -> list[NodeGroup]:
     except FileNotFoundError:
         raise ConfigError(f"{where} does not exist; give the path of a YAML node file (docs/multinode.md)") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{where} is not valid YAML: {exc}") from None
-    groups_data = data.get("node_groups") if isinstance(data, dict) else None
-    if not isinstance(groups_data, list) or not groups_data:
-        raise ConfigError(f"{where} needs a non-empty list node_groups: [{{label: ..., node_ranks: 0-1, ...}}]")
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        why = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where} is not valid YAML ({why}{at}); fix the YAML (docs/multinode.md)") from None
+    groups_data = data.get("node_groups") if isinstance(data, dict) else data
+    if not isinstance(data, dict) or not isinstance(groups_data, list) or not groups_data:
+        raise ConfigError(
+            f"{where} needs a non-empty list node_groups (got {groups_data!r}); "
+            "e.g. node_groups: [{label: a100, node_ranks: 0-1}]"
+        )
     problems: list[str] = []
     groups = [_group(i, g, num_nodes, problems) for i, g in enumerate(groups_data)]
     seen: dict[int, str] = {}
@@ -103,14 +109,17 @@ def _group(index: int, data: Any, num_nodes: int, problems: list[str]) -> NodeGr
         ranks = []
     outside = [r for r in ranks if r >= num_nodes]
     if outside:
-        problems.append(f"{at}.node_ranks {outside} are outside 0..{num_nodes - 1} (--num-nodes {num_nodes})")
+        problems.append(
+            f"{at}.node_ranks {outside} are outside 0..{num_nodes - 1} (--num-nodes {num_nodes}); "
+            f"use ranks below {num_nodes}, or raise --num-nodes"
+        )
     env_vars = data.get("env_vars") or {}
     if not isinstance(env_vars, dict) or not all(ENV_NAME.fullmatch(str(k)) for k in env_vars):
         problems.append(f"{at}.env_vars must map variable names to values (got {env_vars!r})")
         env_vars = {}
     python = data.get("python") or {}
     if not isinstance(python, dict) or set(python) - set(PYTHONS):
-        problems.append(f"{at}.python maps {', '.join(PYTHONS)} to interpreter paths (got {python!r})")
+        problems.append(f"{at}.python must map {', '.join(PYTHONS)} to interpreter paths (got {python!r})")
         python = {}
     port = data.get("vllm_port")
     if port is not None and not (isinstance(port, int) and 1 <= port <= 65535):
@@ -130,7 +139,10 @@ def node_env(groups: list[NodeGroup], rank: int) -> dict[str, str]:
     problems = []
     for name, path in group.python.items():
         if not Path(path).is_file():
-            problems.append(f"node group {group.label!r}: python.{name} {path} does not exist on this node")
+            problems.append(
+                f"node group {group.label!r}: python.{name} {path} does not exist on this node; "
+                "install it there, or fix that path in the node file"
+            )
         env[PYTHONS[name]] = str(path)
     if problems:
         raise ConfigError(problems)

@@ -114,6 +114,31 @@ def unknown_option(override: str) -> str | None:
     )
 
 
+def unparsable(override: str) -> str | None:
+    """The problem with an override Hydra's grammar cannot parse (`a=[1`); None when it parses."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException as exc:
+        why = str(exc).splitlines()[0]
+        return (
+            f"override {override!r} is not a Hydra override ({why}); "
+            "write key=value and quote a value with brackets, e.g. 'key=\"[1\"'"
+        )
+    return None
+
+
+def hydra_problem(exc: Exception) -> str:
+    """One line for a Hydra/OmegaConf composition error: what Hydra says, its cause, and the fix."""
+    cause = exc.__cause__ or exc.__context__
+    why = str(exc).splitlines()[0]
+    if cause is not None and str(cause):
+        why += f": {str(cause).splitlines()[0]}"
+    return f"{why}; give that key a value of its type, or drop the override"
+
+
 def _has_key(cfg: DictConfig, key: str) -> bool:
     return OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False) is not _MISSING
 
@@ -138,7 +163,7 @@ def route(req: Request) -> tuple[Routed, list[str]]:
     }
     for override in req.overrides:
         key = override_key(override)
-        if bad := unknown_option(override):
+        if bad := unparsable(override) or unknown_option(override):
             problems.append(bad)
             continue
         if key in RESERVED:
@@ -179,6 +204,7 @@ def route_and_compose(req: Request) -> Routed:
     if problems:
         raise ConfigError(problems)
     base = _base(req)
+    found: dict[str, list[str]] = {}  # problem -> the configs that have it (rollout_train and rollout_test alike)
     for name in ("rollout_train", "rollout_test", "update"):
         target = "update" if name == "update" else "rollout"
         try:
@@ -191,9 +217,11 @@ def route_and_compose(req: Request) -> Routed:
                 validate_update(OmegaConf.to_object(cfg))
             routed.resolved[name] = OmegaConf.to_container(cfg, resolve=True)
         except ConfigError as exc:
-            problems += [f"{name}: {p}" for p in exc.problems]
+            for problem in exc.problems:
+                found.setdefault(problem, []).append(name)
         except Exception as exc:  # Hydra/OmegaConf composition errors are bad input here
-            problems.append(f"{name}: {type(exc).__name__}: {exc}".strip())
+            found.setdefault(hydra_problem(exc), []).append(name)
+    problems = [f"{', '.join(names)}: {problem}" for problem, names in found.items()]
     if problems:
         raise ConfigError(problems)
     return routed

@@ -103,6 +103,24 @@ def choose_dtype(
     return cpu_dtype(parse_cpuinfo(cpuinfo))
 
 
+#: the keys of a Hugging Face decoder config that size its KV cache (required, then optional)
+SHAPE_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size")
+OPTIONAL_SHAPE_KEYS = ("num_key_value_heads", "head_dim")
+
+
+def model_config_problem(model_config: object) -> str | None:
+    """What makes a config.json unusable for sizing the KV cache; None when it is usable."""
+    if not isinstance(model_config, dict):
+        return f"must be a JSON object (got {type(model_config).__name__})"
+    for key in SHAPE_KEYS + OPTIONAL_SHAPE_KEYS:
+        value = model_config.get(key)
+        if value is None and key in SHAPE_KEYS:
+            return f"lacks {key} (missing)"
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return f"{key} must be an integer >= 1 (got {value!r})"
+    return None
+
+
 def kv_bytes_per_token(model_config: dict, dtype: str) -> int:
     """Bytes of K and V one token takes over every layer of a Hugging Face decoder config."""
     layers = int(model_config["num_hidden_layers"])

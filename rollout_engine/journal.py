@@ -61,8 +61,11 @@ def parse_journal(data: bytes, path: Path) -> list[Trajectory]:
         try:
             trajectories.append(Trajectory.from_json(row))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            if not isinstance(row, dict):
+                why = f"a JSON {type(row).__name__}, not an object"
             raise ConfigError(
-                f"journal {path}:{number} is not a baton.trajectory/1 line ({exc}); move the file aside or fix the line"
+                f"journal {path}:{number} is not a baton.trajectory/1 line ({why}); move the file aside or fix the line"
             ) from None
     return trajectories
 

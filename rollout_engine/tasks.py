@@ -50,12 +50,19 @@ def _task_from_line(path: Path, number: int, line: str) -> Task:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"task file {where} is not valid JSON ({exc.msg}); fix or remove that line") from None
+        raise ConfigError(
+            f"task file {where} is not valid JSON ({exc.msg}; got {line.strip()[:80]!r}); fix or remove that line"
+        ) from None
     if not isinstance(row, dict):
         raise ConfigError(f"task file {where} must hold a JSON object (got {type(row).__name__}); fix that line")
     for key in ("task_id", "task_name"):
-        if row.get(key) in (None, ""):
+        if key not in row:
             raise ConfigError(f"task file {where} lacks the required field {key}; add it (docs/formats.md)")
+        if row[key] in (None, ""):
+            raise ConfigError(f"task file {where}: {key} must be a non-empty string (got {row[key]!r}); set it")
+    for key in ("env", "family"):
+        if row.get(key) is not None and not isinstance(row[key], str):
+            raise ConfigError(f"task file {where}: {key} must be a string (got {row[key]!r}); fix that line")
     difficulty = row.get("difficulty", 1)
     if not isinstance(difficulty, int) or isinstance(difficulty, bool) or difficulty < 1:
         raise ConfigError(f"task file {where}: difficulty must be an integer >= 1 (got {difficulty!r})")

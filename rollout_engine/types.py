@@ -122,6 +122,13 @@ class Trajectory:
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> Trajectory:
         row = {k: v for k, v in row.items() if k != "schema"}
-        row["status"] = Failure(row["status"])
-        row["turns"] = [Turn(**t) for t in row.get("turns", [])]
+        try:
+            row["status"] = Failure(row["status"])
+        except ValueError:
+            known = ", ".join(f.value for f in Failure)
+            raise ValueError(f"status must be one of {known} (got {row['status']!r})") from None
+        turns = row.get("turns", [])
+        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+            raise ValueError(f"turns must be a list of objects (got {str(turns)[:80]})")
+        row["turns"] = [Turn(**t) for t in turns]
         return cls(**row)

@@ -110,7 +110,7 @@ cmd_run() {
 # exit 0), a single node by SIGTERM to the run.sh that owns it on this host.
 cmd_stop() {
   local file host pid start group stopped=0
-  [[ $RUN_LOG == /* && -d $RUN_LOG ]] || cli_bad "--stop needs the --log-path of a run (an existing absolute path; got '$RUN_LOG')"
+  [[ $RUN_LOG == /* && -d $RUN_LOG ]] || cli_bad "--stop needs the --log-path of a run (an existing absolute path; got '$RUN_LOG'); give the --log-path the run was started with"
   for group in "" rollout update; do # --rl-phase both, then a split deployment's runs
     [[ -f $RUN_LOG/${group:+roles/$group/}cluster/run.json ]] || continue
     loop_py "$BATON_APP_PY" -m coordinator stop --log-path "$RUN_LOG" ${group:+--group "$group"} \

@@ -277,7 +277,10 @@ def validate(cfg: UpdateConfig) -> None:
     model = model_path(cfg)
     if not (model / "config.json").is_file():
         what = "model_path" if cfg.model_path else "model_path (empty: <log_path>/policy/current)"
-        problems.append(f"{what} has no HF model at {model} (config.json missing); pass model_path=<HF folder>")
+        problems.append(
+            f"{what} has no HF model at {model} (config.json missing); pass model_path=<HF folder> "
+            "(run.sh: set BATON_BASE_MODEL to one, or run bash scripts/prepare.sh --data-path D)"
+        )
     positives = {
         "algorithm.per_device_train_batch_size": alg.per_device_train_batch_size,
         "algorithm.gradient_accumulation_steps": alg.gradient_accumulation_steps,
@@ -288,7 +291,10 @@ def validate(cfg: UpdateConfig) -> None:
     }
     problems += [f"{name} must be >= 1 (got {value})" for name, value in positives.items() if value < 1]
     if alg.warmup_steps > 0 and alg.warmup_ratio > 0:
-        problems.append("algorithm.warmup_steps and algorithm.warmup_ratio are both set; set one of them to 0")
+        problems.append(
+            "algorithm.warmup_steps and algorithm.warmup_ratio are both set "
+            f"(got {alg.warmup_steps} and {alg.warmup_ratio}); set one of them to 0"
+        )
     if alg.max_steps == 0 or alg.num_train_epochs <= 0:
         problems.append(
             f"algorithm.max_steps ({alg.max_steps}) must be -1 or >= 1 and algorithm.num_train_epochs "

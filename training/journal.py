@@ -65,7 +65,7 @@ def read_iteration(directory: Path) -> list[Trajectory]:
     names = sorted(p.name for p in directory.glob("rank_*.jsonl"))
     own = [name for name in names if OWN_JOURNAL.fullmatch(name)]
     manifest_path = directory / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    manifest = load_manifest(manifest_path) if manifest_path.exists() else None
     if manifest is not None and "missing_ranks" in manifest:
         check_takeover_merged(manifest_path, manifest)
         return read_takeover(directory, manifest)
@@ -84,6 +84,21 @@ def read_iteration(directory: Path) -> list[Trajectory]:
             log.warning("%s has no manifest (rollout not sealed); reading it anyway", path)
         out += read_journal(path)
     return out
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    """An iteration's manifest.json; ConfigError when it is not a JSON object."""
+    text = path.read_text()
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        manifest = exc
+    if not isinstance(manifest, dict):
+        raise ConfigError(
+            f"{path} is not a JSON object (got {text.strip()[:80]!r}); move it aside and merge the iteration "
+            "again (the master rewrites it: --resume)"
+        )
+    return manifest
 
 
 def read_takeover(directory: Path, manifest: dict[str, Any]) -> list[Trajectory]:
@@ -135,9 +150,10 @@ def check_merged(directory: Path, journals: int) -> None:
     if not manifest_path.exists():
         raise ConfigError(
             f"{directory} holds the journals of {journals} ranks but no manifest.json: the master writes it once "
-            "every rank has sealed its journal; finish the multi-node rollout (--resume on every node) first"
+            "every rank has sealed its journal; finish the multi-node rollout first: run it again with --resume "
+            "on every node"
         )
-    manifest = json.loads(manifest_path.read_text())
+    manifest = load_manifest(manifest_path)
     bad = [rank for rank, m in manifest.get("ranks", {}).items() if not (m and m.get("complete") and m.get("verified"))]
     if bad or not manifest.get("complete"):
         raise ConfigError(

@@ -24,7 +24,7 @@ nodes_apply_file() {
   local file=${RUN_NODE_FILE:-${BATON_NODE_FILE:-}} exports
   [[ -n $file ]] || return 0
   exports=$(PYTHONPATH="$ROOT" "$BATON_APP_PY" -m coordinator node-env --node-file "$file" --rank "$RUN_RANK" \
-    --num-nodes "$RUN_NUM_NODES") || cli_bad "--node-file $file: see the problems above"
+    --num-nodes "$RUN_NUM_NODES") || exit 2 # its problems, each naming --node-file, are on stderr
   eval "$exports"
   [[ -z ${BATON_NODE_ADDR:-} || -n $RUN_NODE_ADDR ]] || RUN_NODE_ADDR=$BATON_NODE_ADDR
   [[ -z $exports ]] || common_log "node file $file: rank $RUN_RANK sets $(cut -d= -f1 <<<"${exports//export /}" | paste -sd' ')"

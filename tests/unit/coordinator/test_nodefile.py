@@ -70,7 +70,7 @@ node_groups:
     assert "node_groups[0].vllm_port must be a TCP port 1..65535 (got 70000)" in message
     assert "node_groups[1].node_ranks [9] are outside 0..3 (--num-nodes 4)" in message
     assert "node_groups[1].node_addr names one node's address" in message
-    assert "node_groups[1].python maps app, serve, train to interpreter paths" in message
+    assert "node_groups[1].python must map app, serve, train to interpreter paths" in message
     assert "rank 2 is in node groups 'a' and 'b'; give it to one" in message
 
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env bats
+# The bad-input corpus of run.sh's own flags and of what run.sh validates
+# through Python (issue 11): each case exits 2 with exactly one error naming the
+# flag, the value and the fix, and writes nothing (the log path stays absent).
+# The Python-validated surfaces are in tests/unit/test_bad_input_corpus.py;
+# tests/shell/run_cli.bats covers the argument table's other rules.
+
+bats_require_minimum_version 1.5.0
+
+setup() {
+  ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
+  DATA="$BATS_TEST_TMPDIR/data"
+  LOG="$BATS_TEST_TMPDIR/log"
+  mkdir -p "$DATA"
+  unset RANK NODE_RANK BATON_VLLM_DTYPE BATON_NODE_FILE BATON_NODE_ADDR
+  local var
+  for var in $(compgen -e SLURM); do unset "$var"; done
+}
+
+# bad <flag or field> <value> <args...>: run.sh exits 2 with one error naming both and a fix, writing nothing.
+bad() {
+  local field=$1 value=$2
+  shift 2
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" "$@"
+  local errors
+  errors=$(grep -c '^\[baton\] error: ' <<<"$stderr" || true)
+  [[ $errors == 1 && $stderr == *"$field"* && $stderr == *"$value"* ]] || {
+    printf 'errors: %s\nstderr: %s\n' "$errors" "$stderr" >&2
+    return 1
+  }
+  grep -qE "must |use |give |omit |drop |unset |set |pass |choose|e\.g\.|one of" <<<"$stderr"
+  [ -z "$output" ]
+  [ ! -e "$LOG" ]
+}
+
+# model: a small model folder where run.sh looks for the default one (so that compose gets to the overrides)
+model() {
+  mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
+  printf '{"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}\n' \
+    >"$DATA/models/SmolLM2-135M-Instruct/config.json"
+}
+
+@test "cli: --rl-phase in capitals" { bad --rl-phase ROLLOUT --rl-phase ROLLOUT; }
+@test "cli: --rollout-split train (not train-only)" { bad --rollout-split train --rl-phase rollout --rollout-split train; }
+@test "cli: --eval-interval a fraction" { bad --eval-interval 1.5 --rl-phase both --eval-interval 1.5; }
+@test "cli: --num-nodes a word" { bad --num-nodes x --rl-phase update --num-nodes x; }
+@test "cli: --num-nodes negative" { bad --num-nodes -1 --rl-phase update --num-nodes -1; }
+@test "cli: --max-iterations a word" { bad --max-iterations x --rl-phase update --max-iterations x; }
+@test "cli: --max-update-failures zero" { bad --max-update-failures "'0'" --rl-phase update --max-update-failures 0; }
+@test "cli: --wait-timeout negative" { bad --wait-timeout -5 --rl-phase update --wait-timeout -5; }
+@test "cli: --rank-weights words" { bad --rank-weights a,b --rl-phase update --num-nodes 2 --rank-weights a,b --master; }
+@test "cli: --worker a word" { bad --worker "'x'" --rl-phase update --num-nodes 2 --rank-weights 1,1 --worker x; }
+@test "cli: --on-rank-failure retry" { bad --on-rank-failure retry --rl-phase update --on-rank-failure retry; }
+@test "cli: --node-addr with a bang" { bad --node-addr 'host!' --rl-phase update --node-addr 'host!'; }
+@test "cli: --dashboard-port with a letter" { bad --dashboard-port 8o80 --rl-phase update --dashboard-port 8o80; }
+@test "cli: --node-file given twice" { bad --node-file /b --rl-phase update --node-file /a --node-file /b; }
+@test "cli: --log-path relative with .." { bad --log-path ../exp --log-path ../exp --rl-phase update; }
+@test "cli: --log-path equal to --data-path" { bad --log-path "$DATA" --log-path "$DATA" --rl-phase update; }
+@test "cli: BATON_VLLM_DTYPE int8" { BATON_VLLM_DTYPE=int8 bad BATON_VLLM_DTYPE int8 --rl-phase update; }
+@test "cli: --stop with --dry-run and no run" { bad --stop "$LOG" --rl-phase update --dry-run --stop; }
+@test "run.sh: no model folder under --data-path" { bad model_path "$DATA/models" --rl-phase update --dry-run; }
+@test "run.sh: override env_config.server_size=0" { model && bad env_config.server_size 0 --rl-phase update --dry-run env_config.server_size=0; }
+@test "run.sh: --node-file with vllm_port 70000" {
+  model
+  printf 'node_groups: [{node_ranks: 0, vllm_port: 70000}]\n' >"$BATS_TEST_TMPDIR/nodes.yaml"
+  bad vllm_port 70000 --rl-phase update --dry-run --node-file "$BATS_TEST_TMPDIR/nodes.yaml"
+}

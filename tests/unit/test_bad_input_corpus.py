@@ -1,0 +1,340 @@
+"""The bad-input corpus (issue 11): malformed inputs of every surface, one table.
+
+Each case must exit 2 with exactly one error that names the field, the bad value
+and a fix, and leave every file as it was (same files, same bytes; a log path
+that did not exist still does not exist). The surfaces are called as run.sh
+calls them, in-process: `python -m coordinator compose` (Hydra overrides, the
+base model folder), `... serving` (the model's config.json), `... node-env`
+(--node-file); task files and journals through the loaders the rollout and the
+update call, with their entry points' mapping (ConfigError -> exit 2). run.sh's
+own flags are in tests/shell/bad_input_corpus.bats.
+
+    pytest tests/unit/test_bad_input_corpus.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from coordinator.__main__ import build_parser
+from coordinator.protocol_cli import dispatch
+from rollout_engine.errors import ConfigError
+from rollout_engine.tasks import load_tasks
+from tests.unit.training.trajectories import traj
+from training.journal import load_trajectories
+
+#: a phrase that tells what to do instead
+FIX = re.compile(
+    r"must |use |choose|e\.g\.|set |remove|drop |add |give |pass |point |fix |move |rename|install|known:|one of"
+    r"|finish |run ",
+    re.IGNORECASE,
+)
+#: a small Hugging Face decoder config (enough for coordinator.serving's KV-cache sizing)
+MODEL_CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One malformed input: what is given, and what the error must name."""
+
+    id: str
+    surface: str  # override | model | task | trajectory | nodefile
+    bad: object  # the surface's input: overrides, file text, a model folder's config.json, ...
+    field: str
+    value: str
+    extra: dict = field(default_factory=dict)
+
+
+def _task(**row: object) -> str:
+    return json.dumps({"task_id": "t1", "task_name": "add", "difficulty": 1, **row})
+
+
+def _traj(**change: object) -> str:
+    row = traj("t1", 0, True).to_json()
+    row.update(change)
+    return json.dumps({k: v for k, v in row.items() if v is not _DROP})
+
+
+_DROP = object()
+_GOOD_TRAJ = json.dumps(traj("t0", 0, True).to_json())
+
+
+CASES = [
+    # Hydra overrides, as run.sh passes them to `python -m coordinator compose`
+    Case(
+        "override-env_config.server_size-zero", "override", ["env_config.server_size=0"], "env_config.server_size", "0"
+    ),
+    Case(
+        "override-env_config.max_vllm_sessions-negative",
+        "override",
+        ["env_config.max_vllm_sessions=-1"],
+        "env_config.max_vllm_sessions",
+        "-1",
+    ),
+    Case("override-server_size-not-an-integer", "override", ["env_config.server_size=abc"], "server_size", "abc"),
+    Case("override-seed-not-an-integer", "override", ["seed=ten"], "seed", "ten"),
+    Case("override-algorithm.cutoff_len-zero", "override", ["algorithm.cutoff_len=0"], "algorithm.cutoff_len", "0"),
+    Case(
+        "override-per_device_train_batch_size-zero",
+        "override",
+        ["algorithm.per_device_train_batch_size=0"],
+        "algorithm.per_device_train_batch_size",
+        "0",
+    ),
+    Case(
+        "override-warmup_steps-and-warmup_ratio-both-set",
+        "override",
+        ["algorithm.warmup_steps=5", "algorithm.warmup_ratio=0.1"],
+        "algorithm.warmup_steps",
+        "5",
+    ),
+    Case("override-max_steps-zero", "override", ["algorithm.max_steps=0"], "algorithm.max_steps", "0"),
+    Case(
+        "override-last_k_iterations-zero",
+        "override",
+        ["algorithm.selection.last_k_iterations=0"],
+        "algorithm.selection.last_k_iterations",
+        "0",
+    ),
+    Case("override-val_split_ratio-one", "override", ["data.val_split_ratio=1.5"], "data.val_split_ratio", "1.5"),
+    Case("override-nproc_per_node-negative", "override", ["launch.nproc_per_node=-2"], "launch.nproc_per_node", "-2"),
+    Case("override-keep_last-zero", "override", ["promotion.keep_last=0"], "promotion.keep_last", "0"),
+    Case("override-unknown-key", "override", ["algorithm.learnign_rate=1e-5"], "algorithm.learnign_rate", "1e-5"),
+    Case("override-env-unknown-choice", "override", ["env=chess"], "env", "chess"),
+    Case("override-tracker-unknown-choice", "override", ["tracker=mlflow"], "tracker", "mlflow"),
+    Case("override-reserved-data_path", "override", ["data_path=/elsewhere"], "data_path", "/elsewhere"),
+    Case("override-reserved-iteration", "override", ["iteration=7"], "iteration", "7"),
+    Case("override-reserved-model_path", "override", ["model_path=/m"], "model_path", "/m"),
+    Case(
+        "override-policy-base_url-without-debug-mode",
+        "override",
+        ["policy_config.base_url=http://h:1/v1"],
+        "policy_config.base_url",
+        "http://h:1/v1",
+    ),
+    Case("override-malformed-syntax", "override", ["env_config.server_size=[1"], "env_config.server_size", "[1"),
+    # model folders: the base model run.sh composes with (BATON_BASE_MODEL), and its config.json (serving)
+    Case("model-folder-missing", "model", None, "model_path", "nomodel"),
+    Case("model-folder-without-config.json", "model", {}, "model_path", "model"),
+    Case("model-config.json-is-a-folder", "model", {"config.json/": ""}, "model_path", "model"),
+    Case("model-config.json-not-json", "serving", "{num_hidden_layers: 2", "config.json", "model"),
+    Case("model-config.json-not-an-object", "serving", "[2, 4]", "config.json", "list"),
+    Case(
+        "model-config.json-lacks-num_hidden_layers",
+        "serving",
+        json.dumps({k: v for k, v in MODEL_CONFIG.items() if k != "num_hidden_layers"}),
+        "num_hidden_layers",
+        "missing",
+    ),
+    Case(
+        "model-config.json-num_attention_heads-not-a-number",
+        "serving",
+        json.dumps({**MODEL_CONFIG, "num_attention_heads": "four"}),
+        "num_attention_heads",
+        "four",
+    ),
+    Case(
+        "model-config.json-num_attention_heads-zero",
+        "serving",
+        json.dumps({**MODEL_CONFIG, "num_attention_heads": 0, "num_key_value_heads": 0}),
+        "num_attention_heads",
+        "0",
+    ),
+    # task files (docs/formats.md "Task files"), as the rollout loads them
+    Case("task-file-missing", "task", None, "task file", "tasks.jsonl"),
+    Case("task-file-empty", "task", "\n\n", "task file", "tasks.jsonl"),
+    Case("task-line-not-json", "task", '{"task_id": "t1", ', "task file", '{"task_id": "t1",'),
+    Case("task-line-an-array", "task", '["t1", "add"]', "JSON object", "list"),
+    Case("task-line-a-string", "task", '"t1"', "JSON object", "str"),
+    Case("task-lacks-task_id", "task", json.dumps({"task_name": "add"}), "task_id", "tasks.jsonl:1"),
+    Case("task-empty-task_id", "task", _task(task_id=""), "task_id", "''"),
+    Case("task-lacks-task_name", "task", json.dumps({"task_id": "t1"}), "task_name", "tasks.jsonl:1"),
+    Case("task-null-task_name", "task", _task(task_name=None), "task_name", "None"),
+    Case("task-difficulty-zero", "task", _task(difficulty=0), "difficulty", "0"),
+    Case("task-difficulty-a-word", "task", _task(difficulty="hard"), "difficulty", "'hard'"),
+    Case("task-difficulty-a-bool", "task", _task(difficulty=True), "difficulty", "True"),
+    Case("task-difficulty-a-float", "task", _task(difficulty=1.5), "difficulty", "1.5"),
+    Case("task-metadata-a-list", "task", _task(metadata=[1, 2]), "metadata", "list"),
+    Case("task-duplicate-task_id", "task", _task() + "\n" + _task(), "task_id", "'t1'"),
+    Case("task-env-not-a-string", "task", _task(env=3), "env", "3"),
+    Case("task-family-not-a-string", "task", _task(family=["a"]), "family", "['a']"),
+    # trajectory journals, as the update reads them (training.journal.load_trajectories)
+    Case("trajectory-line-an-array", "trajectory", "[1, 2]", "rank_0.jsonl:2", "list"),
+    Case("trajectory-line-a-number", "trajectory", "42", "rank_0.jsonl:2", "int"),
+    Case("trajectory-lacks-status", "trajectory", _traj(status=_DROP), "status", "rank_0.jsonl:2"),
+    Case("trajectory-status-unknown", "trajectory", _traj(status="exploded"), "status", "exploded"),
+    Case("trajectory-unknown-field", "trajectory", _traj(colour="red"), "colour", "rank_0.jsonl:2"),
+    Case("trajectory-turns-not-objects", "trajectory", _traj(turns=["hi"]), "turns", "hi"),
+    Case("trajectory-turn-unknown-field", "trajectory", _traj(turns=[{"index": 0, "bogus": 1}]), "bogus", ":2"),
+    Case("trajectory-lacks-task_id", "trajectory", _traj(task_id=_DROP), "task_id", "rank_0.jsonl:2"),
+    Case("trajectory-manifest-not-json", "manifest", "{complete: yes", "manifest.json", "complete: yes"),
+    Case("trajectory-two-ranks-no-manifest", "two_ranks", None, "manifest.json", "2 ranks"),
+    # the node file (--node-file), as run.sh reads it: `python -m coordinator node-env`
+    Case("nodefile-missing", "nodefile", None, "--node-file", "nodes.yaml"),
+    Case("nodefile-not-yaml", "nodefile", "node_groups: [label: a\n  - x", "--node-file", "nodes.yaml"),
+    Case("nodefile-not-a-mapping", "nodefile", "- a\n- b\n", "node_groups", "['a', 'b']"),
+    Case("nodefile-empty-node_groups", "nodefile", "node_groups: []\n", "node_groups", "[]"),
+    Case("nodefile-group-not-a-mapping", "nodefile", "node_groups: [gpu]\n", "node_groups[0]", "gpu"),
+    Case(
+        "nodefile-unknown-key", "nodefile", "node_groups:\n- {node_ranks: 0, vllm_prot: 9}\n", "vllm_prot", "vllm_prot"
+    ),
+    Case("nodefile-node_ranks-missing", "nodefile", "node_groups:\n- {label: a}\n", "node_ranks", "None"),
+    Case("nodefile-node_ranks-malformed", "nodefile", "node_groups:\n- {node_ranks: 0-}\n", "node_ranks", "0-"),
+    Case("nodefile-node_ranks-reversed", "nodefile", "node_groups:\n- {node_ranks: 3-1}\n", "node_ranks", "3-1"),
+    Case(
+        "nodefile-node_ranks-outside", "nodefile", "node_groups:\n- {node_ranks: 0-5}\n", "node_ranks", "[2, 3, 4, 5]"
+    ),
+    Case(
+        "nodefile-rank-in-two-groups",
+        "nodefile",
+        "node_groups:\n- {label: a, node_ranks: 0-1}\n- {label: b, node_ranks: 1}\n",
+        "rank 1",
+        "'b'",
+    ),
+    Case(
+        "nodefile-env_vars-bad-name",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0, env_vars: {1BAD: x}}\n",
+        "env_vars",
+        "1BAD",
+    ),
+    Case(
+        "nodefile-env_vars-a-list", "nodefile", "node_groups:\n- {node_ranks: 0, env_vars: [A]}\n", "env_vars", "['A']"
+    ),
+    Case(
+        "nodefile-python-unknown-env",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0, python: {judge: /usr/bin/python3}}\n",
+        "python",
+        "judge",
+    ),
+    Case(
+        "nodefile-python-not-on-this-node",
+        "nodefile",
+        "node_groups:\n- {label: a, node_ranks: 0, python: {serve: /nonexistent/bin/python}}\n",
+        "python.serve",
+        "/nonexistent/bin/python",
+    ),
+    Case(
+        "nodefile-vllm_port-too-big",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0, vllm_port: 70000}\n",
+        "vllm_port",
+        "70000",
+    ),
+    Case(
+        "nodefile-vllm_port-a-word",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0, vllm_port: http}\n",
+        "vllm_port",
+        "http",
+    ),
+    Case(
+        "nodefile-node_addr-in-a-group-of-two",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0-1, node_addr: 10.0.0.5}\n",
+        "node_addr",
+        "[0, 1]",
+    ),
+]
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under root: a file's bytes, None for a folder."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def _cli(argv: list[str]) -> int:
+    return dispatch(build_parser().parse_args(argv))
+
+
+def _entry_point(load: Callable[[], object]) -> int:
+    """The rollout's and the update's mapping (rollout_engine.__main__, training.__main__): ConfigError -> 2."""
+    try:
+        load()
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=__import__("sys").stderr)
+        return 2
+    return 0
+
+
+def _model(folder: Path, bad: object) -> None:
+    """A model folder: a dict of file name -> text ("name/" for a folder), or config.json's text."""
+    folder.mkdir(parents=True)
+    files = bad if isinstance(bad, dict) else {"config.json": bad}
+    for name, text in files.items():
+        if name.endswith("/"):
+            (folder / name).mkdir()
+        else:
+            (folder / name).write_text(text)
+
+
+def _run(case: Case, tmp: Path) -> tuple[Path, Callable[[], int]]:
+    """Build the case's files under tmp; return the folder to watch and the call."""
+    data, log = tmp / "data", tmp / "log"
+    data.mkdir()
+    compose = ["compose", "--data-path", str(data), "--log-path", str(log), "--save", str(log / "resolved.yaml")]
+    if case.surface == "override":
+        _model(data / "model", json.dumps(MODEL_CONFIG))
+        return tmp, lambda: _cli([*compose, "--base-model", str(data / "model"), "--", *case.bad])
+    if case.surface == "model":
+        folder = data / ("nomodel" if case.bad is None else "model")
+        if case.bad is not None:
+            _model(folder, case.bad)
+        return tmp, lambda: _cli([*compose, "--base-model", str(folder)])
+    if case.surface == "serving":
+        _model(data / "model", case.bad)
+        argv = ["serving", "--device", "cpu", "--model", str(data / "model"), "--cpuinfo", str(tmp / "none")]
+        return tmp, lambda: _cli([*argv, "--record", str(log / "serving.json")])
+    if case.surface == "task":
+        path = data / "tasks.jsonl"
+        if case.bad is not None:
+            path.write_text(case.bad + "\n")
+        return tmp, lambda: _entry_point(lambda: load_tasks(path))
+    if case.surface == "nodefile":
+        path = data / "nodes.yaml"
+        if case.bad is not None:
+            path.write_text(case.bad)
+        return tmp, lambda: _cli(["node-env", "--node-file", str(path), "--rank", "0", "--num-nodes", "2"])
+    # journals of iteration 1 under an existing log path
+    folder = log / "trajectories" / "train" / "iter_0001"
+    folder.mkdir(parents=True)
+    if case.surface == "trajectory":
+        (folder / "rank_0.jsonl").write_text(_GOOD_TRAJ + "\n" + case.bad + "\n")
+    elif case.surface == "manifest":
+        (folder / "rank_0.jsonl").write_text(_GOOD_TRAJ + "\n")
+        (folder / "manifest.json").write_text(case.bad)
+    else:  # two ranks' journals, never merged by the master
+        (folder / "rank_0.jsonl").write_text(_GOOD_TRAJ + "\n")
+        (folder / "rank_1.jsonl").write_text(_GOOD_TRAJ + "\n")
+    return tmp, lambda: _entry_point(lambda: load_trajectories(log, "train", [1]))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.delenv("BATON_VLLM_DTYPE", raising=False)
+    root, call = _run(case, tmp_path)
+    before = _snapshot(root)
+    code = call()
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if re.match(r"(\[baton\] )?error:", line)]
+    assert code == 2, (code, err)
+    assert out == ""
+    assert len(errors) == 1, err
+    assert case.field in errors[0] and case.value in errors[0], errors[0]
+    assert FIX.search(errors[0]), errors[0]
+    assert _snapshot(root) == before
+
+
+def test_corpus_size() -> None:
+    """At least 60 distinct malformed inputs over the surfaces (the CLI's are in the bats corpus)."""
+    surfaces = {c.surface for c in CASES}
+    assert len({c.id for c in CASES}) == len(CASES) >= 60
+    assert {"override", "model", "task", "trajectory", "nodefile"} <= surfaces
