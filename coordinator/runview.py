@@ -46,6 +46,7 @@ class RankRollout:
     elapsed_s: float
     updated_at: float  # the writer's clock: an identity of the snapshot, never compared with ours
     cells: list[dict[str, Any]] = field(default_factory=list)
+    policy_down: str | None = None  # the rollout stopped: the policy server stopped answering
 
     @property
     def todo(self) -> int:
@@ -85,6 +86,7 @@ class RankRollout:
             elapsed_s=float(snap.get("elapsed_s", 0.0)),
             updated_at=float(snap.get("updated_at", 0.0)),
             cells=list(snap.get("cells", [])),
+            policy_down=snap.get("policy_down"),
         )
 
 
@@ -224,6 +226,17 @@ class StallWatch:
         now = self.clock()
         troubles: list[Trouble] = []
         for rollout in view.rollouts() if rollouts is None else rollouts:
+            if rollout.policy_down:
+                troubles.append(
+                    Trouble(
+                        rollout.rank,
+                        f"the policy server stopped answering during its {rollout.split} rollout "
+                        f"({rollout.policy_down})",
+                        "run.sh restarts vLLM and resumes the rollout (at most BATON_POLICY_RESTARTS times, 3); if it "
+                        f"keeps failing, read {view.log}/run/rank_{rollout.rank or 0}/logs/vllm.log (often memory)",
+                    )
+                )
+                continue
             if rollout.done:
                 continue
             key = (rollout.rank, rollout.split, rollout.iteration)

@@ -46,6 +46,8 @@ class Progress:
     failures: collections.Counter = field(default_factory=collections.Counter)
     successes: int = 0
     completion_tokens: int = 0
+    #: why the rollout stopped early because the policy server stopped answering (None while it answers)
+    policy_down: str | None = None
 
     def add(self, episode_ids: list[str]) -> None:
         for episode_id in episode_ids:
@@ -97,6 +99,7 @@ class Progress:
             "failures": dict(self.failures),
             "elapsed_s": round(elapsed, 2),
             "completion_tokens": self.completion_tokens,
+            "policy_down": self.policy_down,
             "updated_at": time.time(),
             "cells": cells,
         }

@@ -187,6 +187,7 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
         received = await _run_until_signal(prepared, scheduler, todo)
     except InfraError as exc:
         received, down = None, exc
+        progress.policy_down = str(exc)  # the last status.json says so (run.sh's view, the dashboard)
     live.cancel()
     await asyncio.gather(live, return_exceptions=True)
     planned_ids = {s.episode_id for s in prepared.specs}

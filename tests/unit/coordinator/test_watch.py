@@ -185,3 +185,12 @@ def test_on_a_terminal_the_live_block_gives_way_to_the_final_numbers() -> None:
     out.show(Frame(lines=["train rollout: 3/8 episodes"]))
     out.close(Frame(lines=["train rollout: 8/8 episodes"]))
     assert stream.getvalue().endswith("[baton] train rollout: 8/8 episodes\n")
+
+
+def test_a_rollout_stopped_by_a_dead_policy_server_is_trouble_with_what_run_sh_does(tmp_path: Path) -> None:
+    status(tmp_path, None, policy_down="policy server http://127.0.0.1:8999/v1 stopped answering")
+    (trouble,) = StallWatch().observe(RunView(tmp_path))
+    assert trouble.rank is None and trouble.what.startswith("the policy server stopped answering during its train")
+    assert "restarts vLLM" in trouble.fix and "run/rank_0/logs/vllm.log" in trouble.fix
+    status(tmp_path, None, policy_down=None)  # the resumed rollout's status: nothing to say
+    assert StallWatch().observe(RunView(tmp_path)) == []
