@@ -213,9 +213,11 @@ def leftover_processes(log: Path, needles: list[str] = ()) -> list[str]:
         if (now is None or start in ("-", now)) and group_alive(pgid):
             left.append(f"group {pgid} recorded in {path}")
     mine = ancestors()
-    out = subprocess.run(["ps", "-ww", "-e", "-o", "pid=,stat=,args="], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ps", "-ww", "-e", "-o", "pid=,stat=,args="], capture_output=True, text=True, check=True
+    ).stdout
     for line in out.splitlines():
-        pid, stat, args = (line.split(None, 2) + ["", ""])[:3]
+        pid, stat, args = [*line.split(None, 2), "", ""][:3]
         if pid.isdigit() and int(pid) in mine:
             continue
         if not stat.startswith("Z") and any(n in args for n in [str(log), *needles]):

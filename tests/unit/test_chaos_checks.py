@@ -41,7 +41,9 @@ def journal(log: Path, ids: list[str], planned: int | None, split: str = "train"
 def policy(log: Path, version: int, iteration: int, parent: int | None, done: str | None = None) -> None:
     directory = log / "policy" / f"v{version:04d}"
     directory.mkdir(parents=True)
-    (directory / "baton_policy.json").write_text(json.dumps({"version": version, "iteration": iteration, "parent": parent}))
+    (directory / "baton_policy.json").write_text(
+        json.dumps({"version": version, "iteration": iteration, "parent": parent})
+    )
     current = log / "policy" / "current"
     current.unlink(missing_ok=True)
     current.symlink_to(f"v{version:04d}")
@@ -104,7 +106,11 @@ def test_broken_chains_are_named(tmp_path: Path) -> None:
 
 
 def test_an_iteration_recorded_twice_in_metrics(tmp_path: Path) -> None:
-    rows = [{"kind": "rollout", "iteration": 1}, {"kind": "iteration", "iteration": 1}, {"kind": "iteration", "iteration": 2}]
+    rows = [
+        {"kind": "rollout", "iteration": 1},
+        {"kind": "iteration", "iteration": 1},
+        {"kind": "iteration", "iteration": 2},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert check_iteration_records(tmp_path) == []
     with (tmp_path / "metrics.jsonl").open("a") as out:
