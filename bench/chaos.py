@@ -264,6 +264,14 @@ class Chaos:
         return row
 
 
+def draw(kinds: list[str], rounds: int, rng: random.Random) -> list[str]:
+    """`rounds` faults: the kinds in a seeded random order, again and again (each kind once before any twice)."""
+    plan: list[str] = []
+    while len(plan) < rounds:
+        plan += rng.sample(kinds, len(kinds))
+    return plan[:rounds]
+
+
 def summarize(rows: list[Round]) -> dict[str, dict[str, int]]:
     """Faults by kind: injected, missed, recovered, lost, duplicated, hangs, leftovers, problems."""
     table: dict[str, dict[str, int]] = {}
@@ -329,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     kinds = [k for k in args.faults.split(",") if k] or list(FAULTS)
-    plan = SHORT if args.short else [rng.choice(kinds) for _ in range(args.rounds)]
+    plan = SHORT if args.short else draw(kinds, args.rounds, rng)
     log_path = args.log_path or Path(tempfile.mkdtemp(prefix="baton-chaos-"))
     chaos = Chaos(args.data_path.resolve(), log_path.resolve(), free_port(), args.overrides, args.run_budget, args.hang)
     # the update's own deadline (launch.timeout_s + grace_s, defaults) and the run budget for the rest
@@ -340,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = []
     started = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the run.sh it started
     try:
         for number, kind in enumerate(plan, start=1):
             fault = FAULTS[kind]
