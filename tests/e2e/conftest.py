@@ -38,8 +38,9 @@ ONE_STEP_LOOP = [
 
 
 def processes_mentioning(*needles: str) -> list[str]:
-    """Live (non-zombie) processes whose command line contains one of the needles."""
-    out = subprocess.run(["ps", "-e", "-o", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    """Live (non-zombie) processes whose command line contains one of the needles. `-ww`: without it ps cuts
+    each line at 80 columns when it runs under pytest, and a log path further right is never seen."""
+    out = subprocess.run(["ps", "-ww", "-e", "-o", "stat=,args="], capture_output=True, text=True, check=True).stdout
     return [line for line in out.splitlines() if not line.startswith("Z") and any(n in line for n in needles)]
 
 

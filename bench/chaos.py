@@ -1,0 +1,384 @@
+"""Fault injection: the real loop on the default model, one fault a round, `--resume`, then the invariants.
+
+    PYTHONPATH=. $BATON_APP_PY -m bench.chaos --data-path D --rounds 6 --seed 1 --out chaos.json
+    PYTHONPATH=. $BATON_APP_PY -m bench.chaos --data-path D --short      # the fixed list CI's test runs
+
+One log path for the whole soak (a temp directory, or `--log-path`); round r runs iteration r:
+`bash scripts/run.sh --rl-phase both --max-iterations 1 [--resume]` with small settings (`SETTINGS`),
+waits until the fault's phase runs (its group's record `run/rank_0/pids/<name>.pgid`, or LLaMA-Factory's
+`training/iter_<NNNN>/train.log.pgid`), waits a seeded random moment into it, and injects the fault
+(`FAULTS`). Then it restarts the way docs/cli.md tells a user to (`--resume`, nothing killed by hand)
+until the iteration is done, and checks the log path (bench/chaos_checks.py): every planned episode once,
+the policy chain, one record per iteration, no phase past its deadline, nothing left running. Every
+signal goes to the run.sh this harness started (its Popen) or to a group the run recorded, after the
+leader's start time is checked as scripts/lib/procs.sh does; nothing else is ever signalled.
+
+Prints a line per round and a table by fault (stdout; run.sh's output goes to `<log>/chaos/`), and the
+same as JSON with `--out`. docs/reliability.md has the catalogue, the deadlines and a soak's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.chaos_checks import check_log, start_time
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: a round of about a minute and a half on 2 cores: 96 train episodes (a success is near certain at the base
+#: model's ~8 %, so the update trains), 32 held-out ones in iteration 1, one optimizer step
+SETTINGS = [
+    "policy_config.max_new_tokens=24",
+    "env_config.max_vllm_sessions=8",
+    "env_config.live_view=plain",
+    "env_config.train_tasks_rollout_size=24",
+    "env_config.n_samples_per_task=4",
+    "env_config.test_tasks_rollout_size=8",
+    "algorithm.max_steps=1",
+    "algorithm.learning_rate=1e-4",
+    "algorithm.per_device_train_batch_size=1",
+    "algorithm.gradient_accumulation_steps=1",
+    "algorithm.cutoff_len=512",
+]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One kind of fault: where it strikes (`phase`: the record file it waits for) and how."""
+
+    kind: str
+    phase: str  # train_rollout | update | training (LLaMA-Factory running)
+    action: str  # kill-run-sh | term-run-sh | kill-group:<name> | kill-training | stop-group:<name>
+    expect: str  # what run.sh does about it, for the table
+
+
+FAULTS = {
+    f.kind: f
+    for f in [
+        Fault("run.sh SIGKILL (rollout)", "train_rollout", "kill-run-sh", "dies; the next run stops what it left"),
+        Fault("run.sh SIGKILL (update)", "update", "kill-run-sh", "dies; the next run stops what it left"),
+        Fault("run.sh SIGTERM", "train_rollout", "term-run-sh", "stops its groups, exit 143"),
+        Fault("rollout SIGKILL", "train_rollout", "kill-group:rollout-train", "the rollout fails, exit 1"),
+        Fault("vLLM SIGKILL", "train_rollout", "kill-group:vllm", "restarts vLLM, resumes the rollout"),
+        Fault("trainer SIGKILL", "training", "kill-training", "the update fails, the old policy stays"),
+        Fault("rollout SIGSTOP (hang)", "train_rollout", "stop-group:rollout-train", "none: the user SIGTERMs"),
+    ]
+}
+#: the fixed list of the short mode (tests/e2e/test_chaos.py runs the same with --debug-mode)
+SHORT = ["run.sh SIGKILL (rollout)", "rollout SIGKILL"]
+#: how far into a phase a fault may strike (seconds; a phase on 2 cores: rollout ~10 s, update ~40 s)
+SPREAD_S = {"train_rollout": 6.0, "update": 20.0, "training": 8.0}
+
+
+@dataclass
+class Round:
+    round: int
+    fault: str
+    delay_s: float
+    injected: bool = False  # False: the phase had ended before the moment came (missed)
+    first_exit: int | None = None  # run.sh's exit code after the fault
+    restarts: int = 0
+    recovered: bool = False  # the iteration finished after --resume
+    recovery_s: float = 0.0  # from the fault to the iteration done
+    noticed: bool | None = None  # a hang: run.sh stopped or warned on its own
+    hangs: list[str] = field(default_factory=list)
+    lost: int = 0
+    duplicated: int = 0
+    leftovers: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+class Chaos:
+    """One soak on one log path: run.sh invocations, faults, checks."""
+
+    def __init__(self, data: Path, log: Path, port: int, extra: list[str], run_budget_s: float, hang_s: float):
+        self.data, self.log, self.port, self.extra = data, log, port, extra
+        self.run_budget_s, self.hang_s = run_budget_s, hang_s
+        self.runs = 0
+        self.proc: subprocess.Popen | None = None
+        (log / "chaos").mkdir(parents=True, exist_ok=True)
+
+    # ---- run.sh -------------------------------------------------------------------------------------
+    def start(self, resume: bool) -> subprocess.Popen:
+        """run.sh for one iteration (its own session; output to <log>/chaos/run_<k>.log, never a pipe,
+        which a group left by a SIGKILLed run.sh would hold open)."""
+        self.runs += 1
+        cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(self.data), "--log-path", str(self.log)]
+        cmd += ["--rl-phase", "both", "--eval-interval", "1000", "--max-iterations", "1"]
+        cmd += (["--resume"] if resume else []) + SETTINGS + self.extra
+        out = open(self.log / "chaos" / f"run_{self.runs:03d}.log", "w")  # noqa: SIM115 (closed in finish)
+        env = {**os.environ, "BATON_VLLM_PORT": str(self.port), "BATON_PROGRESS_S": "0"}
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.proc.out = out  # type: ignore[attr-defined]
+        return self.proc
+
+    def output(self) -> str:
+        return (self.log / "chaos" / f"run_{self.runs:03d}.log").read_text()
+
+    def finish(self, waiting_for: str) -> tuple[int, bool]:
+        """Wait for run.sh within the run budget; past it (a hang), SIGTERM it as a user would, then SIGKILL
+        after 60 s. Returns (exit code, hung)."""
+        proc = self.proc
+        assert proc is not None
+        hung = False
+        try:
+            proc.wait(timeout=self.run_budget_s)
+        except subprocess.TimeoutExpired:
+            hung = True
+            log(f"  hang: run.sh ran past {self.run_budget_s:.0f} s waiting for {waiting_for}; SIGTERM")
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                log("  run.sh ignored SIGTERM for 60 s; SIGKILL")
+                proc.kill()
+                proc.wait()
+        proc.out.close()  # type: ignore[attr-defined]
+        return proc.returncode, hung
+
+    def stop(self) -> None:
+        """At the harness's exit: SIGTERM the run.sh it started, if it still runs (it stops its groups)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    # ---- the run's groups ---------------------------------------------------------------------------
+    def groups(self, phase: str, iteration: int) -> list[tuple[int, str]]:
+        """(pgid, leader start time) of what runs `phase` now, from the run's own records."""
+        if phase == "training":
+            path = self.log / "training" / f"iter_{iteration:04d}" / "train.log.pgid"
+        else:
+            name = {"train_rollout": "rollout-train", "update": "update"}.get(phase, phase)
+            path = self.log / "run" / "rank_0" / "pids" / f"{name}.pgid"
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return []
+        return [(int(p[0]), p[1] if len(p) > 1 else "-") for p in (ln.split() for ln in lines) if p and p[0].isdigit()]
+
+    def signal_groups(self, phase: str, iteration: int, sig: signal.Signals) -> bool:
+        """Signal the groups of `phase`, each only while its pid is still the recorded leader (or gone, its
+        members left: Linux reuses no pid while its group has members). False when nothing was signalled."""
+        sent = False
+        for pgid, start in self.groups(phase, iteration):
+            now = start_time(pgid)
+            if now is not None and start not in ("-", now):
+                continue  # a reused pid: not ours
+            try:
+                os.killpg(pgid, sig)
+                sent = True
+            except ProcessLookupError:
+                pass
+        return sent
+
+    def wait_phase(self, phase: str, iteration: int, timeout: float) -> bool:
+        """Wait until `phase` of `iteration` runs (its record exists); False when run.sh exits first or
+        the phase was already done."""
+        done = (
+            self.log / "run" / "state" / f"iter_{iteration:04d}" / f"{'update' if phase == 'training' else phase}.done"
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.groups(phase, iteration) and not done.exists():
+                return True
+            if done.exists() or self.proc is None or self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+        raise TimeoutError(f"waited {timeout:.0f} s for the {phase} of iteration {iteration} to start")
+
+    # ---- one fault ------------------------------------------------------------------------------------
+    def inject(self, fault: Fault, iteration: int, delay: float, row: Round) -> None:
+        """Wait for the fault's phase, `delay` s more, then strike (nothing when the phase ended first)."""
+        if not self.wait_phase(fault.phase, iteration, self.run_budget_s):
+            return
+        time.sleep(delay)
+        if not self.groups(fault.phase, iteration) or self.proc.poll() is not None:
+            return
+        kind, _, name = fault.action.partition(":")
+        if kind == "kill-run-sh":
+            self.proc.send_signal(signal.SIGKILL)  # run.sh only: its groups run on, the next run must stop them
+            row.injected = True
+        elif kind == "term-run-sh":
+            self.proc.send_signal(signal.SIGTERM)
+            row.injected = True
+        elif kind == "kill-group":
+            row.injected = self.signal_groups(name, iteration, signal.SIGKILL)
+        elif kind == "kill-training":
+            row.injected = self.signal_groups("training", iteration, signal.SIGKILL)
+        elif kind == "stop-group":
+            row.injected = self.signal_groups(name, iteration, signal.SIGSTOP)
+            if row.injected:
+                self.hold(row)
+
+    def hold(self, row: Round) -> None:
+        """A hung rollout: watch run.sh for hang_s; if it neither stops nor warns, SIGTERM it as a user would
+        (run.sh sends its groups SIGTERM and SIGCONT)."""
+        deadline = time.monotonic() + self.hang_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.5)
+        row.noticed = self.proc.poll() is not None or "trouble" in self.output()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def round(self, number: int, fault: Fault, delay: float, deadlines: dict[str, float]) -> Round:
+        """Iteration `number` with `fault` struck `delay` s into its phase, resumed until done, then checked."""
+        row = Round(number, fault.kind, round(delay, 2))
+        self.start(resume=self.runs > 0)
+        self.inject(fault, number, delay, row)
+        struck = time.monotonic()
+        rc, hung = self.finish(f"iteration {number} after a {fault.kind}")
+        row.first_exit = rc
+        if hung:
+            row.hangs.append(f"run {self.runs}: run.sh past {self.run_budget_s:.0f} s")
+        done = self.log / "run" / "state" / f"iter_{number:04d}" / "iteration.done"
+        while not done.exists() and row.restarts < 3:
+            row.restarts += 1
+            self.start(resume=True)
+            rc, hung = self.finish(f"--resume of iteration {number}")
+            if hung:
+                row.hangs.append(f"run {self.runs}: run.sh --resume past {self.run_budget_s:.0f} s")
+            elif rc != 0:
+                row.problems.append(f"run {self.runs}: --resume exited {rc}: {self.output()[-600:]}")
+        row.recovered = done.exists()
+        row.recovery_s = round(time.monotonic() - struck, 1)
+        report = check_log(self.log, deadlines=deadlines, needles=[f"--port {self.port}"])
+        row.lost, row.duplicated, row.leftovers = report.lost, report.duplicated, report.leftovers
+        row.hangs += report.late
+        row.problems += report.problems()
+        return row
+
+
+def draw(kinds: list[str], rounds: int, rng: random.Random) -> list[str]:
+    """`rounds` faults: the kinds in a seeded random order, again and again (each kind once before any twice)."""
+    plan: list[str] = []
+    while len(plan) < rounds:
+        plan += rng.sample(kinds, len(kinds))
+    return plan[:rounds]
+
+
+def summarize(rows: list[Round]) -> dict[str, dict[str, int]]:
+    """Faults by kind: injected, missed, recovered, lost, duplicated, hangs, leftovers, problems."""
+    table: dict[str, dict[str, int]] = {}
+    for row in rows:
+        t = table.setdefault(
+            row.fault,
+            dict.fromkeys(
+                ["injected", "missed", "recovered", "lost", "duplicated", "hangs", "leftovers", "problems"], 0
+            ),
+        )
+        t["injected" if row.injected else "missed"] += 1
+        t["recovered"] += row.recovered
+        t["lost"] += row.lost
+        t["duplicated"] += row.duplicated
+        t["hangs"] += len(row.hangs)
+        t["leftovers"] += len(row.leftovers)
+        t["problems"] += len(row.problems)
+    return table
+
+
+def print_table(table: dict[str, dict[str, int]]) -> None:
+    cols = ["injected", "missed", "recovered", "lost", "duplicated", "hangs", "leftovers", "problems"]
+    print(f"| fault | {' | '.join(cols)} |")
+    print(f"|---|{'---|' * len(cols)}")
+    for kind, t in table.items():
+        print(f"| {kind} | {' | '.join(str(t[c]) for c in cols)} |")
+
+
+def cpu() -> dict[str, object]:
+    """The CPU model and its vector flags (what a timing depends on)."""
+    text = Path("/proc/cpuinfo").read_text()
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+    return {
+        "model": model,
+        "cores": os.cpu_count(),
+        "flags": sorted(f for f in flags if f.startswith(("avx2", "avx512"))),
+    }
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
+    parser.add_argument("--data-path", type=Path, required=True)
+    parser.add_argument("--log-path", type=Path, help="default: a new temp directory (kept)")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--short", action="store_true", help=f"the fixed list {SHORT}, not random faults")
+    parser.add_argument("--faults", default="", help="comma-separated kinds to draw from (default: all)")
+    parser.add_argument("--run-budget", type=float, default=900.0, help="seconds one run.sh may take (a hang past it)")
+    parser.add_argument("--hang", type=float, default=60.0, help="seconds a SIGSTOPped rollout is held")
+    parser.add_argument("--out", type=Path, help="write the rounds and the table as JSON")
+    parser.add_argument("overrides", nargs="*", help="more run.sh overrides (key=value)")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    kinds = [k for k in args.faults.split(",") if k] or list(FAULTS)
+    plan = SHORT if args.short else draw(kinds, args.rounds, rng)
+    log_path = args.log_path or Path(tempfile.mkdtemp(prefix="baton-chaos-"))
+    chaos = Chaos(args.data_path.resolve(), log_path.resolve(), free_port(), args.overrides, args.run_budget, args.hang)
+    # the update's own deadline (launch.timeout_s + grace_s, defaults) and the run budget for the rest
+    deadlines = {"update": 3600.0 + 10.0, "train_rollout": args.run_budget, "test_rollout": args.run_budget}
+    log(
+        f"chaos: {len(plan)} rounds on {log_path} (seed {args.seed}, port {chaos.port}); "
+        f"run.sh output: {log_path}/chaos/"
+    )
+    rows = []
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the run.sh it started
+    try:
+        for number, kind in enumerate(plan, start=1):
+            fault = FAULTS[kind]
+            row = chaos.round(number, fault, rng.uniform(0.0, SPREAD_S[fault.phase]), deadlines)
+            rows.append(row)
+            state = "injected" if row.injected else "missed (the phase ended first)"
+            log(
+                f"round {number}: {kind} at +{row.delay_s}s: {state}, exit {row.first_exit}, {row.restarts} resume(s), "
+                f"{'recovered' if row.recovered else 'NOT recovered'} in {row.recovery_s}s; lost {row.lost}, "
+                f"duplicated {row.duplicated}, hangs {len(row.hangs)}, left {len(row.leftovers)}"
+                + (f", noticed by run.sh: {row.noticed}" if row.noticed is not None else "")
+            )
+            for problem in row.problems:
+                log(f"  problem: {problem}")
+    finally:
+        chaos.stop()
+    table = summarize(rows)
+    print_table(table)
+    result = {
+        "command": " ".join([Path(sys.executable).name, "-m", "bench.chaos", *(argv or sys.argv[1:])]),
+        "log_path": str(log_path),
+        "cpu": cpu(),
+        "wall_s": round(time.monotonic() - started, 1),
+        "rounds": [asdict(r) for r in rows],
+        "table": table,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if all(r.recovered and not r.problems for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""The invariants the fault-injection harness checks on a log path after a run (docs/reliability.md).
+
+    from bench.chaos_checks import check_log
+    report = check_log(Path("/logs/exp1"), needles=["--port 18431"])
+    print(report.problems())   # [] when every invariant holds
+
+- exactly once: every planned episode of every sealed rollout journal
+  (`trajectories/<split>/iter_<NNNN>/rank_<r>.jsonl`) is on exactly one line, its
+  manifest says `complete`, and the journal is the one it sealed (sha256);
+- the policy chain: the versions under `policy/` are consecutive, each one's
+  `parent` is the version before it, no iteration promoted twice, `policy/current`
+  is the newest, and each iteration's `update.done` names the version it promoted;
+- one `"kind": "iteration"` record per iteration in `metrics.jsonl`;
+- deadlines: no phase in `run/state/iter_<NNNN>/times` took longer than its deadline;
+- nothing left: no recorded process group alive (`run/rank_<r>/pids/*.pgid`,
+  `training/iter_<NNNN>/train.log.pgid`), no process whose command line names the
+  log path (or one of `needles`, e.g. the run's vLLM port).
+
+Reads only; used by `bench/chaos.py` and `tests/e2e/test_chaos.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class RolloutCheck:
+    """One rank's journal of one rollout."""
+
+    journal: str
+    planned: int | None  # None: no manifest (never sealed)
+    lines: int
+    unique: int
+    complete: bool
+    verified: bool  # the journal's sha256 is the one its manifest sealed
+    asides: int  # earlier journals moved aside by a rerun without --resume
+
+    @property
+    def duplicated(self) -> int:
+        return self.lines - self.unique
+
+    @property
+    def lost(self) -> int | None:
+        return None if self.planned is None else max(self.planned - self.unique, 0)
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.planned is None:
+            out.append(f"{self.journal}: not sealed (no manifest)")
+        elif self.lost:
+            out.append(f"{self.journal}: {self.lost} of {self.planned} planned episodes lost")
+        if self.duplicated:
+            out.append(f"{self.journal}: {self.duplicated} episodes duplicated")
+        if self.planned is not None and not self.complete:
+            out.append(f"{self.journal}: manifest not complete")
+        if self.planned is not None and not self.verified:
+            out.append(f"{self.journal}: changed after it was sealed (sha256 differs from its manifest)")
+        return out
+
+
+def read_lines(path: Path) -> list[dict]:
+    """The trajectory lines of a journal that parse (a torn last line is no episode)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def check_rollout(journal: Path) -> RolloutCheck:
+    """Exactly once for one journal, against its manifest (`rank_<r>.manifest.json`)."""
+    ids = [row.get("episode_id") for row in read_lines(journal)] if journal.exists() else []
+    manifest_path = journal.with_name(journal.name.removesuffix(".jsonl") + ".manifest.json")
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    data = journal.read_bytes() if journal.exists() else b""
+    return RolloutCheck(
+        journal=str(journal),
+        planned=None if manifest is None else int(manifest["planned"]),
+        lines=len(ids),
+        unique=len(set(ids)),
+        complete=bool(manifest and manifest.get("complete")),
+        verified=bool(manifest and manifest.get("sha256") == hashlib.sha256(data).hexdigest()),
+        asides=len(list(journal.parent.glob(journal.name + ".aside-*"))),
+    )
+
+
+def check_rollouts(log: Path, iterations: list[int] | None = None) -> list[RolloutCheck]:
+    """Every own rank journal of the given iterations (default: all) of both splits."""
+    out = []
+    for journal in sorted(log.glob("trajectories/*/iter_*/rank_*.jsonl")):
+        if not re.fullmatch(r"rank_\d+\.jsonl", journal.name):
+            continue
+        if iterations is None or int(journal.parent.name.removeprefix("iter_")) in iterations:
+            out.append(check_rollout(journal))
+    return out
+
+
+def check_policy_chain(log: Path) -> list[str]:
+    """Problems of the promoted versions: gaps, a parent that is not the previous version, an iteration
+    promoted twice, `current` not the newest, an `update.done` that disagrees with the records."""
+    root = log / "policy"
+    records = {}
+    for path in sorted(root.glob("v[0-9]*/baton_policy.json")):
+        record = json.loads(path.read_text())
+        records[int(record["version"])] = record
+    problems = []
+    versions = sorted(records)
+    for version in versions:
+        parent = records[version].get("parent")
+        expected = None if version == 1 else version - 1
+        if parent != expected:
+            problems.append(f"v{version:04d}: parent {parent}, expected {expected}")
+    if versions and versions != list(range(versions[0], versions[-1] + 1)):
+        problems.append(f"versions not consecutive: {versions}")
+    twice = [it for it, n in Counter(r["iteration"] for r in records.values()).items() if n > 1]
+    if twice:
+        problems.append(f"iterations promoted twice: {sorted(twice)}")
+    current = root / "current"
+    if versions and (not current.is_symlink() or Path(current.readlink()).name != f"v{versions[-1]:04d}"):
+        target = current.readlink() if current.is_symlink() else None
+        problems.append(f"policy/current is {target}, expected v{versions[-1]:04d}")
+    for version, record in records.items():
+        done = log / "run" / "state" / f"iter_{record['iteration']:04d}" / "update.done"
+        if done.exists() and done.read_text().strip() != f"promoted v{version}":
+            problems.append(f"v{version:04d} (iteration {record['iteration']}): update.done says {done.read_text()!r}")
+    return problems
+
+
+def check_iteration_records(log: Path) -> list[str]:
+    """More than one `"kind": "iteration"` record of an iteration in metrics.jsonl."""
+    path = log / "metrics.jsonl"
+    rows = read_lines(path) if path.exists() else []
+    counts = Counter(row["iteration"] for row in rows if row.get("kind") == "iteration")
+    return [f"metrics.jsonl: iteration {it} recorded {n} times" for it, n in sorted(counts.items()) if n > 1]
+
+
+def load_phase_times(log: Path) -> list[tuple[int, str, float]]:
+    """(iteration, phase, seconds) for every line of every `run/state/iter_<NNNN>/times`."""
+    out = []
+    for path in sorted(log.glob("run/state/iter_*/times")):
+        iteration = int(path.parent.name.removeprefix("iter_"))
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                out.append((iteration, parts[0], float(parts[1])))
+    return out
+
+
+def check_deadlines(log: Path, deadlines: dict[str, float]) -> list[str]:
+    """Phases that took longer than their deadline (`deadlines`: phase -> seconds; others unchecked)."""
+    return [
+        f"iteration {it}: {phase} took {seconds:g} s, past its deadline of {deadlines[phase]:g} s"
+        for it, phase, seconds in load_phase_times(log)
+        if phase in deadlines and seconds > deadlines[phase]
+    ]
+
+
+def start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks since boot), as scripts/lib/procs.sh reads it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def group_alive(pgid: int) -> bool:
+    """A non-zombie process of group `pgid` runs."""
+    out = subprocess.run(["ps", "-e", "-o", "pgid=,stat="], capture_output=True, text=True, check=True).stdout
+    return any(p == str(pgid) and not s.startswith("Z") for p, s in (line.split()[:2] for line in out.splitlines()))
+
+
+def recorded_groups(log: Path) -> list[tuple[str, int, str]]:
+    """(record file, pgid, leader start time) of every group the run recorded and did not forget."""
+    out = []
+    files = sorted(log.glob("run/rank_*/pids/*.pgid")) + sorted(log.glob("training/iter_*/train.log.pgid"))
+    for path in files:
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if parts and parts[0].isdigit():
+                out.append((str(path), int(parts[0]), parts[1] if len(parts) > 1 else "-"))
+    return out
+
+
+def ancestors() -> set[int]:
+    """This process and its ancestors (the harness, the shell that started it: never the run's)."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            break
+    return pids
+
+
+def leftover_processes(log: Path, needles: list[str] = ()) -> list[str]:
+    """Live processes of the run: recorded groups still running (leader's start time checked, as procs.sh
+    does), and processes whose command line names the log path or a needle."""
+    left = []
+    for path, pgid, start in recorded_groups(log):
+        now = start_time(pgid)
+        if (now is None or start in ("-", now)) and group_alive(pgid):
+            left.append(f"group {pgid} recorded in {path}")
+    mine = ancestors()
+    out = subprocess.run(
+        ["ps", "-ww", "-e", "-o", "pid=,stat=,args="], capture_output=True, text=True, check=True
+    ).stdout
+    for line in out.splitlines():
+        pid, stat, args = [*line.split(None, 2), "", ""][:3]
+        if pid.isdigit() and int(pid) in mine:
+            continue
+        if not stat.startswith("Z") and any(n in args for n in [str(log), *needles]):
+            left.append(f"pid {pid}: {args[:200]}")
+    return left
+
+
+@dataclass
+class LogReport:
+    """Everything check_log found on one log path."""
+
+    rollouts: list[RolloutCheck]
+    chain: list[str]
+    records: list[str]
+    late: list[str]
+    leftovers: list[str] = field(default_factory=list)
+
+    @property
+    def lost(self) -> int:
+        return sum(r.lost or 0 for r in self.rollouts)
+
+    @property
+    def duplicated(self) -> int:
+        return sum(r.duplicated for r in self.rollouts)
+
+    def problems(self) -> list[str]:
+        out = [p for r in self.rollouts for p in r.problems()]
+        return out + self.chain + self.records + self.late + [f"left running: {p}" for p in self.leftovers]
+
+
+def check_log(
+    log: Path,
+    *,
+    iterations: list[int] | None = None,
+    deadlines: dict[str, float] | None = None,
+    needles: list[str] = (),
+    processes: bool = True,
+) -> LogReport:
+    """Every invariant on `log` (`processes`: also look for what the run left running)."""
+    return LogReport(
+        rollouts=check_rollouts(log, iterations),
+        chain=check_policy_chain(log),
+        records=check_iteration_records(log),
+        late=check_deadlines(log, deadlines or {}),
+        leftovers=leftover_processes(log, list(needles)) if processes else [],
+    )
