@@ -268,11 +268,17 @@ loop_watch_stop() {
 
 # loop_ensure_vllm: serve the current policy. A recorded server that still
 # answers on this port with the served name is reused, and given the current
-# policy's weights (it may hold older ones: a run that died after a promotion).
+# policy's weights unless it recorded holding them (it may hold older ones: a
+# run that died after a promotion, or during a reload).
 loop_ensure_vllm() {
   ((RUN_DEBUG)) && return 0
   if vllm_reuse "$LOOP_RUN_DIR" "$LOOP_PORT" "$LOOP_MODEL"; then
-    LOOP_SERVED_VERSION=unknown
+    if [[ $(vllm_recorded_weights "$LOOP_RUN_DIR") == "$(loop_policy_path)" ]]; then
+      LOOP_SERVED_VERSION=$(loop_policy_version)
+      common_log "it holds the current policy's weights ($(loop_policy_path)) already"
+    else
+      LOOP_SERVED_VERSION=unknown
+    fi
     loop_serve_current
     return 0
   fi

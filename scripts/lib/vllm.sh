@@ -116,6 +116,7 @@ vllm_start() {
       VLLM_CPU_KVCACHE_SPACE="$VLLM_KV_GIB" "$BATON_SERVE_PY" "${args[@]}" >/dev/null
     if vllm_wait "$run_dir" "$port" "$name" "$deadline"; then
       common_log "vLLM ready on port $port"
+      vllm_record_weights "$run_dir" "$model"
       return 0
     fi
     common_warn "vLLM did not become healthy; last lines of $log:"
@@ -128,6 +129,18 @@ vllm_start() {
 # vllm_stop <run_dir>: stop the server this run started (nothing else).
 vllm_stop() {
   procs_stop "$1" vllm "${2:-30}"
+  rm -f "$1/vllm.weights"
+}
+
+# vllm_record_weights <run_dir> <model_dir>: note which weights the recorded server holds now (after a start
+# or an in-place reload), in <run_dir>/vllm.weights, so that a later run.sh that reuses the server knows.
+vllm_record_weights() {
+  printf '%s\n' "$2" >"$1/.vllm.weights.tmp" && mv -f "$1/.vllm.weights.tmp" "$1/vllm.weights"
+}
+
+# vllm_recorded_weights <run_dir>: print the weights the recorded server holds ("" when unknown).
+vllm_recorded_weights() {
+  [[ ! -f $1/vllm.weights ]] || head -n 1 "$1/vllm.weights"
 }
 
 # vllm_post <port> <path> [json]: POST to the server's dev endpoint <path>.
@@ -182,6 +195,7 @@ vllm_serve_new() {
     after=$(vllm_fingerprint "$port" "$name") || after=""
     if [[ -n $after && $after != "$before" ]]; then
       common_log "vLLM reloaded $model in place in $((SECONDS - start))s (served outputs changed)"
+      vllm_record_weights "$run_dir" "$model"
       VLLM_SERVED_HOW=reload
       return 0
     fi

@@ -129,6 +129,14 @@ serve_outsider() {
   [[ $output == *"already serves policy; reusing it"* && $output != *vllm_start* ]]
   # it may hold the weights of an older policy (a run that died after a promotion): the current one is loaded
   [[ $output == *"vllm_serve_new $RUN $LOOP_PORT policy $MODEL"* ]]
+  # a server that recorded holding the current policy's weights is reused as it is: no reload, no restart
+  vllm_record_weights "$RUN" "$MODEL"
+  run -0 loop_ensure_vllm
+  [[ $output == *"already serves policy; reusing it"* && $output == *"holds the current policy's weights ($MODEL) already"* ]]
+  [[ $output != *vllm_serve_new* && $output != *vllm_start* ]]
+  vllm_record_weights "$RUN" /elsewhere/v0001 # older weights: loaded again
+  run -0 loop_ensure_vllm
+  [[ $output == *"vllm_serve_new $RUN $LOOP_PORT policy $MODEL"* ]]
 }
 
 # stub_serving <fingerprints...>: vllm_fingerprint prints the next of <fingerprints> per call; vllm_reload
