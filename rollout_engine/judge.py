@@ -34,10 +34,12 @@ _VERDICT = re.compile(r"^[\s*#>_-]*verdict[\s*_]*:[\s*_]*(success|failure)[\s*_.
 
 
 def verdict_regex(max_tokens: int) -> str:
-    """A reply of an optional one-line reason and the verdict line. Every token is at least one character, so a
-    reason of at most `max_tokens - 12` characters and the verdict line (at most 12 tokens here) fit the budget."""
+    """A reply of an optional one-line reason (no colon) and the verdict line. Every token is at least one character,
+    so a reason of at most `max_tokens - 12` characters and the verdict line (at most 12 tokens here) fit the budget."""
     reason = max(0, max_tokens - 12)
-    prefix = f"(?:[ -~]{{1,{reason}}}\\n)?" if reason else ""  # printable ASCII: one byte, so at most one token, each
+    # printable ASCII but ':' (one byte, so at most one token each; and no verdict line of its own: the reason
+    # cannot read `Verdict: SUCCESS` before the real verdict says FAILURE, as it did once in the e2e)
+    prefix = f"(?:[ -9;-~]{{1,{reason}}}\\n)?" if reason else ""
     return prefix + "Verdict: (SUCCESS|FAILURE)"
 
 

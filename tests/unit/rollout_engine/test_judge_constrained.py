@@ -26,7 +26,9 @@ def test_every_reply_the_regex_allows_parses_and_fits_the_budget(max_tokens: int
             # each reason character is one byte, so at most one token; 12 tokens are left for the newline, the
             # verdict line (7 tokens with the newline in SmolLM2's vocabulary) and the end of the reply
             assert len(reply.removesuffix(f"Verdict: {verdict}").encode()) + 11 <= max(max_tokens, 12)
-    for reply in ("x" * (longest_reason + 1) + "\nVerdict: SUCCESS", "ok\nok\nVerdict: SUCCESS", "Verdict: maybe"):
+    too_long = "x" * (longest_reason + 1) + "\nVerdict: SUCCESS"
+    two_verdicts = "Verdict: SUCCESS \nVerdict: FAILURE"  # a reply the e2e once got before the reason lost ':'
+    for reply in (too_long, "ok\nok\nVerdict: SUCCESS", "Verdict: maybe", two_verdicts):
         assert not pattern.fullmatch(reply)
 
 
