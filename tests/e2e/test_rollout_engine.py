@@ -59,9 +59,9 @@ def test_reasoning_gym_rollout_writes_journal_manifest_metrics(vllm_server, data
 
 def test_judged_rollout_with_local_judge(vllm_server, tmp_path: Path) -> None:
     """The policy server judges (openai_config.constrain_verdict=auto: vLLM's structured-outputs regex), so every
-    reply ends in a verdict: no judge_error. The default model cannot tell right from wrong (measured: about a
-    quarter SUCCESS either way), so the judge samples (temperature 1): over 32 episodes both verdicts come back
-    (all one way: 0.77**32, about 2e-4), and each is recorded as the episode's success."""
+    reply ends in a verdict: no judge_error. The default model is a poor judge (measured, 96 calls each: SUCCESS
+    to 44 % of right answers and 19 % of wrong ones), so the judge samples (temperature 1): over 32 episodes both
+    verdicts come back (all FAILURE: at most 0.81**32, about 1e-3), and each is recorded as the episode's success."""
     data, log = tmp_path / "data", tmp_path / "log"
     (data / "tasks").mkdir(parents=True)
     tasks = [
