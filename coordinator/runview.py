@@ -4,7 +4,7 @@
     view.rollouts()                 # [RankRollout]: one per status.json / status.rank_<r>.json
     view.training(3)                # TrainProgress of iteration 3 (LLaMA-Factory's trainer_log.jsonl), or None
     view.heartbeats()               # {rank: Beat} of the current multi-node run
-    watch = StallWatch(); watch.observe(view); watch.troubles()   # [Trouble], each with what to do
+    StallWatch().observe(view)      # [Trouble], each with what to do (call it again and again: it keeps time)
 
 run.sh's terminal view (`python -m coordinator watch`) and the dashboard read
 the run through this module only, and never write under the log path. Other
@@ -214,7 +214,6 @@ class StallWatch:
     _status: dict[Any, _Seen] = field(default_factory=dict)
     _finished: dict[Any, _Seen] = field(default_factory=dict)
     _beats: dict[int, _Seen] = field(default_factory=dict)
-    _last: list[Trouble] = field(default_factory=list)
 
     def _note(self, table: dict, key: Any, value: Any, now: float) -> float:
         seen = table.get(key)
@@ -271,8 +270,4 @@ class StallWatch:
                         "--on-rank-failure continue, evicts it) once BATON_DEAD_AFTER_S passes",
                     )
                 )
-        self._last = troubles
         return troubles
-
-    def troubles(self) -> list[Trouble]:
-        return list(self._last)
