@@ -20,6 +20,7 @@ same as JSON with `--out`. docs/reliability.md has the catalogue, the deadlines 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -33,8 +34,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.chaos_checks import check_log, start_time
+from bench.chaos_faults import MemoryJail, SmallDisk, available, processes_of_groups
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: the deadlines the harness gives run.sh (docs/reliability.md): a training, and a rollout with no episode
+#: finished (BATON_ROLLOUT_STALL_S; a start-up of the engine counts, about 10 s here)
+TRAIN_DEADLINE_S = 240.0
+STALL_S = 45
 
 #: a round of about a minute and a half on 2 cores: 96 train episodes (a success is near certain at the base
 #: model's ~8 %, so the update trains), 32 held-out ones in iteration 1, one optimizer step
@@ -50,6 +57,8 @@ SETTINGS = [
     "algorithm.per_device_train_batch_size=1",
     "algorithm.gradient_accumulation_steps=1",
     "algorithm.cutoff_len=512",
+    # the training's deadline (a SIGSTOPped trainer is stopped by it); a training here takes 30-60 s
+    f"launch.timeout_s={TRAIN_DEADLINE_S:.0f}",
 ]
 
 
@@ -59,8 +68,10 @@ class Fault:
 
     kind: str
     phase: str  # train_rollout | update | training (LLaMA-Factory running)
-    action: str  # kill-run-sh | term-run-sh | kill-group:<name> | kill-training | stop-group:<name>
+    action: str  # kill-run-sh | term-run-sh | kill-group:<name> | kill-training | stop-group:<name> |
+    #              stop-training | oom-training | fill-disk
     expect: str  # what run.sh does about it, for the table
+    notice: str = ""  # a hang: what run.sh prints when its deadline catches it
 
 
 FAULTS = {
@@ -72,9 +83,34 @@ FAULTS = {
         Fault("rollout SIGKILL", "train_rollout", "kill-group:rollout-train", "the rollout fails, exit 1"),
         Fault("vLLM SIGKILL", "train_rollout", "kill-group:vllm", "restarts vLLM, resumes the rollout"),
         Fault("trainer SIGKILL", "training", "kill-training", "the update fails, the old policy stays"),
-        Fault("rollout SIGSTOP (hang)", "train_rollout", "stop-group:rollout-train", "none: the user SIGTERMs"),
+        Fault(
+            "rollout SIGSTOP (hang)",
+            "train_rollout",
+            "stop-group:rollout-train",
+            "the stall deadline stops it; the server answers: resumed",
+            "rollout-train: no progress for",
+        ),
+        Fault(
+            "vLLM SIGSTOP (hang)",
+            "train_rollout",
+            "stop-group:vllm",
+            "the stall deadline stops the rollout; the server does not answer: vLLM restarted, rollout resumed",
+            "the policy server stopped answering during the train rollout",
+        ),
+        Fault(
+            "trainer SIGSTOP (hang)",
+            "training",
+            "stop-training",
+            "launch.timeout_s stops the training; the update fails, the old policy stays",
+            "training exceeded",
+        ),
+        Fault("trainer OOM-killed", "training", "oom-training", "the update fails naming the OOM killer"),
+        Fault("log path full (rollout)", "train_rollout", "fill-disk", "stops with ENOSPC named; --resume"),
+        Fault("log path full (update)", "update", "fill-disk", "the update fails; --resume"),
     ]
 }
+#: the faults that need the kernel's help (bench/chaos_faults.py: root, a memory cgroup, a tmpfs)
+NEEDS = {"trainer OOM-killed": "oom", "log path full (rollout)": "disk", "log path full (update)": "disk"}
 #: the fixed list of the short mode (tests/e2e/test_chaos.py runs the same with --debug-mode)
 SHORT = ["run.sh SIGKILL (rollout)", "rollout SIGKILL"]
 #: how far into a phase a fault may strike (seconds; a phase on 2 cores: rollout ~10 s, update ~40 s)
@@ -97,28 +133,44 @@ class Round:
     duplicated: int = 0
     leftovers: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    detail: str = ""  # what the fault did (MiB filled, OOM kills)
 
 
 class Chaos:
     """One soak on one log path: run.sh invocations, faults, checks."""
 
-    def __init__(self, data: Path, log: Path, port: int, extra: list[str], run_budget_s: float, hang_s: float):
+    def __init__(
+        self,
+        data: Path,
+        log: Path,
+        port: int,
+        extra: list[str],
+        run_budget_s: float,
+        hang_s: float,
+        out: Path | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.data, self.log, self.port, self.extra = data, log, port, extra
         self.run_budget_s, self.hang_s = run_budget_s, hang_s
+        self.out = out or log / "chaos"  # run.sh's output (elsewhere when the log path is the disk that fills)
+        self.env = env or {}
+        self.disk: SmallDisk | None = None
         self.runs = 0
         self.proc: subprocess.Popen | None = None
-        (log / "chaos").mkdir(parents=True, exist_ok=True)
+        self.first: tuple[int, bool] | None = None  # run.sh's end, when the fault itself waited for it
+        self.struck: float | None = None  # when the fault struck (monotonic)
+        self.out.mkdir(parents=True, exist_ok=True)
 
     # ---- run.sh -------------------------------------------------------------------------------------
     def start(self, resume: bool) -> subprocess.Popen:
-        """run.sh for one iteration (its own session; output to <log>/chaos/run_<k>.log, never a pipe,
+        """run.sh for one iteration (its own session; output to <out>/run_<k>.log, never a pipe,
         which a group left by a SIGKILLed run.sh would hold open)."""
         self.runs += 1
         cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(self.data), "--log-path", str(self.log)]
         cmd += ["--rl-phase", "both", "--eval-interval", "1000", "--max-iterations", "1"]
         cmd += (["--resume"] if resume else []) + SETTINGS + self.extra
-        out = open(self.log / "chaos" / f"run_{self.runs:03d}.log", "w")  # noqa: SIM115 (closed in finish)
-        env = {**os.environ, "BATON_VLLM_PORT": str(self.port), "BATON_PROGRESS_S": "0"}
+        out = open(self.out / f"run_{self.runs:03d}.log", "w")  # noqa: SIM115 (closed in finish)
+        env = {**os.environ, "BATON_VLLM_PORT": str(self.port), "BATON_PROGRESS_S": "0", **self.env}
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -126,7 +178,7 @@ class Chaos:
         return self.proc
 
     def output(self) -> str:
-        return (self.log / "chaos" / f"run_{self.runs:03d}.log").read_text()
+        return (self.out / f"run_{self.runs:03d}.log").read_text()
 
     def finish(self, waiting_for: str) -> tuple[int, bool]:
         """Wait for run.sh within the run budget; past it (a hang), SIGTERM it as a user would, then SIGKILL
@@ -211,6 +263,7 @@ class Chaos:
         if not self.groups(fault.phase, iteration) or self.proc.poll() is not None:
             return
         kind, _, name = fault.action.partition(":")
+        self.struck = time.monotonic()  # the recovery time counts from here (a hang's hold included)
         if kind == "kill-run-sh":
             self.proc.send_signal(signal.SIGKILL)  # run.sh only: its groups run on, the next run must stop them
             row.injected = True
@@ -224,25 +277,50 @@ class Chaos:
         elif kind == "stop-group":
             row.injected = self.signal_groups(name, iteration, signal.SIGSTOP)
             if row.injected:
-                self.hold(row)
+                self.hold(row, fault.notice)
+        elif kind == "stop-training":
+            row.injected = self.signal_groups("training", iteration, signal.SIGSTOP)
+            if row.injected:
+                self.hold(row, fault.notice)
+        elif kind == "oom-training":
+            self.oom(iteration, row)
+        elif kind == "fill-disk":
+            assert self.disk is not None, "a disk fault needs the log path on a SmallDisk"
+            row.detail = f"filled {self.disk.fill() >> 20} MiB"
+            row.injected = True
 
-    def hold(self, row: Round) -> None:
-        """A hung rollout: watch run.sh for hang_s; if it neither stops nor warns, SIGTERM it as a user would
-        (run.sh sends its groups SIGTERM and SIGCONT)."""
+    def oom(self, iteration: int, row: Round) -> None:
+        """Move the training's processes into a memory cgroup far below their needs; the kernel OOM-kills."""
+        pgids = [pgid for pgid, _ in self.groups("training", iteration)]
+        with MemoryJail(f"baton-chaos-{os.getpid()}-{row.round}") as jail:
+            moved = jail.jail(processes_of_groups(pgids))
+            kills = jail.wait_oom(timeout=60)
+            row.injected = kills > 0
+            row.detail = f"{moved} processes jailed at {jail.limit_bytes >> 20} MiB, {kills} OOM kill(s)"
+            rc, hung = self.finish("run.sh after the OOM kill")
+            self.first = (rc, hung)  # inside the jail's block: it goes once run.sh has stopped what is in it
+
+    def hold(self, row: Round, notice: str) -> None:
+        """A hang: watch run.sh for hang_s; its deadline should catch the hang and say `notice` (noticed);
+        otherwise SIGTERM it as a user would (run.sh sends its groups SIGTERM and SIGCONT)."""
         deadline = time.monotonic() + self.hang_s
-        while time.monotonic() < deadline and self.proc.poll() is None:
+        while time.monotonic() < deadline and self.proc.poll() is None and notice not in self.output():
             time.sleep(0.5)
-        row.noticed = self.proc.poll() is not None or "trouble" in self.output()
-        if self.proc.poll() is None:
+        row.noticed = notice in self.output()
+        if not row.noticed and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
 
     def round(self, number: int, fault: Fault, delay: float, deadlines: dict[str, float]) -> Round:
         """Iteration `number` with `fault` struck `delay` s into its phase, resumed until done, then checked."""
         row = Round(number, fault.kind, round(delay, 2))
         self.start(resume=self.runs > 0)
+        self.first = None
+        self.struck = None
         self.inject(fault, number, delay, row)
-        struck = time.monotonic()
-        rc, hung = self.finish(f"iteration {number} after a {fault.kind}")
+        struck = self.struck or time.monotonic()
+        rc, hung = self.first or self.finish(f"iteration {number} after a {fault.kind}")
+        if self.disk is not None and self.disk.full():
+            self.disk.free()  # the user frees space before --resume
         row.first_exit = rc
         if hung:
             row.hangs.append(f"run {self.runs}: run.sh past {self.run_budget_s:.0f} s")
@@ -331,25 +409,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help=f"the fixed list {SHORT}, not random faults")
     parser.add_argument("--faults", default="", help="comma-separated kinds to draw from (default: all)")
     parser.add_argument("--run-budget", type=float, default=900.0, help="seconds one run.sh may take (a hang past it)")
-    parser.add_argument("--hang", type=float, default=60.0, help="seconds a SIGSTOPped rollout is held")
+    parser.add_argument(
+        "--hang", type=float, default=TRAIN_DEADLINE_S + 60, help="seconds a hang may last before the harness SIGTERMs"
+    )
+    parser.add_argument("--stall", type=int, default=STALL_S, help="BATON_ROLLOUT_STALL_S for the runs")
+    parser.add_argument("--disk-mb", type=int, default=6144, help="the log path's tmpfs size, with a disk fault")
     parser.add_argument("--out", type=Path, help="write the rounds and the table as JSON")
     parser.add_argument("overrides", nargs="*", help="more run.sh overrides (key=value)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     kinds = [k for k in args.faults.split(",") if k] or list(FAULTS)
+    for kind in kinds:
+        why = available(NEEDS[kind]) if kind in NEEDS else None
+        if kind not in FAULTS or why:
+            parser.error(f"fault {kind!r}: {why or 'unknown'} (the kinds: {', '.join(FAULTS)})")
     plan = SHORT if args.short else draw(kinds, args.rounds, rng)
-    log_path = args.log_path or Path(tempfile.mkdtemp(prefix="baton-chaos-"))
-    chaos = Chaos(args.data_path.resolve(), log_path.resolve(), free_port(), args.overrides, args.run_budget, args.hang)
-    # the update's own deadline (launch.timeout_s + grace_s, defaults) and the run budget for the rest
-    deadlines = {"update": 3600.0 + 10.0, "train_rollout": args.run_budget, "test_rollout": args.run_budget}
-    log(
-        f"chaos: {len(plan)} rounds on {log_path} (seed {args.seed}, port {chaos.port}); "
-        f"run.sh output: {log_path}/chaos/"
-    )
+    log_path = (args.log_path or Path(tempfile.mkdtemp(prefix="baton-chaos-"))).resolve()
+    disk = SmallDisk(log_path, args.disk_mb) if any(NEEDS.get(k) == "disk" for k in plan) else None
+    out = log_path.with_name(log_path.name + "-chaos") if disk else None  # run.sh's output off the full disk
+    env = {"BATON_ROLLOUT_STALL_S": str(args.stall)}
+    chaos = Chaos(args.data_path.resolve(), log_path, free_port(), args.overrides, args.run_budget, args.hang, out, env)
+    # the training's deadline (launch.timeout_s + grace_s) plus its preparation and promotion; the stall
+    # deadline catches a rollout (the run budget bounds the rest)
+    deadlines = {
+        "update": TRAIN_DEADLINE_S + 10.0 + 120.0,
+        "train_rollout": args.run_budget,
+        "test_rollout": args.run_budget,
+    }
+    log(f"chaos: {len(plan)} rounds on {log_path} (seed {args.seed}, port {chaos.port}); run.sh output: {chaos.out}/")
     rows = []
     started = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the run.sh it started
-    try:
+    with contextlib.ExitStack() as stack:
+        if disk:
+            chaos.disk = stack.enter_context(disk)
+            log(f"chaos: the log path is a {args.disk_mb} MiB tmpfs (unmounted at the end)")
+        stack.callback(chaos.stop)
         for number, kind in enumerate(plan, start=1):
             fault = FAULTS[kind]
             row = chaos.round(number, fault, rng.uniform(0.0, SPREAD_S[fault.phase]), deadlines)
@@ -360,11 +455,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'recovered' if row.recovered else 'NOT recovered'} in {row.recovery_s}s; lost {row.lost}, "
                 f"duplicated {row.duplicated}, hangs {len(row.hangs)}, left {len(row.leftovers)}"
                 + (f", noticed by run.sh: {row.noticed}" if row.noticed is not None else "")
+                + (f" ({row.detail})" if row.detail else "")
             )
             for problem in row.problems:
                 log(f"  problem: {problem}")
-    finally:
-        chaos.stop()
     table = summarize(rows)
     print_table(table)
     result = {

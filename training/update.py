@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -250,6 +251,8 @@ def train(cfg: UpdateConfig, paths: RunPaths) -> None:
     result = run_training(paths.recipe, node_log, cfg.launch, detect_device(), tracker_env(cfg, paths.run_dir))
     if result.returncode != 0 or result.timed_out:
         why = f"timed out after {cfg.launch.timeout_s:.0f} s" if result.timed_out else f"exit {result.returncode}"
+        if not result.timed_out and killed_by_sigkill(result.returncode, node_log):
+            why += f" ({SIGKILL_HINT})"
         raise TrainingError(
             f"training {why}; see {node_log}. policy/current is unchanged; run the same command again to retry"
         )
@@ -267,6 +270,26 @@ def train(cfg: UpdateConfig, paths: RunPaths) -> None:
             },
         )
         log.info("trained in %.1f s: %s", result.wall_s, stats)
+
+
+#: what a SIGKILL nobody of ours sent usually is
+SIGKILL_HINT = (
+    "a training process was killed by SIGKILL: when nobody sent it, the kernel's OOM killer did, because memory "
+    "ran out (check `dmesg | grep -i oom`); lower algorithm.per_device_train_batch_size or algorithm.cutoff_len, "
+    "or use a DeepSpeed preset that offloads"
+)
+
+
+def killed_by_sigkill(returncode: int, node_log: Path) -> bool:
+    """The training ended by a SIGKILL: its own exit (-9, or 137 from a shell), or torchrun's report of a
+    worker's (`Signal 9 (SIGKILL)`, `exitcode  : -9`) in the node's log."""
+    if returncode in (-9, 137):
+        return True
+    try:
+        tail = node_log.read_bytes()[-20000:].decode(errors="replace")
+    except OSError:
+        return False
+    return "Signal 9 (SIGKILL)" in tail or re.search(r"exitcode\s*:\s*-9\b", tail) is not None
 
 
 def wait_for_dataset(paths: RunPaths, expected: str, wait_s: float, every_s: float = 1.0) -> None:

@@ -163,11 +163,25 @@ cli_validate() {
   if [[ -n $RUN_DASHBOARD_PORT ]] && ! { cli_is_int "$RUN_DASHBOARD_PORT" 1 && ((10#$RUN_DASHBOARD_PORT <= 65535)); }; then
     cli_bad "--dashboard-port must be a TCP port in 1..65535 (got '$RUN_DASHBOARD_PORT'); e.g. --dashboard-port 8080, or drop it"
   fi
+  cli_validate_env
   RUN_NODE_ADDR=${RUN_NODE_ADDR:-${BATON_NODE_ADDR:-}}
   if [[ -n $RUN_NODE_ADDR && ! $RUN_NODE_ADDR =~ ^[A-Za-z0-9.:_-]+$ ]]; then
     cli_bad "--node-addr must be a host name or an IP address (got '$RUN_NODE_ADDR')"
   fi
   return 0
+}
+
+# cli_validate_env: the deadlines and counts set in the environment (docs/cli.md) are whole numbers.
+cli_validate_env() {
+  local name min
+  for name in BATON_ROLLOUT_STALL_S BATON_ROLLOUT_TIMEOUT_S BATON_CHECK_TIMEOUT_S BATON_VLLM_START_S \
+    BATON_VLLM_RELOAD_S BATON_POLICY_RESTARTS BATON_JOIN_WAIT_S BATON_PROGRESS_S; do
+    [[ -n ${!name:-} ]] || continue
+    min=0
+    case "$name" in BATON_CHECK_TIMEOUT_S | BATON_VLLM_START_S | BATON_VLLM_RELOAD_S | BATON_JOIN_WAIT_S) min=1 ;; esac
+    cli_is_int "${!name}" "$min" ||
+      cli_bad "$name must be a whole number >= $min (got '${!name}'); unset it for the default (docs/cli.md, Environment)"
+  done
 }
 
 # cli_validate_paths: --data-path and --log-path are given, absolute, usable.

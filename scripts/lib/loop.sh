@@ -19,6 +19,11 @@ loop_setup() {
   # The rollout's exit code when the policy server stopped answering (rollout_engine/runner.py), and how
   # many times one rollout restarts vLLM for it.
   LOOP_POLICY_DOWN=75 LOOP_POLICY_RESTARTS=${BATON_POLICY_RESTARTS:-3}
+  # Deadlines (docs/reliability.md): a rollout with no episode finished for LOOP_STALL_S seconds is stuck, one
+  # still running after LOOP_ROLLOUT_S (0: none) too long; both are stopped, and resumed like a rollout whose
+  # server died. The update-check gets LOOP_CHECK_S seconds. (cli_validate_env checked them.)
+  LOOP_STALL_S=${BATON_ROLLOUT_STALL_S:-900} LOOP_ROLLOUT_S=${BATON_ROLLOUT_TIMEOUT_S:-0}
+  LOOP_CHECK_S=${BATON_CHECK_TIMEOUT_S:-900} LOOP_EXPIRED=""
   # The last barrier's data (nodes_sync), e.g. "gone": the ranks it went on without (continue runs).
   declare -gA LOOP_SYNC=()
   LOOP_UPDATE_RUNNING=""
@@ -181,22 +186,36 @@ loop_update_cmd() {
 }
 
 # loop_check_start: a run that trains: start `python -m training phase=check` (group update-check) beside vLLM's
-# start-up; on several nodes the master checks (every node trains on its config and data).
+# start-up; on several nodes the master checks (every node trains on its config and data). A check that
+# passed on this rank with the same key (loop_check_key; a --resume, say) is not run again.
 loop_check_start() {
   [[ $RUN_PHASE != rollout ]] && nodes_is_master || return 0
   LOOP_CHECK_LOG="$LOOP_RUN_DIR/logs/update-check.log" LOOP_CHECK_SINCE=$SECONDS
-  : >"$LOOP_CHECK_LOG"
   loop_update_cmd "$(iteration_next "$RUN_LOG")" check
+  LOOP_CHECK_KEY=$(loop_check_key)
+  if [[ -f $LOOP_RUN_DIR/update-check.ok && $(<"$LOOP_RUN_DIR/update-check.ok") == "$LOOP_CHECK_KEY" ]]; then
+    common_log "update-check: passed before with this command, environment and code; not run again"
+    return 0
+  fi
+  : >"$LOOP_CHECK_LOG"
   common_log "update-check: started (log: $LOOP_CHECK_LOG)"
   procs_start "$LOOP_RUN_DIR" update-check "$LOOP_CHECK_LOG" "${LOOP_CMD[@]}" >/dev/null
 }
 
 # loop_check_wait: wait for the check; a rejection stops the run with exit 2 and its message, a failure with 1.
 loop_check_wait() {
-  local pgid rc=0
+  local pgid rc=0 left
   [[ $RUN_PHASE != rollout ]] || return 0
   pgid=$(procs_pgid "$LOOP_RUN_DIR" update-check) || return 0
-  loop_wait "$pgid" || rc=$?
+  # the deadline counts from the check's start (it ran beside vLLM's start-up)
+  left=$((LOOP_CHECK_S - (SECONDS - LOOP_CHECK_SINCE)))
+  ((left > 0)) || left=1
+  loop_wait_for "$pgid" "$left" 0 || rc=$?
+  if ((rc == 124)); then
+    procs_stop "$LOOP_RUN_DIR" update-check 10
+    common_die 1 "the check of the update configuration did not finish within ${LOOP_CHECK_S}s" \
+      "(BATON_CHECK_TIMEOUT_S); stopped it. Its log: $LOOP_CHECK_LOG"
+  fi
   rm -f "$LOOP_RUN_DIR/pids/update-check.pgid"
   if ((rc == 2)); then
     common_die 2 "the update would reject this configuration (checked in the train environment before any" \
@@ -205,7 +224,21 @@ loop_check_wait() {
     tail -n 15 "$LOOP_CHECK_LOG" >&2
     common_die 1 "the check of the update configuration failed (exit $rc; last lines of $LOOP_CHECK_LOG above)"
   fi
+  printf '%s\n' "$LOOP_CHECK_KEY" >"$LOOP_RUN_DIR/update-check.ok.tmp"
+  mv -f "$LOOP_RUN_DIR/update-check.ok.tmp" "$LOOP_RUN_DIR/update-check.ok"
   common_log "update-check: the update configuration is accepted ($((SECONDS - LOOP_CHECK_SINCE))s)"
+}
+
+# loop_check_key: print a hash of what decides the check's verdict: its command (the overrides, the
+# model, the train environment's path, which names its pins; not the iteration, whose output path the
+# check never writes, nor the free torchrun port it was given), the device, and the training code and configs.
+loop_check_key() {
+  {
+    printf '%s\n' "${LOOP_CMD[@]}" | grep -Ev '^(launch.master_port|iteration)=' || true
+    envs_device
+    find "$LOOP_ROOT/training" "$LOOP_ROOT/configs" -type f \( -name '*.py' -o -name '*.yaml' \) -print0 |
+      sort -z | xargs -0 cat
+  } | sha256sum | cut -d ' ' -f 1
 }
 
 # loop_check_problems: print the check's report (its log after "bad config:" / "bad input:", else the last 15 lines).
@@ -215,7 +248,9 @@ loop_check_problems() {
 }
 
 # loop_run <name> <logfile> <cmd...>: run <cmd> as a tracked process group and
-# wait for it; return its exit code. A signal to run.sh interrupts the wait.
+# wait for it; return its exit code. A signal to run.sh interrupts the wait. A
+# rollout past its deadline (loop_wait_for: no episode finished for LOOP_STALL_S
+# seconds, or LOOP_ROLLOUT_S in all) is stopped and returns 124.
 loop_run() {
   local name=$1 logfile=$2 pgid rc=0 start=$SECONDS
   shift 2
@@ -223,7 +258,14 @@ loop_run() {
   procs_start "$LOOP_RUN_DIR" "$name" "$logfile" "$@" >/dev/null
   pgid=$(procs_pgid "$LOOP_RUN_DIR" "$name")
   case "$name" in rollout-train | rollout-test | update) loop_watch_start "$name" ;; esac
-  loop_wait "$pgid" || rc=$?
+  case "$name" in
+    rollout-*) loop_wait_for "$pgid" "$LOOP_ROLLOUT_S" "$LOOP_STALL_S" loop_rollout_progress "${name#rollout-}" || rc=$? ;;
+    *) loop_wait "$pgid" || rc=$? ;;
+  esac
+  if ((rc == 124)); then
+    common_warn "$name: $LOOP_EXPIRED; stopping it"
+    procs_stop "$LOOP_RUN_DIR" "$name" 10
+  fi
   rm -f "$LOOP_RUN_DIR/pids/$name.pgid"
   loop_watch_stop # before this shell prints again: a terminal's live block is cleared first
   if ((rc != 0)); then
@@ -282,7 +324,7 @@ loop_ensure_vllm() {
     loop_serve_current
     return 0
   fi
-  vllm_start "$LOOP_RUN_DIR" "$(loop_policy_path)" "$LOOP_PORT" "$LOOP_MODEL" 600
+  vllm_start "$LOOP_RUN_DIR" "$(loop_policy_path)" "$LOOP_PORT" "$LOOP_MODEL"
   LOOP_SERVED_VERSION=$(loop_policy_version)
 }
 
@@ -405,12 +447,21 @@ loop_rollout_run() {
   while :; do
     rc=0
     loop_run "rollout-$1" "$log" "${LOOP_CMD[@]}" || rc=$?
-    ((rc == LOOP_POLICY_DOWN && restarts < LOOP_POLICY_RESTARTS && !RUN_DEBUG)) || break
+    (((rc == LOOP_POLICY_DOWN || rc == 124) && restarts < LOOP_POLICY_RESTARTS)) || break
     restarts=$((restarts + 1))
-    common_warn "the policy server stopped answering during the $1 rollout; restarting vLLM and resuming" \
-      "(restart $restarts of $LOOP_POLICY_RESTARTS)"
-    vllm_stop "$LOOP_RUN_DIR"
-    loop_ensure_vllm
+    if ((rc == 124)) && loop_policy_answers; then
+      common_warn "the $1 rollout was stuck while the policy server answers; resuming it" \
+        "(restart $restarts of $LOOP_POLICY_RESTARTS)"
+    elif ((RUN_DEBUG)); then
+      common_warn "the policy server $LOOP_BASE_URL stopped answering during the $1 rollout (debug mode: it is" \
+        "not ours to restart)"
+      break
+    else
+      common_warn "the policy server stopped answering during the $1 rollout; restarting vLLM and resuming" \
+        "(restart $restarts of $LOOP_POLICY_RESTARTS)"
+      vllm_stop "$LOOP_RUN_DIR"
+      loop_ensure_vllm
+    fi
     loop_rollout_cmd "$1" "$2" 1
   done
   ((rc == 0)) || return "$rc"
@@ -418,6 +469,11 @@ loop_rollout_run() {
   ! nodes_multi || loop_watch_start "rollout-$1" # the other ranks, while this one waits for them
   nodes_sync "$2" "${1}_rollout" "" LOOP_SYNC
   loop_watch_stop
+}
+
+# loop_policy_answers: true when the policy server answers a model list within 10 s.
+loop_policy_answers() {
+  curl -fsS --max-time 10 "$LOOP_BASE_URL/models" >/dev/null 2>&1
 }
 
 # loop_update_phase <iteration>: the training phase to run for <iteration>
@@ -541,6 +597,55 @@ loop_wait() {
     wait "$1" || rc=$?
     ((LOOP_SIGNALLED)) || return "$rc"
   done
+}
+
+# loop_wait_for <pid> <total_s> <stall_s> [progress_fn args...]: loop_wait with
+# deadlines, judged on this shell's clock: return 124 (LOOP_EXPIRED says why)
+# once <pid> has run <total_s> seconds, or once the output of <progress_fn
+# args...> has not changed for <stall_s> seconds (0: no such deadline). The
+# caller stops the group. Polls every 2 s; a signal to run.sh still interrupts.
+loop_wait_for() {
+  local pid=$1 total=$2 stall=$3 start=$SECONDS last=$SECONDS seen="" now
+  shift 3
+  ((total > 0 || stall > 0)) || {
+    loop_wait "$pid"
+    return
+  }
+  while loop_running "$pid"; do
+    if (($#)); then
+      now=$("$@")
+      [[ $now == "$seen" ]] || seen=$now last=$SECONDS
+    fi
+    if ((total > 0 && SECONDS - start >= total)); then
+      LOOP_EXPIRED="still running after ${total}s (its deadline)"
+      return 124
+    fi
+    if ((stall > 0 && $# && SECONDS - last >= stall)); then
+      LOOP_EXPIRED="no progress for ${stall}s (no episode finished; BATON_ROLLOUT_STALL_S)"
+      return 124
+    fi
+    sleep 2 &
+    LOOP_SLEEP_PID=$!
+    wait "$LOOP_SLEEP_PID" 2>/dev/null || true
+    LOOP_SLEEP_PID=""
+  done
+  loop_wait "$pid"
+}
+
+# loop_running <pid>: true while <pid> runs (not yet exited: a zombie waiting to be reaped has).
+loop_running() {
+  local stat
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
+  stat=${stat##*) }
+  [[ ${stat:0:1} != Z ]]
+}
+
+# loop_rollout_progress <split>: print what changes when this rank's rollout of
+# iteration LOOP_N finishes an episode: its journals' sizes (the main one and takeovers).
+loop_rollout_progress() {
+  local dir
+  dir="$RUN_LOG/trajectories/$1/$(printf 'iter_%04d' "$LOOP_N")"
+  stat -c '%n %s' -- "$dir/rank_$RUN_RANK."*jsonl 2>/dev/null || true
 }
 
 # loop_evicted: SIGUSR1 from the master's heartbeat: it evicted a rank (continue

@@ -93,13 +93,14 @@ vllm_wait() {
 }
 
 # vllm_start <run_dir> <model_dir> <port> <served_name> [deadline_s]: start a
-# server (up to 3 attempts) and wait for it; reuse the one this run directory
+# server (up to 3 attempts, each given deadline_s seconds to answer; default
+# BATON_VLLM_START_S, 600) and wait for it; reuse the one this run directory
 # recorded if it still serves the same model on <port> (vllm_reuse). A server
 # on <port> that this run directory did not start is never reused, reloaded or
 # stopped.
 # Logs go to <run_dir>/logs/vllm.log.
 vllm_start() {
-  local run_dir=$1 model=$2 port=$3 name=$4 deadline=${5:-600} attempt log
+  local run_dir=$1 model=$2 port=$3 name=$4 deadline=${5:-${BATON_VLLM_START_S:-600}} attempt log
   local -a args
   vllm_reuse "$run_dir" "$port" "$name" "$model" && return 0
   if curl -fsS --max-time 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
@@ -119,7 +120,7 @@ vllm_start() {
       vllm_record_weights "$run_dir" "$model"
       return 0
     fi
-    common_warn "vLLM did not become healthy; last lines of $log:"
+    common_warn "vLLM did not become healthy within ${deadline}s (BATON_VLLM_START_S); last lines of $log:"
     tail -n 15 "$log" >&2
     procs_stop "$run_dir" vllm 10
   done
@@ -143,13 +144,14 @@ vllm_recorded_weights() {
   [[ ! -f $1/vllm.weights ]] || head -n 1 "$1/vllm.weights"
 }
 
-# vllm_post <port> <path> [json]: POST to the server's dev endpoint <path>.
+# vllm_post <port> <path> [json]: POST to the server's dev endpoint <path>, waiting at most
+# BATON_VLLM_RELOAD_S seconds (600) for its answer.
 vllm_post() {
   local port=$1 path=$2 body=${3:-}
   if [[ -n $body ]]; then
-    curl -fsS --max-time 600 -X POST -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$port$path"
+    curl -fsS --max-time "${BATON_VLLM_RELOAD_S:-600}" -X POST -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$port$path"
   else
-    curl -fsS --max-time 600 -X POST "http://127.0.0.1:$port$path"
+    curl -fsS --max-time "${BATON_VLLM_RELOAD_S:-600}" -X POST "http://127.0.0.1:$port$path"
   fi
 }
 
@@ -204,7 +206,7 @@ vllm_serve_new() {
     common_warn "in-place reload is unavailable on port $port; restarting vLLM on $model"
   fi
   vllm_stop "$run_dir"
-  vllm_start "$run_dir" "$model" "$port" "$name" 600
+  vllm_start "$run_dir" "$model" "$port" "$name"
   after=$(vllm_fingerprint "$port" "$name") || after=""
   if [[ -n $before && $after == "$before" ]]; then
     common_warn "the new policy $model gives the same greedy outputs as the old one (an update too small to show)"

@@ -12,7 +12,8 @@ setup() {
   DATA="$BATS_TEST_TMPDIR/data"
   LOG="$BATS_TEST_TMPDIR/log"
   mkdir -p "$DATA"
-  unset RANK NODE_RANK BATON_VLLM_DTYPE BATON_NODE_FILE BATON_NODE_ADDR
+  unset RANK NODE_RANK BATON_VLLM_DTYPE BATON_NODE_FILE BATON_NODE_ADDR BATON_ROLLOUT_STALL_S BATON_CHECK_TIMEOUT_S \
+    BATON_VLLM_START_S BATON_POLICY_RESTARTS
   local var
   for var in $(compgen -e SLURM); do unset "$var"; done
 }
@@ -57,6 +58,10 @@ model() {
 @test "cli: --log-path relative with .." { bad --log-path ../exp --log-path ../exp --rl-phase update; }
 @test "cli: --log-path equal to --data-path" { bad --log-path "$DATA" --log-path "$DATA" --rl-phase update; }
 @test "cli: BATON_VLLM_DTYPE int8" { BATON_VLLM_DTYPE=int8 bad BATON_VLLM_DTYPE int8 --rl-phase update; }
+@test "cli: BATON_ROLLOUT_STALL_S in minutes" { BATON_ROLLOUT_STALL_S=15m bad BATON_ROLLOUT_STALL_S 15m --rl-phase update; }
+@test "cli: BATON_CHECK_TIMEOUT_S zero" { BATON_CHECK_TIMEOUT_S=0 bad BATON_CHECK_TIMEOUT_S "'0'" --rl-phase update; }
+@test "cli: BATON_VLLM_START_S negative" { BATON_VLLM_START_S=-1 bad BATON_VLLM_START_S -1 --rl-phase update; }
+@test "cli: BATON_POLICY_RESTARTS a fraction" { BATON_POLICY_RESTARTS=1.5 bad BATON_POLICY_RESTARTS 1.5 --rl-phase update; }
 @test "cli: --stop with --dry-run and no run" { bad --stop "$LOG" --rl-phase update --dry-run --stop; }
 @test "run.sh: no model folder under --data-path" { bad model_path "$DATA/models" --rl-phase update --dry-run; }
 @test "run.sh: override env_config.server_size=0" { model && bad env_config.server_size 0 --rl-phase update --dry-run env_config.server_size=0; }

@@ -8,11 +8,12 @@ bats_require_minimum_version 1.5.0
 setup() {
   ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
   source "$ROOT/scripts/lib/common.sh"
+  source "$ROOT/scripts/lib/envs.sh"
   source "$ROOT/scripts/lib/procs.sh"
   source "$ROOT/scripts/lib/iteration.sh"
   source "$ROOT/scripts/lib/nodes.sh"
   source "$ROOT/scripts/lib/loop.sh"
-  RUN_LOG="$BATS_TEST_TMPDIR/log" RUN_PHASE=update
+  RUN_LOG="$BATS_TEST_TMPDIR/log" RUN_PHASE=update LOOP_ROOT=$ROOT
   LOOP_RUN_DIR="$RUN_LOG/run/rank_0"
   CHECK_LOG="$LOOP_RUN_DIR/logs/update-check.log"
   mkdir -p "$LOOP_RUN_DIR/logs"
@@ -60,4 +61,31 @@ second" ]
   seq 1 20 >"$LOOP_CHECK_LOG"
   run -0 loop_check_problems
   [ "$output" = "$(seq 6 20)" ]
+}
+
+@test "a check past BATON_CHECK_TIMEOUT_S is stopped: exit 1 naming the deadline, its group gone" {
+  LOOP_CHECK_S=3
+  # shellcheck disable=SC2329 # called by loop_check_start
+  loop_update_cmd() { LOOP_CMD=(sleep 300); }
+  run -1 --separate-stderr check_run
+  [[ $stderr == *"error: the check of the update configuration did not finish within 3s (BATON_CHECK_TIMEOUT_S); stopped it. Its log: $CHECK_LOG" ]]
+  [ ! -e "$LOOP_RUN_DIR/pids/update-check.pgid" ]
+  ! ps -e -o args= | grep -qx 'sleep 300'
+}
+
+@test "a check that passed is not run again with the same key; another command, or a failure, runs it" {
+  check_exits 0 'first\n'
+  run -0 --separate-stderr check_run
+  [[ $stderr == *"update-check: started"* ]] && [ "$(cat "$CHECK_LOG")" = first ]
+  check_exits 0 'second\n' # (the stub's output is part of its command: another command)
+  run -0 --separate-stderr check_run
+  [[ $stderr == *"update-check: started"* ]] && [ "$(cat "$CHECK_LOG")" = second ]
+  run -0 --separate-stderr check_run # the same command again: skipped, its log kept
+  [ "$stderr" = "[baton] update-check: passed before with this command, environment and code; not run again" ]
+  [ "$(cat "$CHECK_LOG")" = second ]
+  check_exits 2 'bad config:\nx\n'
+  run -2 --separate-stderr check_run
+  check_exits 2 'bad config:\nx\n' # a rejection is never remembered: it runs (and rejects) again
+  run -2 --separate-stderr check_run
+  [[ $stderr == *"update-check: started"* ]]
 }

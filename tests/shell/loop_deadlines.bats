@@ -1,0 +1,131 @@
+#!/usr/bin/env bats
+# loop.sh's deadlines: loop_wait_for (a total deadline, a stall deadline on a
+# progress signal), loop_run stopping a stuck rollout's group, and
+# loop_rollout_run resuming a stuck rollout (restarting vLLM only when it does
+# not answer). Real processes stand in for the rollout (sleep); vLLM's stop and
+# start are stubbed in the last tests (the logic around them).
+
+bats_require_minimum_version 1.5.0
+
+setup() {
+  ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
+  source "$ROOT/scripts/lib/common.sh"
+  source "$ROOT/scripts/lib/procs.sh"
+  source "$ROOT/scripts/lib/iteration.sh"
+  source "$ROOT/scripts/lib/nodes.sh"
+  source "$ROOT/scripts/lib/loop.sh"
+  RUN_LOG="$BATS_TEST_TMPDIR/log" RUN_DEBUG=0 RUN_NUM_NODES=1 RUN_RANK=0 LOOP_N=1
+  LOOP_RUN_DIR="$RUN_LOG/run/rank_0" LOOP_POLICY_DOWN=75 LOOP_POLICY_RESTARTS=3 LOOP_WATCH=watch
+  BATON_PROGRESS_S=0
+  JOURNAL="$RUN_LOG/trajectories/train/iter_0001/rank_0.jsonl"
+  mkdir -p "$LOOP_RUN_DIR/logs" "$(dirname "$JOURNAL")"
+}
+
+# waited <cmd...>: run <cmd> in this shell (wait needs its own child, and bats' run is a subshell);
+# OUT is then its exit code and LOOP_EXPIRED.
+waited() {
+  local rc=0
+  "$@" || rc=$?
+  OUT="$rc $LOOP_EXPIRED"
+}
+
+# constant: a progress signal that never changes.
+constant() { printf 'same\n'; }
+
+# clock: a progress signal that changes every second.
+clock() { date +%s; }
+
+@test "loop_wait_for: the process's own exit code when it ends in time" {
+  bash -c 'sleep 1; exit 3' &
+  waited loop_wait_for $! 30 30 constant
+  [ "$OUT" = "3 " ]
+}
+
+@test "loop_wait_for: no progress for stall_s seconds returns 124 and says so" {
+  sleep 300 &
+  local pid=$! start=$SECONDS
+  waited loop_wait_for "$pid" 0 3 constant
+  [ "$OUT" = "124 no progress for 3s (no episode finished; BATON_ROLLOUT_STALL_S)" ]
+  ((SECONDS - start < 30))
+  kill "$pid"
+}
+
+@test "loop_wait_for: progress keeps a long phase alive past stall_s" {
+  bash -c 'sleep 6; exit 0' &
+  waited loop_wait_for $! 0 3 clock
+  [ "$OUT" = "0 " ]
+}
+
+@test "loop_wait_for: past total_s it returns 124 even with progress" {
+  sleep 300 &
+  local pid=$!
+  waited loop_wait_for "$pid" 3 0 clock
+  [ "$OUT" = "124 still running after 3s (its deadline)" ]
+  kill "$pid"
+}
+
+@test "loop_run: a rollout whose journal stops growing is stopped as a whole group (exit 124)" {
+  LOOP_STALL_S=3 LOOP_ROLLOUT_S=0
+  # a 'rollout' that journals one episode, then hangs with a child in its group
+  run -124 --separate-stderr loop_run rollout-train "$LOOP_RUN_DIR/logs/r.log" \
+    bash -c "echo '{}' >>'$JOURNAL'; sleep 400 & sleep 400; wait"
+  [[ $stderr == *"rollout-train: no progress for 3s (no episode finished; BATON_ROLLOUT_STALL_S); stopping it"* ]]
+  [ ! -e "$LOOP_RUN_DIR/pids/rollout-train.pgid" ]
+  ! ps -e -o args= | grep -qx 'sleep 400'
+}
+
+@test "loop_run: a rollout that keeps journaling is not stopped by the stall deadline" {
+  LOOP_STALL_S=3 LOOP_ROLLOUT_S=0
+  run -0 --separate-stderr loop_run rollout-train "$LOOP_RUN_DIR/logs/r.log" \
+    bash -c "for i in 1 2 3 4 5 6; do echo '{}' >>'$JOURNAL'; sleep 1; done"
+  [ "$(wc -l <"$JOURNAL")" -eq 6 ]
+}
+
+# stub_rollout <exit codes...>: loop_run returns these in turn; vLLM's stop and start are recorded.
+stub_rollout() {
+  EXITS=("$@")
+  EVENTS="$BATS_TEST_TMPDIR/events"
+  # shellcheck disable=SC2329 # the stubs are called by loop_rollout_run
+  {
+    loop_rollout_cmd() { LOOP_CMD=(rollout "resume=$3"); }
+    vllm_stop() { echo "vllm_stop" >>"$EVENTS"; }
+    loop_ensure_vllm() { echo "vllm_start" >>"$EVENTS"; }
+    loop_run() {
+      echo "${*:3}" >>"$EVENTS"
+      local rc=${EXITS[0]}
+      EXITS=("${EXITS[@]:1}")
+      return "$rc"
+    }
+  }
+  LOOP_CMD=(rollout resume=0)
+}
+
+@test "a stuck rollout while the policy server answers: resumed, vLLM left alone" {
+  stub_rollout 124 0
+  # shellcheck disable=SC2329
+  loop_policy_answers() { return 0; }
+  run -0 --separate-stderr loop_rollout_run train 1
+  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'rollout resume=0' 'rollout resume=1')" ]
+  [[ $stderr == *"the train rollout was stuck while the policy server answers; resuming it (restart 1 of 3)"* ]]
+}
+
+@test "a stuck rollout while the policy server does not answer (a hung vLLM): vLLM restarted, rollout resumed" {
+  stub_rollout 124 0
+  # shellcheck disable=SC2329
+  loop_policy_answers() { return 1; }
+  run -0 --separate-stderr loop_rollout_run train 1
+  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'rollout resume=0' vllm_stop vllm_start 'rollout resume=1')" ]
+}
+
+@test "loop_policy_answers: false within its 10 s for a server that accepts connections and never answers" {
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # a listening socket that nobody accepts from: the kernel completes the handshake, no reply ever comes
+  python3 -c "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', $port)); s.listen(8); time.sleep(60)" &
+  local pid=$! start=$SECONDS
+  sleep 0.5
+  LOOP_BASE_URL="http://127.0.0.1:$port/v1"
+  ! loop_policy_answers
+  ((SECONDS - start <= 15))
+  kill "$pid"
+}
