@@ -17,7 +17,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rollout_engine.config import register_configs, validate
-from rollout_engine.errors import ConfigError
+from rollout_engine.errors import ConfigError, disk_full
 from rollout_engine.runner import run_rollout
 
 logger = logging.getLogger("rollout_engine")
@@ -37,8 +37,11 @@ def rollout_main(cfg: DictConfig) -> None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = EXIT_BAD_INPUT
-    except Exception:
-        logger.exception("rollout failed")
+    except Exception as exc:
+        if full := disk_full(exc):
+            logger.error("rollout stopped: %s", full)
+        else:
+            logger.exception("rollout failed")
         code = EXIT_INTERNAL
     raise SystemExit(code)
 

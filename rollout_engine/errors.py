@@ -47,3 +47,20 @@ class InfraError(BatonError):
 class PolicyDown(InfraError):
     """The policy server stopped answering during the rollout (it died, or its engine did): not the
     episode's fault. The rollout stops with the journal incomplete; run.sh restarts vLLM and resumes."""
+
+
+def disk_full(exc: BaseException) -> str | None:
+    """The one line to print for a write that failed because a filesystem is full (ENOSPC, or EDQUOT: a
+    quota), found anywhere in the exception's chain; None for any other error."""
+    import errno
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" writing {seen.filename}" if seen.filename else ""
+            return (
+                f"no space left on the device{where} ({seen.strerror}); free space on that filesystem (the log "
+                "path: old training/iter_* outputs, promotion.keep_last), then rerun with --resume"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None

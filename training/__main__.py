@@ -20,7 +20,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rollout_engine.errors import ConfigError
+from rollout_engine.errors import ConfigError, disk_full
 
 log = logging.getLogger("training")
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -74,6 +74,11 @@ def run(dict_cfg) -> int:
     except TrainingError as exc:
         log.error("%s", exc)
         return 1
+    except OSError as exc:
+        if full := disk_full(exc):
+            log.error("update stopped: %s. policy/current is unchanged", full)
+            return 1
+        raise
     return 0
 
 

@@ -268,7 +268,9 @@ loop_run() {
   fi
   rm -f "$LOOP_RUN_DIR/pids/$name.pgid"
   loop_watch_stop # before this shell prints again: a terminal's live block is cleared first
-  if ((rc != 0)); then
+  if ((rc == 124)); then
+    common_warn "$name: stopped after $((SECONDS - start))s (log: $logfile)"
+  elif ((rc != 0)); then
     common_warn "$name failed (exit $rc) after $((SECONDS - start))s; last lines of $logfile:"
     tail -n 15 "$logfile" >&2
   else

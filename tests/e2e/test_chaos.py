@@ -6,8 +6,8 @@ One iteration of `--rl-phase both` with `--debug-mode` against the session's vLL
 soak's, not this test's):
 1. run.sh SIGKILLed mid train rollout (the rollout engine held with SIGSTOP right after its first journaled
    episode, so that it is mid-rollout however fast the machine): its groups run on without it;
-2. `--resume` with a short stall deadline (`BATON_ROLLOUT_STALL_S`): the new run.sh stops the stale rollout
-   itself and resumes the journal; its rollout engine is held with SIGSTOP after the next episode (a hang):
+2. `--resume` with a short stall deadline (`BATON_ROLLOUT_STALL_S`): the new run.sh skips the update-check
+   that passed in run 1, stops the stale rollout itself and resumes the journal; its rollout engine is held with SIGSTOP after the next episode (a hang):
    run.sh's stall deadline stops it, sees the policy server answer, resumes the rollout on its own and
    finishes the iteration (exit 0): every planned episode exactly once, v1 promoted from iteration 1 with
    no parent, one iteration record, nothing of the run left running.
@@ -77,6 +77,7 @@ def test_run_sh_and_rollout_killed_then_resume_keeps_every_invariant(
         rc, hung = chaos.finish("run.sh --resume to catch the hung engine and finish iteration 1")
         assert (rc, hung) == (0, False), chaos.output()[-3000:]
         out = chaos.output()
+        assert "update-check: passed before with this command, environment and code; not run again" in out
         assert f"rollout-train: no progress for {STALL_S}s (no episode finished; BATON_ROLLOUT_STALL_S)" in out
         assert "the train rollout was stuck while the policy server answers; resuming it (restart 1 of 3)" in out
     finally:

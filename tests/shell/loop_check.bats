@@ -66,11 +66,11 @@ second" ]
 @test "a check past BATON_CHECK_TIMEOUT_S is stopped: exit 1 naming the deadline, its group gone" {
   LOOP_CHECK_S=3
   # shellcheck disable=SC2329 # called by loop_check_start
-  loop_update_cmd() { LOOP_CMD=(sleep 300); }
+  loop_update_cmd() { LOOP_CMD=(sleep 299.7); }
   run -1 --separate-stderr check_run
   [[ $stderr == *"error: the check of the update configuration did not finish within 3s (BATON_CHECK_TIMEOUT_S); stopped it. Its log: $CHECK_LOG" ]]
   [ ! -e "$LOOP_RUN_DIR/pids/update-check.pgid" ]
-  ! ps -e -o args= | grep -qx 'sleep 300'
+  ! ps -e -o args= | grep -qx 'sleep 299.7'
 }
 
 @test "a check that passed is not run again with the same key; another command, or a failure, runs it" {

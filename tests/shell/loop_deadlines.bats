@@ -68,10 +68,10 @@ clock() { date +%s; }
   LOOP_STALL_S=3 LOOP_ROLLOUT_S=0
   # a 'rollout' that journals one episode, then hangs with a child in its group
   run -124 --separate-stderr loop_run rollout-train "$LOOP_RUN_DIR/logs/r.log" \
-    bash -c "echo '{}' >>'$JOURNAL'; sleep 400 & sleep 400; wait"
+    bash -c "echo '{}' >>'$JOURNAL'; sleep 399.3 & sleep 399.3; wait"
   [[ $stderr == *"rollout-train: no progress for 3s (no episode finished; BATON_ROLLOUT_STALL_S); stopping it"* ]]
   [ ! -e "$LOOP_RUN_DIR/pids/rollout-train.pgid" ]
-  ! ps -e -o args= | grep -qx 'sleep 400'
+  ! ps -e -o args= | grep -qx 'sleep 399.3'
 }
 
 @test "loop_run: a rollout that keeps journaling is not stopped by the stall deadline" {

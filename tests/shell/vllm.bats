@@ -122,7 +122,7 @@ serve_outsider() {
   serve "$LOOP_PORT" other
   run -0 loop_ensure_vllm
   [[ $output == *"(group $PGID) does not serve policy on port $LOOP_PORT; restarting it"* ]]
-  [[ $output == *"vllm_start $RUN $MODEL $LOOP_PORT policy 600"* ]]
+  [[ $output == *"vllm_start $RUN $MODEL $LOOP_PORT policy"* ]]
   run -1 procs_group_alive "$PGID"
   serve "$LOOP_PORT" policy
   run -0 loop_ensure_vllm
