@@ -2,7 +2,7 @@
 # README command 1: set everything up on this machine and run Baton on the
 # embedded default (SmolLM2-135M-Instruct on reasoning-gym sums).
 #
-#   bash scripts/quickstart.sh [--dir DIR]
+#   bash scripts/quickstart.sh [--dir DIR] [key=value ...]
 #
 # DIR (default $BATON_QUICKSTART_DIR or ~/baton-quickstart) receives data/ and
 # logs/<run>/. It prepares the model and tasks, then runs the RL loop
@@ -11,7 +11,8 @@
 # held-out tasks, each iteration rolls out 128 train tasks x 4 samples and
 # fine-tunes on the successes (RFT, lr 1e-4, 2 epochs), and the last policy is
 # evaluated greedily on the held-out tasks again; it prints success per
-# iteration, the held-out gain and the plot.
+# iteration, the held-out gain and the plot. Overrides given after the options
+# (key=value, as run.sh takes them) come after the quickstart's own and win.
 set -Eeuo pipefail
 [[ -n ${BATON_TRACE:-} ]] && set -x
 
@@ -28,6 +29,7 @@ quickstart_free_port() {
 
 main() {
   local dir=${BATON_QUICKSTART_DIR:-$HOME/baton-quickstart} data logs iterations start=$SECONDS
+  local -a extra=()
   while (($#)); do
     case "$1" in
       --dir)
@@ -36,10 +38,14 @@ main() {
         shift 2
         ;;
       -h | --help)
-        sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         return 0
         ;;
-      *) common_die 2 "unknown argument '$1' (usage: bash scripts/quickstart.sh [--dir DIR])" ;;
+      *=*)
+        extra+=("$1")
+        shift
+        ;;
+      *) common_die 2 "unknown argument '$1' (usage: bash scripts/quickstart.sh [--dir DIR] [key=value ...])" ;;
     esac
   done
   mkdir -p "$dir"
@@ -59,7 +65,7 @@ main() {
     env_config.train_tasks_rollout_size=128 env_config.n_samples_per_task=4 env_config.test_tasks_rollout_size=-1 env_config.test_greedy=true \
     policy_config.max_new_tokens=32 algorithm.learning_rate=1e-4 algorithm.warmup_steps=0 \
     algorithm.num_train_epochs=2 algorithm.per_device_train_batch_size=8 algorithm.gradient_accumulation_steps=1 \
-    algorithm.cutoff_len=512 algorithm.selection.positive_samples_to_train=128
+    algorithm.cutoff_len=512 algorithm.selection.positive_samples_to_train=128 "${extra[@]}"
   printf '\nsuccess per iteration (train rollouts and held-out eval; the last row is the final evaluation):\n'
   PYTHONPATH="$ROOT" "$BATON_APP_PY" -m coordinator table --log-path "$logs"
   printf 'plot: %s\n' "$logs/plots/success.png"

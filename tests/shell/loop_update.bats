@@ -48,3 +48,20 @@ update_exits() {
   [ "$LOOP_FAILURES" -eq 0 ]
   [ "$(cat "$RUN_LOG/run/state/iter_0001/update.done")" = "skipped: too little to train on" ]
 }
+
+@test "--resume after a training that finished but was not promoted runs phase=promote only" {
+  # shellcheck disable=SC2329 # called by loop_update: record which phase it was asked for
+  loop_update_cmd() { LOOP_CMD=(phase "$2"); }
+  # shellcheck disable=SC2329
+  loop_run() { echo "${*:3}" >>"$BATS_TEST_TMPDIR/phases"; }
+  mkdir -p "$RUN_LOG/training/iter_0003/output"
+  printf '{}\n' >"$RUN_LOG/training/iter_0003/output/config.json"
+  printf '{"kind": "training", "iteration": 3, "steps": 1}\n' >"$RUN_LOG/metrics.jsonl"
+  LOOP_RESUME=0 loop_update 3 # not a resume: train again
+  rm -f "$RUN_LOG/run/state/iter_0003/update.done"
+  LOOP_RESUME=1 loop_update 3 # the finished training, its record written: promote it
+  rm -f "$RUN_LOG/run/state/iter_0003/update.done"
+  printf '{"kind": "training", "iteration": 4, "steps": 1}\n' >"$RUN_LOG/metrics.jsonl"
+  LOOP_RESUME=1 loop_update 3 # no record of iteration 3's training (a torn end): train again
+  [ "$(cat "$BATS_TEST_TMPDIR/phases")" = "$(printf 'phase all\nphase promote\nphase all')" ]
+}
