@@ -26,9 +26,16 @@ import hashlib
 import sys
 import tomllib
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_KINDS = ("remove", "import", "resource", "command")
+
+
+def fail(message: str) -> NoReturn:
+    """Bad input (an unknown recipe, a bad step, a missing lock): one line on stderr, exit 2."""
+    print(f"pins.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def lock_path(name: str) -> Path:
@@ -41,7 +48,7 @@ def recipe(name: str, lock: str | None) -> list[list[str]]:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     envs = pyproject["tool"]["baton"]["envs"]
     if name not in envs:
-        raise SystemExit(f"pins.py: unknown environment {name!r}; known: {', '.join(sorted(envs))}")
+        fail(f"unknown environment {name!r}; known: {', '.join(sorted(envs))}")
     extras = pyproject["project"]["optional-dependencies"]
     constraints = ["-c", lock] if lock is not None else []
     lines: list[list[str]] = []
@@ -52,8 +59,8 @@ def recipe(name: str, lock: str | None) -> list[list[str]]:
         elif kind in STEP_KINDS:
             lines.append([kind, *args])
         else:
-            raise SystemExit(
-                f"pins.py: bad step {step!r} in [tool.baton.envs.{name}]; steps are `extra <name of an extra> "
+            fail(
+                f"bad step {step!r} in [tool.baton.envs.{name}]; steps are `extra <name of an extra> "
                 f"[pip flags]` or one of {', '.join(STEP_KINDS)}"
             )
     return lines
@@ -62,7 +69,7 @@ def recipe(name: str, lock: str | None) -> list[list[str]]:
 def read_lock(name: str) -> str:
     path = ROOT / lock_path(name)
     if not path.is_file():
-        raise SystemExit(f"pins.py: {lock_path(name)} is missing; make it with: bash scripts/lock.sh {name}")
+        fail(f"{lock_path(name)} is missing; make it with: bash scripts/lock.sh {name}")
     return path.read_text()
 
 
@@ -74,7 +81,7 @@ def env_hash(name: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1].startswith("-"):
-        raise SystemExit("usage: python3 scripts/lib/pins.py <recipe> [--hash | --unlocked]")
+        fail("usage: python3 scripts/lib/pins.py <recipe> [--hash | --unlocked]")
     name, flags = argv[1], argv[2:]
     if "--hash" in flags:
         print(env_hash(name))
