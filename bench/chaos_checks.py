@@ -21,14 +21,18 @@ Reads only; used by `bench/chaos.py` and `tests/e2e/test_chaos.py`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
-import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
+
+from training.groups import start_ticks
 
 
 @dataclass
@@ -166,18 +170,20 @@ def check_deadlines(log: Path, deadlines: dict[str, float]) -> list[str]:
 
 
 def start_time(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat (clock ticks since boot), as scripts/lib/procs.sh reads it."""
+    """The start time of `pid` in clock ticks since boot, as scripts/lib/procs.sh reads it; None when it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return str(start_ticks(psutil.Process(pid)))
+    except psutil.NoSuchProcess:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def group_alive(pgid: int) -> bool:
     """A non-zombie process of group `pgid` runs."""
-    out = subprocess.run(["ps", "-e", "-o", "pgid=,stat="], capture_output=True, text=True, check=True).stdout
-    return any(p == str(pgid) and not s.startswith("Z") for p, s in (line.split()[:2] for line in out.splitlines()))
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(ProcessLookupError):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                return True
+    return False
 
 
 def recorded_groups(log: Path) -> list[tuple[str, int, str]]:
@@ -194,14 +200,8 @@ def recorded_groups(log: Path) -> list[tuple[str, int, str]]:
 
 def ancestors() -> set[int]:
     """This process and its ancestors (the harness, the shell that started it: never the run's)."""
-    pids, pid = set(), os.getpid()
-    while pid > 1 and pid not in pids:
-        pids.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            break
-    return pids
+    me = psutil.Process()
+    return {me.pid, *(parent.pid for parent in me.parents())}
 
 
 def leftover_processes(log: Path, needles: list[str] = ()) -> list[str]:
@@ -213,15 +213,12 @@ def leftover_processes(log: Path, needles: list[str] = ()) -> list[str]:
         if (now is None or start in ("-", now)) and group_alive(pgid):
             left.append(f"group {pgid} recorded in {path}")
     mine = ancestors()
-    out = subprocess.run(
-        ["ps", "-ww", "-e", "-o", "pid=,stat=,args="], capture_output=True, text=True, check=True
-    ).stdout
-    for line in out.splitlines():
-        pid, stat, args = [*line.split(None, 2), "", ""][:3]
-        if pid.isdigit() and int(pid) in mine:
+    for proc in psutil.process_iter(["status", "cmdline"]):
+        args = " ".join(proc.info["cmdline"] or [])
+        if proc.pid in mine or proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if not stat.startswith("Z") and any(n in args for n in [str(log), *needles]):
-            left.append(f"pid {pid}: {args[:200]}")
+        if any(n in args for n in [str(log), *needles]):
+            left.append(f"pid {proc.pid}: {args[:200]}")
     return left
 
 

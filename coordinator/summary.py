@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout_engine.files import append_jsonl, read_jsonl
+from rollout_engine.files import append_shared_jsonl, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def build_record(log_path: Path, iteration: int, served_version: int | None) -> 
 def summarize(log_path: Path, iteration: int, served_version: int | None) -> dict[str, Any]:
     """Append the iteration's record to metrics.jsonl and return it."""
     record = asdict(build_record(log_path, iteration, served_version))
-    append_jsonl(Path(log_path) / "metrics.jsonl", record)
+    append_shared_jsonl(Path(log_path) / "metrics.jsonl", record)
     return record
 
 

@@ -4,6 +4,9 @@ The trackers are the `update.tracker` node of the run's resolved config
 (`<log>/run/rank_0/resolved.yaml`, the master's); run.sh calls this on the
 master after each iteration's summary when one is chosen. Prints how many
 records were logged (0 when every tracker is up to date). See coordinator/trackers.py.
+A call holds `<log>/trackers/.track.lock`: one started by hand while run.sh's
+runs would otherwise log the same records twice and delete the other's outputs
+(files its cursor does not list yet).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from rollout_engine.errors import ConfigError
+from rollout_engine.files import shared_lock
 
 #: the master's resolved config, relative to the log path
 RESOLVED = Path("run") / "rank_0" / "resolved.yaml"
@@ -26,7 +30,10 @@ def cmd_track(args: argparse.Namespace) -> int:
     if not resolved.is_file():
         raise ConfigError(f"--log-path has no {RESOLVED} (got {args.log_path!r}); pass the log path of a run")
     tracker_cfg = OmegaConf.to_container(OmegaConf.load(resolved)).get("update", {}).get("tracker")
-    print(track(Path(args.log_path), build_trackers(tracker_cfg, args.log_path)))
+    lock = Path(args.log_path) / "trackers" / ".track.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with shared_lock(lock):
+        print(track(Path(args.log_path), build_trackers(tracker_cfg, args.log_path)))
     return 0
 
 

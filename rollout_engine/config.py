@@ -81,7 +81,8 @@ class PolicyConfig:
     max_new_tokens: int = 256
     #: seconds per request, connect included
     request_timeout_s: float = 120.0
-    #: retries after the first attempt on connection errors, 429 and 5xx
+    #: retries after the first attempt on connection errors, timeouts, 429 and 5xx: a request is sent at most
+    #: max_retries + 1 times (then one health probe tells a dead server from a failed request)
     max_retries: int = 3
     #: first backoff in seconds; doubles per retry up to retry_backoff_max_s
     retry_backoff_s: float = 0.5
@@ -267,8 +268,12 @@ class OpenAIConfig:
     api_key_env: str = ""
     temperature: float = 0.0
     max_tokens: int = 256
+    #: seconds per request, connect included
     request_timeout_s: float = 60.0
+    #: retries after the first request of a judgement, for connection errors, timeouts, 429, 5xx and unparseable
+    #: replies alike: a judgement sends at most max_retries + 1 requests
     max_retries: int = 3
+    #: first backoff in seconds; doubles per retry up to 8 s (or retry_backoff_s when larger)
     retry_backoff_s: float = 0.5
     #: constrain the judge's decoding to a reply ending in the verdict line: `regex` (vLLM's structured outputs,
     #: the reply is always parseable), `none` (an endpoint without them), `auto` (regex when the judge is the
@@ -295,6 +300,11 @@ class OpenAIConfig:
             f"openai_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})",
         )
         _check(p, self.max_retries >= 0, f"openai_config.max_retries must be >= 0 (got {self.max_retries})")
+        _check(
+            p,
+            self.retry_backoff_s >= 0,
+            f"openai_config.retry_backoff_s must be >= 0 seconds (got {self.retry_backoff_s})",
+        )
         _check(
             p,
             self.constrain_verdict in CONSTRAIN_VERDICT,

@@ -2,8 +2,10 @@
 
     save_bytes(path, data)      # temp file in the same directory, fsync, rename, fsync dir
     save_text(path, text) / save_json(path, obj) / save_jsonl(path, rows)
-    append_line(path, line)     # one O_APPEND write, then fsync (journals, metrics)
+    append_line(path, line)     # one O_APPEND write, then fsync (journals: one writer each)
     append_jsonl(path, obj)
+    append_shared_jsonl(path, obj)   # the same under `<path>.lock`: metrics.jsonl, which several processes append to
+    with shared_lock(path): ...      # an exclusive lock that holds across the hosts of a shared log path
     read = read_jsonl(path)     # read.rows, read.torn (line numbers skipped)
     read = parse_jsonl(data)    # the same rule on bytes already read
 
@@ -14,6 +16,13 @@ JSON lines have one torn-line rule: every line that parses is kept, a line that
 does not (a write cut short by a crash) is skipped and reported, and it never
 takes the next line with it: an append after a torn last line starts on a line
 of its own.
+
+Locks are `filelock` locks, that is flock(2). The Linux NFS client has sent
+flock to the server as a whole-file POSIX byte-range lock since 2.6.12 (flock(2),
+"NFS details"; fs/nfs/file.c nfs_flock), so they exclude processes on other
+hosts exactly as fcntl/lockf locks do (both are local-only only under the
+`local_lock=` mount option of nfs(5)). A filesystem without flock fails
+loudly instead of falling back to filelock's marker files.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 
 @dataclass
@@ -89,6 +100,24 @@ def append_line(path: str | Path, line: str) -> None:
 
 def append_jsonl(path: str | Path, obj: Any) -> None:
     append_line(path, json.dumps(obj, ensure_ascii=False))
+
+
+def shared_lock(path: str | Path) -> FileLock:
+    """An exclusive lock on the file `path` (made 0644 if missing, never deleted), across processes and hosts."""
+    return FileLock(path, mode=0o644, fallback_to_soft=False)
+
+
+def append_shared_line(path: str | Path, line: str) -> None:
+    """`append_line` under `<path>.lock`, for a file that several processes append to, perhaps from several
+    hosts (metrics.jsonl: a rollout run and an update run share it). O_APPEND is atomic on a local filesystem,
+    not across NFS clients; under the lock each append opens the file afresh (close-to-open: the size is the
+    server's) and is written back (fsync) before the next one starts."""
+    with shared_lock(f"{path}.lock"):
+        append_line(path, line)
+
+
+def append_shared_jsonl(path: str | Path, obj: Any) -> None:
+    append_shared_line(path, json.dumps(obj, ensure_ascii=False))
 
 
 def read_jsonl(path: str | Path) -> JsonlRead:

@@ -7,9 +7,14 @@ key variable that is unset is a `ConfigError` when the environment is built.
 
 The judge must end its reply with a line `Verdict: SUCCESS` or
 `Verdict: FAILURE` (markdown bold tolerated). Anything else (no verdict, two
-different verdicts) is unparseable: the call is retried, and after
-`max_retries` it raises `JudgeError`, which the engine records as
-`judge_error`, excluded from success rates and training.
+different verdicts) is unparseable and asked again. Unparseable replies,
+connection errors, timeouts, 429 and 5xx share one budget
+(`rollout_engine.retries`, the one retry layer): a judgement sends at most
+`openai_config.max_retries + 1` requests (4 by default), so it takes at most
+that many times `request_timeout_s` plus the backoffs between them
+(`retry_backoff_s` doubling, capped at 8 s). Then, or at once on any other
+error, it raises `JudgeError`, which the engine records as `judge_error`,
+excluded from success rates and training.
 
 With `openai_config.constrain_verdict` `regex` (`auto` does so when the judge
 is the policy server, our vLLM) the request carries vLLM's structured-outputs
@@ -23,11 +28,12 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rollout_engine.config import OpenAIConfig, PolicyConfig
 from rollout_engine.errors import ConfigError, JudgeError, ModelError
-from rollout_engine.policy import Backoff, build_openai_client, call_with_retries
+from rollout_engine.retries import Backoff, build_openai_client, call_with_retries, is_retryable
 from rollout_engine.types import Message
 
 _VERDICT = re.compile(r"^[\s*#>_-]*verdict[\s*_]*:[\s*_]*(success|failure)[\s*_.]*$", re.IGNORECASE | re.MULTILINE)
@@ -79,39 +85,65 @@ def resolve_endpoint(cfg: OpenAIConfig, policy: PolicyConfig, purpose: str) -> J
     return endpoint
 
 
+class UnparseableVerdict(JudgeError):
+    """A reply without one clear verdict line (asked again within the judgement's budget)."""
+
+    def __init__(self, reply: str) -> None:
+        super().__init__(f"no verdict line in {reply[-300:]!r}")
+        self.reply = reply
+
+
+def is_worth_asking_again(exc: BaseException) -> bool:
+    """What a judgement retries: an unparseable reply, and what every OpenAI-compatible call retries."""
+    return isinstance(exc, UnparseableVerdict) or is_retryable(exc)
+
+
 class Judge:
     """Verdicts from one endpoint (one purpose)."""
 
-    def __init__(self, cfg: OpenAIConfig, policy: PolicyConfig, purpose: str = "evaluation", client=None) -> None:
+    def __init__(
+        self,
+        cfg: OpenAIConfig,
+        policy: PolicyConfig,
+        purpose: str = "evaluation",
+        client=None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.cfg = cfg
         self.endpoint = resolve_endpoint(cfg, policy, purpose)
         self.client = client
         self.backoff = Backoff(cfg.retry_backoff_s, max(cfg.retry_backoff_s, 8.0))
+        self.sleep = sleep
 
     async def verdict(self, messages: list[Message]) -> tuple[bool, str]:
-        """(passed, judge reply); raises JudgeError after retries or on unparseable replies."""
+        """(passed, judge reply); raises JudgeError when `max_retries + 1` requests gave no verdict."""
         if self.client is None:
             self.client = build_openai_client(
                 self.endpoint.base_url, self.endpoint.api_key_env, self.cfg.request_timeout_s
             )
-        last = ""
-        for attempt in range(self.cfg.max_retries + 1):
-            try:
-                resp = await call_with_retries(
-                    lambda: self._create(messages),
-                    self.cfg.max_retries,
-                    self.backoff,
-                    f"judge {self.endpoint.base_url}",
-                )
-            except ModelError as exc:
-                raise JudgeError(str(exc)) from exc
-            last = (resp.choices[0].message.content or "") if resp.choices else ""
-            passed = parse_verdict(last)
-            if passed is not None:
-                return passed, last
-            if attempt < self.cfg.max_retries:
-                await asyncio.sleep(self.backoff.delay(attempt))
-        raise JudgeError(f"unparseable verdict after {self.cfg.max_retries + 1} tries; last reply: {last[-300:]!r}")
+
+        async def ask() -> tuple[bool, str]:
+            resp = await self._create(messages)
+            reply = (resp.choices[0].message.content or "") if resp.choices else ""
+            passed = parse_verdict(reply)
+            if passed is None:
+                raise UnparseableVerdict(reply)
+            return passed, reply
+
+        tries = self.cfg.max_retries + 1
+        try:
+            return await call_with_retries(
+                ask,
+                self.cfg.max_retries,
+                self.backoff,
+                f"judge {self.endpoint.base_url}",
+                self.sleep,
+                retry_on=is_worth_asking_again,
+            )
+        except UnparseableVerdict as exc:
+            raise JudgeError(f"unparseable verdict after {tries} tries; last reply: {exc.reply[-300:]!r}") from None
+        except ModelError as exc:
+            raise JudgeError(str(exc)) from exc
 
     async def _create(self, messages: list[Message]):
         extra = (

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout_engine.files import append_line
+from rollout_engine.files import append_line, append_shared_line
 from rollout_engine.types import Failure, Trajectory
 
 
@@ -71,9 +71,10 @@ def compute_metrics(trajectories: list[Trajectory], wall_s: float, planned: int,
     }
 
 
-def save_metrics(path: Path, metrics: dict[str, Any]) -> None:
-    """Append one JSON line to `<log>/metrics.jsonl` (fsynced)."""
-    append_line(path, json.dumps(metrics, sort_keys=True))
+def save_metrics(path: Path, metrics: dict[str, Any], shared: bool = True) -> None:
+    """Append one JSON line to `<log>/metrics.jsonl` (fsynced), under its lock unless `shared` is False (a file
+    that only this process writes: a rank's own `metrics/rank_<r>.jsonl`)."""
+    (append_shared_line if shared else append_line)(path, json.dumps(metrics, sort_keys=True))
 
 
 def print_summary(metrics: dict[str, Any]) -> None:

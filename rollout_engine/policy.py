@@ -6,23 +6,23 @@ semaphore), and returns a `Completion` with the reply, token counts and, when
 the server returns them (vLLM with `return_token_ids`), the prompt and
 completion token ids.
 
-Retries: connection errors, timeouts, 429 and 5xx are retried `max_retries`
-times with exponential backoff (`retry_backoff_s` doubling up to
-`retry_backoff_max_s`); the semaphore is not held while waiting. A prompt too
-long for the model raises `ContextOverflowError`; other failures raise
-`ModelError`, unless the retries ran out on connection trouble, timeouts or
-5xx and the server then fails a health probe (`GET /models` within
-`PROBE_S`): that is `PolicyDown`, an infrastructure failure that stops the
-rollout instead of failing the episode. `check_server()` is the start-up
-probe: an unreachable server or an unknown model name is a `ConfigError`
-after bounded retries, never a hang.
+Retries (`rollout_engine.retries`, the one retry layer): connection errors,
+timeouts, 429 and 5xx are retried `max_retries` times with exponential backoff
+(`retry_backoff_s` doubling up to `retry_backoff_max_s`); the semaphore is not
+held while waiting. A prompt too long for the model raises
+`ContextOverflowError`; other failures raise `ModelError`, unless the retries
+ran out on connection trouble, timeouts or 5xx and the server then fails a
+health probe (`GET /models` within `PROBE_S`): that is `PolicyDown`, an
+infrastructure failure that stops the rollout instead of failing the episode.
+So one `chat()` sends at most `max_retries + 1` requests, plus that one probe.
+`check_server()` is the start-up probe: an unreachable server or an unknown
+model name is a `ConfigError` after bounded retries, never a hang.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,65 +31,13 @@ import openai
 
 from rollout_engine.config import PolicyConfig
 from rollout_engine.errors import ConfigError, ContextOverflowError, ModelError, PolicyDown
+from rollout_engine.retries import Backoff, build_openai_client, call_with_retries, is_retryable
 from rollout_engine.types import Completion, Message
 
 logger = logging.getLogger(__name__)
 
-_OVERFLOW_HINTS = ("maximum context length", "context length", "too long", "max_model_len")
 #: seconds the health probe after a failed request may take
 PROBE_S = 10.0
-
-
-def build_openai_client(base_url: str, api_key_env: str, timeout_s: float) -> openai.AsyncOpenAI:
-    """An AsyncOpenAI with our own retry policy (the SDK's is off) and a per-request timeout in seconds."""
-    key = os.environ.get(api_key_env, "") if api_key_env else ""
-    return openai.AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", timeout=timeout_s, max_retries=0)
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Connection trouble, timeouts, 429 and 5xx are worth another try; other errors are not."""
-    if isinstance(exc, openai.APIConnectionError | openai.APITimeoutError | openai.RateLimitError):
-        return True
-    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
-
-
-def is_overflow(exc: BaseException) -> bool:
-    return isinstance(exc, openai.BadRequestError) and any(h in str(exc).lower() for h in _OVERFLOW_HINTS)
-
-
-@dataclass
-class Backoff:
-    """Exponential backoff in seconds: first, first*2, ... capped at `cap`."""
-
-    first: float
-    cap: float
-
-    def delay(self, retry: int) -> float:
-        return min(self.cap, self.first * (2**retry))
-
-
-async def call_with_retries(
-    call: Callable[[], Awaitable[Any]],
-    retries: int,
-    backoff: Backoff,
-    what: str,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> Any:
-    """Run `call`, retrying retryable failures; raise ModelError naming `what` when it gives up."""
-    for attempt in range(retries + 1):
-        try:
-            return await call()
-        except openai.OpenAIError as exc:
-            if is_overflow(exc):
-                raise ContextOverflowError(f"{what}: prompt too long for the model ({exc})") from exc
-            if not is_retryable(exc):
-                raise ModelError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
-            if attempt == retries:
-                raise ModelError(f"{what} failed after {retries + 1} attempts: {type(exc).__name__}: {exc}") from exc
-            delay = backoff.delay(attempt)
-            logger.debug("%s: %s, retry %d in %.1fs", what, type(exc).__name__, attempt + 1, delay)
-            await sleep(delay)
-    raise AssertionError("unreachable")
 
 
 @dataclass

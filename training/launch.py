@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from rollout_engine.files import save_text
 from training.config import LaunchConfig
 from training.groups import (
@@ -67,8 +69,6 @@ def detect_device() -> Device:
 def interface_of(addr: str) -> str | None:
     """The network interface that holds `addr` (an IP literal or a host name): the one with that address,
     else the one whose subnet contains it (127.0.0.2 -> lo); None when none does or it does not resolve."""
-    import psutil  # the train environment has it (accelerate's dependency)
-
     try:
         ip = ipaddress.ip_address(socket.getaddrinfo(addr, None)[0][4][0].split("%")[0])
     except (OSError, ValueError):

@@ -11,8 +11,9 @@ policy or the whole new one. Older versions beyond `keep_last` are deleted
 (never the current one). A failure before the flip leaves `current` as it was;
 stale staging folders are removed on the next try.
 
-Promotions hold `policy/.promote.lock` (a POSIX lock, which NFSv4 carries), so two
-can never race for the same version number or delete each other's staging folder.
+Promotions hold `policy/.promote.lock` (`rollout_engine.files.shared_lock`: flock, which
+the Linux NFS client carries to the server as a whole-file POSIX lock), so two can never
+race for the same version number or delete each other's staging folder, on one host or several.
 Promotion is idempotent per iteration: when a version of the same iteration and
 training output already exists (a crash between the promotion and its record),
 that version is made current again instead of promoting a copy.
@@ -20,18 +21,17 @@ that version is made current again instead of promoting a copy.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rollout_engine.files import fsync_dir, save_json
+from filelock import FileLock
+
+from rollout_engine.files import fsync_dir, save_json, shared_lock
 
 log = logging.getLogger(__name__)
 
@@ -110,15 +110,9 @@ def promote(
         )
 
 
-@contextlib.contextmanager
-def promotion_lock(policy_root: Path) -> Iterator[None]:
-    """Hold policy/.promote.lock (fcntl.lockf: POSIX locks reach the NFS server)."""
-    fd = os.open(policy_root / ".promote.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def promotion_lock(policy_root: Path) -> FileLock:
+    """policy/.promote.lock, held while a promotion runs."""
+    return shared_lock(policy_root / ".promote.lock")
 
 
 def promoted_from(policy_root: Path, iteration: int, output_dir: Path) -> int | None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rollout_engine.errors import BatonError, ConfigError
-from rollout_engine.files import append_jsonl, save_json, save_text
+from rollout_engine.files import append_shared_jsonl, save_json, save_text
 from training import config as config_mod
 from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
@@ -258,7 +258,7 @@ def train(cfg: UpdateConfig, paths: RunPaths) -> None:
         )
     if cfg.launch.node_rank == 0:
         stats = parse_training(paths.output, paths.train_log)
-        append_jsonl(
+        append_shared_jsonl(
             Path(cfg.log_path) / "metrics.jsonl",
             {
                 "kind": "training",
@@ -330,7 +330,7 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
         cfg.algorithm.finetuning_type,
         cfg.promotion.keep_optimizer,
     )
-    append_jsonl(
+    append_shared_jsonl(
         Path(cfg.log_path) / "metrics.jsonl",
         {"kind": "promotion", "iteration": cfg.iteration, "time": time.time(), "policy_version": version},
     )

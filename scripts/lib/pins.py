@@ -1,54 +1,97 @@
-"""Print one environment's install recipe from pyproject.toml.
+"""Print one environment's install recipe from pyproject.toml and its lock file.
 
-Usage: python3 scripts/lib/pins.py <env> [--hash]
+Usage: python3 scripts/lib/pins.py <recipe> [--hash | --unlocked]
 
-`<env>` names a table under [tool.baton.envs] in pyproject.toml (app,
-serve-cpu, serve-gpu, train). The recipe is printed as tab-separated lines that
-scripts/setup.sh executes in order:
+`<recipe>` names a table under [tool.baton.envs] in pyproject.toml (app,
+serve-cpu, serve-cuda, train). The recipe is printed as tab-separated lines
+that scripts/setup.sh executes in order:
 
-    install <requirement>...      pip install of an extra of [project.optional-dependencies]
-    install --no-deps <req>...    (or other pip flags first)
-    remove <dist>...              pip uninstall -y
-    import <module>...            verification: the modules must import
-    resource <module> <path>      verification: the package ships that file
-    command <argv...>             verification: the command must succeed
+    install -c <lock> [flags] <req>...   pip install of an extra of [project.optional-dependencies]
+    remove <dist>...                     pip uninstall -y
+    import <module>...                   verification: the modules must import
+    resource <module> <path>             verification: the package ships that file
+    command <argv...>                    verification: the command must succeed
 
-With --hash it prints a short hash of the recipe and the interpreter's version;
-the cached environment is keyed by it, so changing a pin rebuilds it.
+`<lock>` is scripts/locks/<recipe>.txt, every package of the environment pinned
+(`pip freeze` output, made by scripts/lock.sh): the extras name the packages we
+use, the lock pins everything they pull in. `--unlocked` prints the install
+lines without it (scripts/lock.sh builds from those).
+
+With --hash it prints a short hash of the recipe, the lock's content and the
+interpreter's version; the cached environment is keyed by it, so changing a
+pin, top-level or transitive, rebuilds it.
 """
 
 import hashlib
 import sys
 import tomllib
 from pathlib import Path
+from typing import NoReturn
+
+ROOT = Path(__file__).resolve().parents[2]
+STEP_KINDS = ("remove", "import", "resource", "command")
 
 
-def recipe(name: str) -> list[list[str]]:
-    """Expand an environment's table into executable recipe lines."""
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+def fail(message: str) -> NoReturn:
+    """Bad input (an unknown recipe, a bad step, a missing lock): one line on stderr, exit 2."""
+    print(f"pins.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def lock_path(name: str) -> Path:
+    """The lock file of recipe `name`, relative to the repository root."""
+    return Path("scripts") / "locks" / f"{name}.txt"
+
+
+def recipe(name: str, lock: str | None) -> list[list[str]]:
+    """Expand a recipe's table into executable lines; installs are constrained by `lock` unless it is None."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     envs = pyproject["tool"]["baton"]["envs"]
     if name not in envs:
-        raise SystemExit(f"pins.py: unknown environment {name!r}; known: {', '.join(sorted(envs))}")
+        fail(f"unknown environment {name!r}; known: {', '.join(sorted(envs))}")
     extras = pyproject["project"]["optional-dependencies"]
+    constraints = ["-c", lock] if lock is not None else []
     lines: list[list[str]] = []
     for step in envs[name]["steps"]:
-        kind, _, arg = step.partition(" ")
-        if kind == "extra":
-            lines.append(["install", *extras[arg]])
-        elif kind in ("install", "remove", "import", "resource", "command"):
-            lines.append([kind, *arg.split()])
+        kind, *args = step.split()
+        if kind == "extra" and args and args[0] in extras:
+            lines.append(["install", *constraints, *args[1:], *extras[args[0]]])
+        elif kind in STEP_KINDS:
+            lines.append([kind, *args])
         else:
-            raise SystemExit(f"pins.py: bad step {step!r} in [tool.baton.envs.{name}]")
+            fail(
+                f"bad step {step!r} in [tool.baton.envs.{name}]; steps are `extra <name of an extra> "
+                f"[pip flags]` or one of {', '.join(STEP_KINDS)}"
+            )
     return lines
 
 
+def read_lock(name: str) -> str:
+    path = ROOT / lock_path(name)
+    if not path.is_file():
+        fail(f"{lock_path(name)} is missing; make it with: bash scripts/lock.sh {name}")
+    return path.read_text()
+
+
+def env_hash(name: str) -> str:
+    """The cache key: the recipe (lock named relative to the checkout), the lock's content, Python's version."""
+    blob = repr((recipe(name, str(lock_path(name))), read_lock(name), sys.version_info[:2])).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
 def main(argv: list[str]) -> int:
-    lines = recipe(argv[1])
-    if "--hash" in argv[2:]:
-        blob = repr((lines, sys.version_info[:2])).encode()
-        print(hashlib.sha256(blob).hexdigest()[:12])
+    if len(argv) < 2 or argv[1].startswith("-"):
+        fail("usage: python3 scripts/lib/pins.py <recipe> [--hash | --unlocked]")
+    name, flags = argv[1], argv[2:]
+    if "--hash" in flags:
+        print(env_hash(name))
+        return 0
+    if "--unlocked" in flags:
+        lines = recipe(name, None)
     else:
-        print("\n".join("\t".join(line) for line in lines))
+        read_lock(name)
+        lines = recipe(name, str(ROOT / lock_path(name)))
+    print("\n".join("\t".join(line) for line in lines))
     return 0
 
 

@@ -164,3 +164,51 @@ fake_nvidia_smi() {
   run -0 find "$home/envs" -mindepth 1 -maxdepth 1
   [ -z "$output" ]
 }
+
+# pins_copy: a copy of the repository's recipe files under $BATS_TEST_TMPDIR/repo (pins.py finds them from its path).
+pins_copy() {
+  local repo="$BATS_TEST_TMPDIR/repo"
+  mkdir -p "$repo/scripts/lib"
+  cp "$ROOT/pyproject.toml" "$repo/"
+  cp "$ROOT/scripts/lib/pins.py" "$repo/scripts/lib/"
+  cp -r "$ROOT/scripts/locks" "$repo/scripts/"
+  printf '%s\n' "$repo"
+}
+
+@test "pins.py: every install runs with the environment's lock as constraints, an extra's flags kept" {
+  run -0 python3 "$ROOT/scripts/lib/pins.py" train
+  [[ ${lines[0]} == $'install\t-c\t'"$ROOT/scripts/locks/train.txt"$'\ttorch==2.11.0\t'* ]]
+  [[ ${lines[1]} == $'install\t-c\t'"$ROOT/scripts/locks/train.txt"$'\t--no-build-isolation\tdeepspeed==0.19.8' ]]
+  run -0 python3 "$ROOT/scripts/lib/pins.py" app --unlocked
+  [ "${lines[1]}" = $'install\t--no-deps\tminiwob==1.1.0' ]
+}
+
+@test "pins.py: the hash covers the lock's content (a transitive pin), not the checkout's path" {
+  local repo before
+  repo=$(pins_copy)
+  before=$(python3 "$ROOT/scripts/lib/pins.py" app --hash)
+  run -0 python3 "$repo/scripts/lib/pins.py" app --hash
+  [ "$output" = "$before" ]
+  sed -i 's/^idna==.*/idna==0.0.1/' "$repo/scripts/locks/app.txt"
+  run -0 python3 "$repo/scripts/lib/pins.py" app --hash
+  [[ $output =~ ^[0-9a-f]{12}$ && $output != "$before" ]]
+}
+
+@test "pins.py: a missing lock names the command that makes it; a raw install step is refused" {
+  local repo
+  repo=$(pins_copy)
+  rm "$repo/scripts/locks/train.txt"
+  run -2 python3 "$repo/scripts/lib/pins.py" train --hash
+  [[ $output == *"scripts/locks/train.txt is missing; make it with: bash scripts/lock.sh train"* ]]
+  sed -i 's/^  "extra miniwob --no-deps",/  "install --no-deps miniwob==1.1.0",/' "$repo/pyproject.toml"
+  run -2 python3 "$repo/scripts/lib/pins.py" app
+  [[ $output == *"bad step 'install --no-deps miniwob==1.1.0' in [tool.baton.envs.app]"* ]]
+}
+
+@test "lock.sh: an unknown recipe is exit 2 naming it, nothing written" {
+  run -2 bash "$ROOT/scripts/lock.sh" gpu
+  [[ $output == *"RECIPE must be app, serve-cpu, serve-cuda or train (got 'gpu')"* ]]
+  [ ! -e "$ROOT/scripts/locks/gpu.txt" ]
+  run -2 bash "$ROOT/scripts/lock.sh"
+  [[ $output == *"Usage: bash scripts/lock.sh RECIPE"* ]]
+}

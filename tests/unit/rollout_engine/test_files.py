@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
-from rollout_engine.files import append_jsonl, read_jsonl, save_jsonl
+import pytest
+
+from rollout_engine.files import append_jsonl, read_jsonl, save_jsonl, shared_lock
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_torn_middle_line_is_skipped_alone(tmp_path: Path) -> None:
@@ -52,3 +60,17 @@ def test_valid_lines_round_trip(tmp_path: Path) -> None:
     assert read.rows == rows and read.torn == []
     assert read.numbers == list(range(1, len(rows) + 1))
     assert path.read_text(encoding="utf-8") == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def test_a_shared_append_waits_for_the_lock_another_process_holds(tmp_path: Path) -> None:
+    # metrics.jsonl's appends hold <path>.lock: a rollout run and an update run (maybe on two NFS clients) share it
+    path = tmp_path / "metrics.jsonl"
+    append = "import sys; from rollout_engine.files import append_shared_jsonl; append_shared_jsonl(sys.argv[1], {})"
+    with shared_lock(f"{path}.lock"):
+        child = subprocess.Popen([sys.executable, "-c", append, str(path)], cwd=ROOT)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=1.5)  # blocked on the lock this process holds
+        assert not path.exists()
+    assert child.wait(timeout=30) == 0
+    assert read_jsonl(path).rows == [{}]
+    assert stat.S_IMODE(os.stat(f"{path}.lock").st_mode) == 0o644  # the log path is shared with other users

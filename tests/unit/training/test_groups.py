@@ -6,14 +6,26 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from training.groups import Group, descendant_groups, groups_alive, leader_group, signal_groups, stop_groups
+import psutil
+
+from training.groups import (
+    Group,
+    descendant_groups,
+    groups_alive,
+    leader_group,
+    reap_adopted,
+    signal_groups,
+    stop_groups,
+)
 
 
 def _start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat, read here as scripts/lib/procs.sh reads it: the record's unit."""
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
@@ -72,3 +84,16 @@ def test_members_that_outlive_their_leader_are_still_stopped(tmp_path: Path) -> 
     finally:
         if groups_alive({group}):
             os.kill(member, signal.SIGKILL)
+
+
+def test_exited_children_are_reaped_except_the_one_popen_waits_for() -> None:
+    kept, other = subprocess.Popen(["true"]), subprocess.Popen(["true"])
+    children = [psutil.Process(kept.pid), psutil.Process(other.pid)]
+    deadline = time.monotonic() + 10
+    while any(child.status() != psutil.STATUS_ZOMBIE for child in children) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    reap_adopted(keep=frozenset({kept.pid}))
+    assert children[0].status() == psutil.STATUS_ZOMBIE, "the kept child was reaped: Popen would lose its status"
+    assert not children[1].is_running(), "an exited child stayed a zombie"
+    assert kept.wait() == 0
+    other.wait()
