@@ -70,7 +70,7 @@ second" ]
   run -1 --separate-stderr check_run
   [[ $stderr == *"error: the check of the update configuration did not finish within 3s (BATON_CHECK_TIMEOUT_S); stopped it. Its log: $CHECK_LOG" ]]
   [ ! -e "$LOOP_RUN_DIR/pids/update-check.pgid" ]
-  ! ps -e -o args= | grep -qx 'sleep 299.7'
+  run -1 pgrep -xf 'sleep 299.7'
 }
 
 @test "a check that passed is not run again with the same key; another command, or a failure, runs it" {

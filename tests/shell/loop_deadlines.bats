@@ -71,7 +71,7 @@ clock() { date +%s; }
     bash -c "echo '{}' >>'$JOURNAL'; sleep 399.3 & sleep 399.3; wait"
   [[ $stderr == *"rollout-train: no progress for 3s (no episode finished; BATON_ROLLOUT_STALL_S); stopping it"* ]]
   [ ! -e "$LOOP_RUN_DIR/pids/rollout-train.pgid" ]
-  ! ps -e -o args= | grep -qx 'sleep 399.3'
+  run -1 pgrep -xf 'sleep 399.3'
 }
 
 @test "loop_run: a rollout that keeps journaling is not stopped by the stall deadline" {
@@ -125,7 +125,7 @@ stub_rollout() {
   local pid=$! start=$SECONDS
   sleep 0.5
   LOOP_BASE_URL="http://127.0.0.1:$port/v1"
-  ! loop_policy_answers
+  run ! loop_policy_answers
   ((SECONDS - start <= 15))
   kill "$pid"
 }
