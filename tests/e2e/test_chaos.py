@@ -9,8 +9,9 @@ soak's, not this test's):
 2. `--resume` with a short stall deadline (`BATON_ROLLOUT_STALL_S`): the new run.sh skips the update-check
    that passed in run 1, stops the stale rollout itself and resumes the journal; its rollout engine is held
    with SIGSTOP after the next episode (a hang): run.sh's stall deadline stops it, sees the policy server
-   answer, resumes the rollout on its own and finishes the iteration (exit 0): every planned episode exactly once, v1 promoted from iteration 1 with
-   no parent, one iteration record, nothing of the run left running.
+   answer, resumes the rollout on its own and finishes the iteration (exit 0): every planned episode
+   exactly once, v1 promoted from iteration 1 with no parent, one iteration record, nothing of the run
+   left running.
 (A rollout engine SIGKILLed, which fails the rollout with exit 1, is the soak's and
 tests/shell/run_update_check.bats'.)
 """
