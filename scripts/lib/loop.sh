@@ -449,6 +449,11 @@ loop_rollout_run() {
   while :; do
     rc=0
     loop_run "rollout-$1" "$log" "${LOOP_CMD[@]}" || rc=$?
+    # The engine's start-up probe calls an unreachable server bad input (exit 2); ours answered a moment ago.
+    if ((rc == 2 && !RUN_DEBUG)) && ! loop_policy_answers; then
+      common_warn "the $1 rollout found the policy server unreachable at its start: it died meanwhile"
+      rc=$LOOP_POLICY_DOWN
+    fi
     (((rc == LOOP_POLICY_DOWN || rc == 124) && restarts < LOOP_POLICY_RESTARTS)) || break
     restarts=$((restarts + 1))
     if ((rc == 124)) && loop_policy_answers; then

@@ -129,3 +129,18 @@ stub_rollout() {
   ((SECONDS - start <= 15))
   kill "$pid"
 }
+
+@test "exit 2 with our server not answering is a dead server (restart, resume); with it answering, bad input" {
+  stub_rollout 2 0
+  # shellcheck disable=SC2329
+  loop_policy_answers() { return 1; }
+  run -0 --separate-stderr loop_rollout_run train 1
+  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'rollout resume=0' vllm_stop vllm_start 'rollout resume=1')" ]
+  [[ $stderr == *"the train rollout found the policy server unreachable at its start: it died meanwhile"* ]]
+  rm "$EVENTS"
+  stub_rollout 2 0
+  # shellcheck disable=SC2329
+  loop_policy_answers() { return 0; }
+  run -2 --separate-stderr loop_rollout_run train 1
+  [ "$(cat "$EVENTS")" = "rollout resume=0" ]
+}
