@@ -105,7 +105,11 @@ def build_record(log_path: Path, iteration: int, served_version: int | None) -> 
 
 
 def summarize(log_path: Path, iteration: int, served_version: int | None) -> dict[str, Any]:
-    """Append the iteration's record to metrics.jsonl and return it."""
+    """Append the iteration's record to metrics.jsonl and return it; once only: a run that recorded it and
+    died before the iteration's end marker (a full disk, a SIGKILL) gets the record it wrote back on --resume."""
+    recorded = _last(load_metrics(log_path), kind="iteration", iteration=iteration)
+    if recorded is not None:
+        return recorded
     record = asdict(build_record(log_path, iteration, served_version))
     append_shared_jsonl(Path(log_path) / "metrics.jsonl", record)
     return record

@@ -75,6 +75,18 @@ def test_a_record_summarized_after_a_torn_tail_is_kept(tmp_path: Path) -> None:
     assert [(r["iteration"], r["train_success_rate"]) for r in iteration_records(tmp_path)] == [(1, 0.5)]
 
 
+def test_an_iteration_is_recorded_once_though_summarized_again_on_resume(tmp_path: Path) -> None:
+    """A run that wrote the record and died before the iteration's end marker (a full disk did it in the
+    chaos soak) summarizes again on --resume: the record it wrote comes back, nothing is appended."""
+    write_metrics(tmp_path, [{"kind": "rollout", "split": "train", "iteration": 1, "success_rate": 0.5}])
+    first = summarize(tmp_path, 1, None)
+    write_metrics(tmp_path, [{"kind": "rollout", "split": "train", "iteration": 1, "success_rate": 0.9}])
+    again = summarize(tmp_path, 1, None)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["kind"] for line in lines].count("iteration") == 1
+    assert again == first and again["train_success_rate"] == 0.5
+
+
 def test_table_and_plot(tmp_path: Path) -> None:
     write_metrics(
         tmp_path,
