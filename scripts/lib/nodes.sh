@@ -228,7 +228,8 @@ nodes_receive() {
 
 # nodes_exit <code> <what>: end this node after a protocol outcome: 3 another
 # rank failed or died (exit 1), 4 the run was stopped (exit 143, like SIGTERM),
-# 5 this rank was evicted (exit 1).
+# 5 this rank was evicted (exit 1), 6 the run finished (exit 0: the master ran
+# the last step and exited).
 nodes_exit() {
   local code=$1 what=$2
   case "$code" in
@@ -239,6 +240,10 @@ nodes_exit() {
       exit 143
       ;;
     5) common_die 1 "$what: this rank was evicted by the master (declared dead); restart it with --resume to join again" ;;
+    6)
+      common_log "$what: the run finished (the master ran its last step and exited); this node stops"
+      exit 0
+      ;;
     2) common_die 2 "$what: bad input (above)" ;;
     *) common_die 1 "$what failed (exit $code)" ;;
   esac
@@ -252,7 +257,10 @@ nodes_ended() {
 
 # nodes_leave <exit code>: the EXIT trap's part: on a failure of this node,
 # flag it so that the other ranks stop at once instead of waiting; report why
-# the heartbeat ended this node. Sets NODES_EXIT, the exit code run.sh ends with.
+# the heartbeat ended this node; the master of a run that ended well says so
+# (finished.json), so that a node still running (a rank that rejoined, one still
+# reloading its vLLM) stops with exit 0 instead of taking the master's silence
+# for its death. Sets NODES_EXIT, the exit code run.sh ends with.
 nodes_leave() {
   local rc=$1 ended code reason
   NODES_EXIT=$rc
@@ -264,7 +272,11 @@ nodes_leave() {
       4) common_log "stopped: $reason" && rc=143 ;;
       3) common_warn "stopping this node: $reason; start every node again with --resume once it is fixed" && rc=1 ;;
       5) common_warn "this rank was evicted: $reason" && rc=1 ;;
+      6) common_log "$reason; this node stops" && rc=0 ;;
     esac
+  elif ((rc == 0)) && nodes_is_master; then
+    nodes_cli finish --run-id "$NODES_RUN_ID" --reason "the master (rank 0) ran the run's last step and exited" ||
+      common_warn "could not write the run's finished.json; a node still running will take the master for dead"
   elif ((rc == 130 || rc == 143)) && { nodes_is_master || slurm_in_step; } && ((!${NODES_STOPPED:-0})); then
     # Ctrl+C or SIGTERM on the master stops the whole run: a stop, not a failure. So does one on any
     # node of a Slurm step: Slurm signals every task at once (scancel, the time limit's signal, a requeue),

@@ -1,8 +1,9 @@
 #!/usr/bin/env bats
-# nodes.sh's heartbeat watch: a node's heartbeat that dies while run.sh waits for a phase (loop_wait) is started
-# again at once, before the other ranks count the node dead; one that keeps dying stops the node; one that
-# ended the node on purpose is left alone. The heartbeat is a stub (`sleep`); the e2e runs the real one and
-# bench/chaos_nodes.py kills it.
+# nodes.sh around the protocol: a node's heartbeat that dies while run.sh waits for a phase (loop_wait) is
+# started again at once, before the other ranks count the node dead; one that keeps dying stops the node; one
+# that ended the node on purpose is left alone (the heartbeat is a stub, `sleep`; the e2e runs the real one and
+# bench/chaos_nodes.py kills it). The end of a run: the master that ran the last step says so (finished.json),
+# and a node its heartbeat stopped for that reason exits 0.
 
 bats_require_minimum_version 1.5.0
 
@@ -93,4 +94,43 @@ wait_for_phase() {
   (exit 5) &
   loop_wait $! || rc=$?
   [ "$rc" -eq 5 ] && [ ! -e "$LOOP_RUN_DIR/pids/heartbeat.pgid" ]
+}
+
+# leave <rank> <rc> [ended]: nodes_leave <rc> of <rank> of 2 (run r1) in a shell of its own, with the heartbeat's
+# reason [ended] ("<code>\t<why>") if given; the protocol subcommands it runs go to $BATS_TEST_TMPDIR/calls, and
+# the shell exits with the code run.sh would.
+leave() {
+  [[ -z ${3:-} ]] || printf '%s\n' "$3" >"$BATS_TEST_TMPDIR/ended"
+  # shellcheck disable=SC2016 # the inner bash's own script, expanded when it runs
+  run --separate-stderr bash -c 'source "$1"; source "$2"; source "$3"
+    calls=$4
+    nodes_cli() { printf "%s\n" "$*" >>"$calls"; }
+    NODES_RUN_ID=r1 RUN_RANK=$5 RUN_NUM_NODES=2 NODES_ENDED=$6
+    nodes_leave "$7"
+    exit "$NODES_EXIT"' _ "$ROOT/scripts/lib/common.sh" "$ROOT/scripts/lib/slurm.sh" "$ROOT/scripts/lib/nodes.sh" \
+    "$BATS_TEST_TMPDIR/calls" "$1" "$BATS_TEST_TMPDIR/ended" "$2"
+}
+
+@test "the master that ran the last step says the run finished; a failed or stopped master does not" {
+  leave 0 0
+  [ "$status" -eq 0 ]
+  [ "$(cat "$BATS_TEST_TMPDIR/calls")" = "finish --run-id r1 --reason the master (rank 0) ran the run's last step and exited" ]
+  rm "$BATS_TEST_TMPDIR/calls"
+  leave 0 1
+  [ "$status" -eq 1 ] && [[ $(cat "$BATS_TEST_TMPDIR/calls") == "fail --run-id r1 --rank 0 "* ]]
+  rm "$BATS_TEST_TMPDIR/calls"
+  leave 1 0 # a worker's end says nothing of the run's
+  [ "$status" -eq 0 ] && [ ! -e "$BATS_TEST_TMPDIR/calls" ]
+}
+
+@test "a worker whose heartbeat saw the run finished exits 0 saying so, not that the master died" {
+  leave 1 143 "$(printf '6\tthe run finished: the master (rank 0) ran the run'"'"'s last step and exited')"
+  [ "$status" -eq 0 ] && [ ! -e "$BATS_TEST_TMPDIR/calls" ]
+  [ "$stderr" = "[baton] the run finished: the master (rank 0) ran the run's last step and exited; this node stops" ]
+}
+
+@test "a barrier that ends because the run finished ends the node with exit 0" {
+  run --separate-stderr nodes_exit 6 "the plan barrier of step 2"
+  [ "$status" -eq 0 ]
+  [ "$stderr" = "[baton] the plan barrier of step 2: the run finished (the master ran its last step and exited); this node stops" ]
 }
