@@ -12,7 +12,8 @@ Round r runs iteration r with bench/chaos.py's small settings (`SETTINGS`), `--m
 group: `run/rank_<r>/pids/rollout-train.pgid`, or its LLaMA-Factory groups
 `training/iter_<NNNN>/train[.rank_<r>].log.pgid`), then a seeded random moment more, and strikes (`FAULTS`):
 
-- a heartbeat: SIGKILL of the group `run/rank_<r>/pids/heartbeat.pgid` (the node's run.sh lives on);
+- a heartbeat: SIGKILL of the group `run/rank_<r>/pids/heartbeat.pgid` (the node's run.sh lives on, and must
+  start it again before the others count the node dead: no node may stop);
 - a whole node, as a machine losing power: SIGSTOP of the node's run.sh session and of every group the node
   recorded (read again until no new one appears), then SIGKILL of all of them at once.
 
@@ -70,16 +71,16 @@ class NodeFault:
 FAULTS = {
     f.kind: f
     for f in [
-        NodeFault("worker heartbeat SIGKILL", 1, "train_rollout", "heartbeat", "abort"),
-        NodeFault("master heartbeat SIGKILL", 0, "train_rollout", "heartbeat", "abort"),
+        NodeFault("worker heartbeat SIGKILL (rollout)", 1, "train_rollout", "heartbeat", "abort"),
+        NodeFault("master heartbeat SIGKILL (training)", 0, "training", "heartbeat", "abort"),
         NodeFault("worker node death (rollout)", 1, "train_rollout", "node", "abort"),
         NodeFault("worker node death (training)", 1, "training", "node", "abort"),
         NodeFault("master node death (rollout)", 0, "train_rollout", "node", "abort"),
         NodeFault("master node death (training)", 0, "training", "node", "abort"),
         NodeFault("worker node death (rollout, continue)", 1, "train_rollout", "node", "continue"),
         NodeFault("worker node death (training, continue)", 1, "training", "node", "continue"),
-        NodeFault("worker heartbeat SIGKILL (continue)", 1, "train_rollout", "heartbeat", "continue"),
-        NodeFault("master heartbeat SIGKILL (continue)", 0, "train_rollout", "heartbeat", "continue"),
+        NodeFault("master node death (rollout, continue)", 0, "train_rollout", "node", "continue"),
+        NodeFault("worker heartbeat SIGKILL (training, continue)", 1, "training", "heartbeat", "continue"),
     ]
 }
 
@@ -273,13 +274,11 @@ class ChaosNodes:
 
     # ---- the user -----------------------------------------------------------------------------------
     def must_stop(self, fault: NodeFault) -> set[int]:
-        """The ranks the docs say stop after this fault (each within `stop_bound_s`): every node of an abort
-        run; in a continue run the workers when the master is lost, a worker evicted while it runs."""
-        if fault.mode == "abort":
-            return {node.rank for node in self.nodes}
-        if fault.rank == 0:
-            return {node.rank for node in self.nodes if node.rank != 0}
-        return {fault.rank} if fault.action == "heartbeat" else set()
+        """The ranks the docs say stop after a node's death (each within `stop_bound_s`): every other node of
+        an abort run; in a continue run the workers when the master is lost (a lost worker is left out)."""
+        if fault.action != "node" or (fault.mode == "continue" and fault.rank != 0):
+            return set()
+        return {node.rank for node in self.nodes if node.rank != fault.rank}
 
     def stop_bound_s(self) -> float:
         """How long after a fault a node that must stop may run: a rank is dead after dead_after_s without a
@@ -350,6 +349,8 @@ class ChaosNodes:
             self.settle(row, None, iteration)
         row.recovered = done.exists()
         row.recovery_s = round(time.monotonic() - (struck or began), 1)
+        if struck is not None and fault.action == "heartbeat":  # its node starts it again: nobody stops
+            row.problems += [f"{run} exited {rc} after the heartbeat's SIGKILL" for run, rc in row.exits.items() if rc]
         if struck is not None:
             bound = self.stop_bound_s()
             for rank in sorted(self.must_stop(fault)):
