@@ -6,7 +6,8 @@
 Two "nodes" on this machine, as tests/e2e/test_multinode.py and bench/multinode_overhead.py simulate them: two
 `scripts/run.sh --rl-phase both --num-nodes 2 --rank-weights 1,1` (--master, --worker 1) sharing one log path,
 each in a session of its own, bound with taskset (and its vLLM with VLLM_CPU_OMP_THREADS_BIND) to its own core,
-with its own vLLM port, node address 127.0.0.1, heartbeats every second and a rank dead after 10 s of silence.
+with its own vLLM port, node address 127.0.0.1 and Baton's default liveness (a beat every 5 s, a rank dead after
+30 s of silence: `--heartbeat`, `--dead-after`).
 Round r runs iteration r with bench/chaos.py's small settings (`SETTINGS`), `--max-iterations 1` and the round's
 `--on-rank-failure` (`abort` or `continue`), waits until the fault's phase runs on the struck node (its recorded
 group: `run/rank_<r>/pids/rollout-train.pgid`, or its LLaMA-Factory groups
@@ -48,8 +49,6 @@ from pathlib import Path
 from bench.chaos import REPO, SETTINGS, cpu, draw, free_port, log, print_table, summarize
 from bench.chaos_checks import check_log, start_time
 
-#: heartbeats every second, a rank dead after 10 s of silence (defaults 5 s and 30 s): as the e2e tests
-LIVENESS = {"BATON_HEARTBEAT_S": "1", "BATON_DEAD_AFTER_S": "10"}
 #: what a node's clean-up may take once it noticed (procs_stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
 CLEANUP_S = 60.0
 #: how far into a phase a fault may strike (seconds; on 2 cores a node's 48 episodes take ~15 s, its training ~30 s)
@@ -128,13 +127,15 @@ class Node:
 class ChaosNodes:
     """One soak on one log path: NODES run.sh nodes, faults, the user's restarts, the checks."""
 
-    def __init__(self, data: Path, log_path: Path, extra: list[str], run_budget_s: float) -> None:
+    def __init__(
+        self, data: Path, log_path: Path, extra: list[str], run_budget_s: float, heartbeat_s: float, dead_after_s: float
+    ) -> None:
         self.data, self.log, self.extra, self.run_budget_s = data, log_path, extra, run_budget_s
+        self.heartbeat_s, self.dead_after_s = heartbeat_s, dead_after_s
         cores = sorted(os.sched_getaffinity(0))
         self.nodes = [Node(rank, cores[rank % len(cores)], free_port()) for rank in range(NODES)]
         self.mode = "abort"
         self.starts = 0
-        self.dead_after_s = float(LIVENESS["BATON_DEAD_AFTER_S"])
         (log_path / "chaos").mkdir(parents=True, exist_ok=True)
 
     # ---- run.sh ---------------------------------------------------------------------------------------
@@ -150,7 +151,12 @@ class ChaosNodes:
         cmd += ["--num-nodes", str(NODES), "--rank-weights", ",".join(["1"] * NODES), "--on-rank-failure", self.mode]
         cmd += ["--master"] if node.rank == 0 else ["--worker", str(node.rank)]
         cmd += (["--resume"] if resume else []) + SETTINGS + self.extra
-        env = {**os.environ, **LIVENESS, "BATON_VLLM_PORT": str(node.port), "BATON_NODE_ADDR": "127.0.0.1"}
+        env = {
+            **os.environ,
+            "BATON_HEARTBEAT_S": f"{self.heartbeat_s:g}",
+            "BATON_DEAD_AFTER_S": f"{self.dead_after_s:g}",
+        }
+        env |= {"BATON_VLLM_PORT": str(node.port), "BATON_NODE_ADDR": "127.0.0.1"}
         env |= {"VLLM_CPU_OMP_THREADS_BIND": str(node.core), "BATON_PROGRESS_S": "0"}
         with open(self.output_path(node), "w") as out:  # the child holds its own copy (never a pipe)
             node.proc = subprocess.Popen(
@@ -283,7 +289,7 @@ class ChaosNodes:
     def stop_bound_s(self) -> float:
         """How long after a fault a node that must stop may run: a rank is dead after dead_after_s without a
         heartbeat change (seen within a beat), then its clean-up."""
-        return self.dead_after_s + 2 * float(LIVENESS["BATON_HEARTBEAT_S"]) + CLEANUP_S
+        return self.dead_after_s + 2 * self.heartbeat_s + CLEANUP_S
 
     def rejoin(self, node: Node, rc: int) -> bool:
         """docs/multinode.md, --on-rank-failure continue: a worker that died or was evicted is started again
@@ -385,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds one run.sh may take (a hang past it): two vLLM starts on 2 cores (300 s each at worst), "
         "the rollouts and a 2-node update (900 s at worst)",
     )
+    parser.add_argument("--heartbeat", type=float, default=5.0, help="BATON_HEARTBEAT_S of the nodes (Baton's default)")
+    parser.add_argument("--dead-after", type=float, default=30.0, help="BATON_DEAD_AFTER_S (Baton's default)")
     parser.add_argument("--out", type=Path, help="write the rounds and the table as JSON")
     parser.add_argument("overrides", nargs="*", help="more run.sh overrides (key=value)")
     args = parser.parse_args(argv)
@@ -395,13 +403,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--faults: unknown kinds {unknown}; the kinds: {', '.join(FAULTS)}")
     plan = draw(kinds, args.rounds, rng)
     log_path = (args.log_path or Path(tempfile.mkdtemp(prefix="baton-chaos-nodes-"))).resolve()
-    chaos = ChaosNodes(args.data_path.resolve(), log_path, args.overrides, args.run_budget)
+    chaos = ChaosNodes(
+        args.data_path.resolve(), log_path, args.overrides, args.run_budget, args.heartbeat, args.dead_after
+    )
     # the update's own deadline (launch.timeout_s + grace_s, defaults) and the run budget for the rest
     deadlines = {"update": 3600.0 + 10.0} | dict.fromkeys(
         ["train_rollout", "test_rollout", "train_takeover", "test_takeover", "serve"], args.run_budget
     )
     ports = ", ".join(f"rank {n.rank}: core {n.core}, port {n.port}" for n in chaos.nodes)
-    log(f"chaos-nodes: {len(plan)} rounds on {log_path} (seed {args.seed}; {ports}); run.sh output: {log_path}/chaos/")
+    liveness = f"a beat every {args.heartbeat:g} s, dead after {args.dead_after:g} s"
+    log(f"chaos-nodes: {len(plan)} rounds on {log_path} (seed {args.seed}; {ports}; {liveness})")
+    log(f"run.sh output: {log_path}/chaos/run_<k>.rank_<r>.log")
     rows = []
     started = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the run.sh it started
