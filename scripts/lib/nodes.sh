@@ -109,7 +109,8 @@ nodes_wait_child() {
   while [[ -n ${NODES_BEAT_PID:-} ]]; do
     rc=0 who=""
     wait -n -p who "$1" "$NODES_BEAT_PID" || rc=$?
-    [[ $who == "$NODES_BEAT_PID" ]] || return "$rc"
+    # (a trapped signal that cuts the wait short, e.g. the master's SIGUSR1 on an eviction, unsets `who`)
+    [[ ${who:-} == "$NODES_BEAT_PID" ]] || return "$rc"
     nodes_beat_lost "$rc"
   done
   wait "$1"

@@ -13,7 +13,7 @@ setup() {
   source "$ROOT/scripts/lib/procs.sh"
   source "$ROOT/scripts/lib/nodes.sh"
   source "$ROOT/scripts/lib/loop.sh"
-  RUN_LOG="$BATS_TEST_TMPDIR/log" RUN_NUM_NODES=2 RUN_RANK=1
+  RUN_LOG="$BATS_TEST_TMPDIR/log" RUN_NUM_NODES=2 RUN_RANK=1 RUN_PHASE=both
   LOOP_RUN_DIR="$RUN_LOG/run/rank_1" NODES_BEAT=heartbeat NODES_ENDED="$LOOP_RUN_DIR/ended"
   NODES_BEAT_RESTARTS=0 NODES_BEAT_CMD=(sleep 60)
   mkdir -p "$LOOP_RUN_DIR/logs"
@@ -61,6 +61,28 @@ start_master() {
   [[ $(cat "$LOOP_RUN_DIR/pids/heartbeat.pgid") == "$(beat_pid) "* ]]
 }
 
+# signalled_wait: in run.sh's strict mode, a heartbeat beside the node and a SIGUSR1 to this shell while it waits
+# for a phase (the master's heartbeat sends one when it evicts a rank), trapped as run.sh traps it (loop_evicted).
+signalled_wait() {
+  set -Eeuo pipefail
+  trap 'LOOP_SIGNALLED=1' USR1
+  start_master
+  (sleep 1.5 && exit 7) &
+  local phase=$! rc=0 me=$BASHPID
+  (sleep 0.3 && kill -USR1 "$me") &
+  loop_wait "$phase" || rc=$?
+  procs_stop "$LOOP_RUN_DIR" heartbeat 1
+  printf 'phase exit %s\n' "$rc"
+}
+
+@test "a signal that cuts the wait short (the eviction's SIGUSR1) is waited through beside the heartbeat" {
+  run --separate-stderr signalled_wait
+  [[ $stderr != *"unbound variable"* ]]
+  [ "$status" -eq 0 ]
+  [ "$output" = "phase exit 7" ]
+  [[ $stderr != *"starting it again"* ]] # the heartbeat lived on
+}
+
 # wait_for_phase: a heartbeat that exits at once, and a phase of 30 s to wait for (in `run`'s subshell: its children).
 wait_for_phase() {
   NODES_BEAT_CMD=(false)
@@ -84,7 +106,9 @@ wait_for_phase() {
   phase=$!
   (sleep 0.3 && kill -TERM "$first") &
   loop_wait "$phase" 2>"$BATS_TEST_TMPDIR/err" || rc=$?
-  [ "$rc" -eq 7 ] && [ -z "$NODES_BEAT_PID" ] && [ ! -s "$BATS_TEST_TMPDIR/err" ]
+  [ "$rc" -eq 7 ]
+  [ -z "$NODES_BEAT_PID" ]
+  [ ! -s "$BATS_TEST_TMPDIR/err" ]
   run ! procs_leader_alive "$LOOP_RUN_DIR" heartbeat
 }
 
@@ -93,7 +117,8 @@ wait_for_phase() {
   local rc=0
   (exit 5) &
   loop_wait $! || rc=$?
-  [ "$rc" -eq 5 ] && [ ! -e "$LOOP_RUN_DIR/pids/heartbeat.pgid" ]
+  [ "$rc" -eq 5 ]
+  [ ! -e "$LOOP_RUN_DIR/pids/heartbeat.pgid" ]
 }
 
 # leave <rank> <rc> [ended]: nodes_leave <rc> of <rank> of 2 (run r1) in a shell of its own, with the heartbeat's
@@ -117,15 +142,18 @@ leave() {
   [ "$(cat "$BATS_TEST_TMPDIR/calls")" = "finish --run-id r1 --reason the master (rank 0) ran the run's last step and exited" ]
   rm "$BATS_TEST_TMPDIR/calls"
   leave 0 1
-  [ "$status" -eq 1 ] && [[ $(cat "$BATS_TEST_TMPDIR/calls") == "fail --run-id r1 --rank 0 "* ]]
+  [ "$status" -eq 1 ]
+  [[ $(cat "$BATS_TEST_TMPDIR/calls") == "fail --run-id r1 --rank 0 "* ]]
   rm "$BATS_TEST_TMPDIR/calls"
   leave 1 0 # a worker's end says nothing of the run's
-  [ "$status" -eq 0 ] && [ ! -e "$BATS_TEST_TMPDIR/calls" ]
+  [ "$status" -eq 0 ]
+  [ ! -e "$BATS_TEST_TMPDIR/calls" ]
 }
 
 @test "a worker whose heartbeat saw the run finished exits 0 saying so, not that the master died" {
   leave 1 143 "$(printf '6\tthe run finished: the master (rank 0) ran the run'"'"'s last step and exited')"
-  [ "$status" -eq 0 ] && [ ! -e "$BATS_TEST_TMPDIR/calls" ]
+  [ "$status" -eq 0 ]
+  [ ! -e "$BATS_TEST_TMPDIR/calls" ]
   [ "$stderr" = "[baton] the run finished: the master (rank 0) ran the run's last step and exited; this node stops" ]
 }
 
