@@ -286,6 +286,22 @@ class ChaosNodes:
             return set()
         return {node.rank for node in self.nodes if node.rank != fault.rank}
 
+    @staticmethod
+    def not_as_documented(fault: NodeFault, row: NodeRound) -> list[str]:
+        """What went otherwise than docs/multinode.md says: after a heartbeat's SIGKILL no node stops (its node
+        starts it again); in a continue run a lost worker does not end the master's run, and no node needs a
+        restart with --resume."""
+        out = []
+        if fault.action == "heartbeat":
+            out += [f"{run} exited {rc} after the heartbeat's SIGKILL" for run, rc in row.exits.items() if rc]
+        elif fault.mode == "continue" and fault.rank != 0:
+            out += [
+                f"{run} exited {rc} after a worker's death" for run, rc in row.exits.items() if rc and "master" in run
+            ]
+        if (fault.action == "heartbeat" or (fault.mode == "continue" and fault.rank != 0)) and row.restarts:
+            out.append(f"every node was started again with --resume {row.restarts} time(s)")
+        return out
+
     def stop_bound_s(self) -> float:
         """How long after a fault a node that must stop may run: a rank is dead after dead_after_s without a
         heartbeat change (seen within a beat), then its clean-up."""
@@ -355,8 +371,8 @@ class ChaosNodes:
             self.settle(row, None, iteration)
         row.recovered = done.exists()
         row.recovery_s = round(time.monotonic() - (struck or began), 1)
-        if struck is not None and fault.action == "heartbeat":  # its node starts it again: nobody stops
-            row.problems += [f"{run} exited {rc} after the heartbeat's SIGKILL" for run, rc in row.exits.items() if rc]
+        if struck is not None:
+            row.problems += self.not_as_documented(fault, row)
         if struck is not None:
             bound = self.stop_bound_s()
             for rank in sorted(self.must_stop(fault)):
