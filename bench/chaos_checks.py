@@ -7,16 +7,21 @@
 - exactly once: every planned episode of every sealed rollout journal
   (`trajectories/<split>/iter_<NNNN>/rank_<r>.jsonl`) is on exactly one line, its
   manifest says `complete`, and the journal is the one it sealed (sha256);
+- exactly once across ranks (an iteration of several ranks: `manifest.json` or more than one
+  journal): the episodes planned for every rank, as any rank plans them from the iteration's
+  saved config, are each on exactly one line of the iteration's data (the ranks' journals, a dead
+  rank's only up to its cut, and the takeover journals `rank_<s>.takeover_<d>.jsonl`), every such
+  journal is the one sealed (a cut: its prefix's sha256), and the master's merge says `complete`;
 - the policy chain: the versions under `policy/` are consecutive, each one's
   `parent` is the version before it, no iteration promoted twice, `policy/current`
   is the newest, and each iteration's `update.done` names the version it promoted;
 - one `"kind": "iteration"` record per iteration in `metrics.jsonl`;
 - deadlines: no phase in `run/state/iter_<NNNN>/times` took longer than its deadline;
 - nothing left: no recorded process group alive (`run/rank_<r>/pids/*.pgid`,
-  `training/iter_<NNNN>/train.log.pgid`), no process whose command line names the
+  `training/iter_<NNNN>/train[.rank_<r>].log.pgid`), no process whose command line names the
   log path (or one of `needles`, e.g. the run's vLLM port).
 
-Reads only; used by `bench/chaos.py` and `tests/e2e/test_chaos.py`.
+Reads only; used by `bench/chaos.py`, `bench/chaos_nodes.py` and `tests/e2e/test_chaos.py`.
 """
 
 from __future__ import annotations
@@ -72,8 +77,12 @@ class RolloutCheck:
 
 def read_lines(path: Path) -> list[dict]:
     """The trajectory lines of a journal that parse (a torn last line is no episode)."""
+    return read_text_lines(path.read_text())
+
+
+def read_text_lines(text: str) -> list[dict]:
     rows = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             rows.append(json.loads(line))
         except ValueError:
@@ -98,15 +107,148 @@ def check_rollout(journal: Path) -> RolloutCheck:
     )
 
 
+OWN_JOURNAL = re.compile(r"rank_(\d+)\.jsonl")
+TAKEOVER_JOURNAL = re.compile(r"rank_(\d+)\.takeover_(\d+)\.jsonl")
+
+
+def several_ranks(directory: Path) -> bool:
+    """An iteration of a multi-node run: the master's merge (manifest.json) or more than one rank's journal."""
+    own = [p for p in directory.glob("rank_*.jsonl") if OWN_JOURNAL.fullmatch(p.name)]
+    return (directory / "manifest.json").exists() or len(own) > 1
+
+
+def selected(directory: Path, iterations: list[int] | None) -> bool:
+    return iterations is None or int(directory.name.removeprefix("iter_")) in iterations
+
+
 def check_rollouts(log: Path, iterations: list[int] | None = None) -> list[RolloutCheck]:
-    """Every own rank journal of the given iterations (default: all) of both splits."""
+    """Every own rank journal of the given single-node iterations (default: all) of both splits
+    (an iteration of several ranks is check_iterations')."""
     out = []
     for journal in sorted(log.glob("trajectories/*/iter_*/rank_*.jsonl")):
-        if not re.fullmatch(r"rank_\d+\.jsonl", journal.name):
+        if not OWN_JOURNAL.fullmatch(journal.name) or several_ranks(journal.parent):
             continue
-        if iterations is None or int(journal.parent.name.removeprefix("iter_")) in iterations:
+        if selected(journal.parent, iterations):
             out.append(check_rollout(journal))
     return out
+
+
+@dataclass
+class IterationCheck:
+    """One iteration of several ranks: every rank's planned episodes against the iteration's data."""
+
+    directory: str
+    planned: int  # the episodes planned for every rank (from the saved config); -1 when it could not be read
+    lines: int  # the lines of the iteration's data (a dead rank's journal up to its cut)
+    unique: int
+    lost: int  # planned episodes on no line
+    unexpected: int  # episodes on a line that no rank planned
+    merged: bool  # the master wrote manifest.json
+    complete: bool  # ... and says complete
+    unsealed: list[str] = field(default_factory=list)  # journals of the data not sealed, or changed since
+
+    @property
+    def duplicated(self) -> int:
+        return self.lines - self.unique
+
+    def problems(self) -> list[str]:
+        where = self.directory
+        out = [f"{where}: the planned episodes could not be read (no rank_<r>.config.yaml)"] if self.planned < 0 else []
+        if self.lost:
+            out.append(f"{where}: {self.lost} of {self.planned} planned episodes lost (on no rank's line)")
+        if self.duplicated:
+            out.append(f"{where}: {self.duplicated} episodes duplicated across the ranks' journals")
+        if self.unexpected:
+            out.append(f"{where}: {self.unexpected} episodes that no rank planned")
+        out += [f"{where}/{name}: not sealed, or changed since it was sealed" for name in self.unsealed]
+        if not self.merged:
+            out.append(f"{where}: not merged by the master (no manifest.json)")
+        elif not self.complete:
+            out.append(f"{where}: the master's manifest.json is not complete")
+        return out
+
+
+def planned_episodes(directory: Path) -> list[str] | None:
+    """Every rank's planned episode ids of one iteration, as any rank plans them from its saved config
+    (`rank_<r>.config.yaml`: the same seed, sampling and rank weights on every rank); None without one."""
+    from omegaconf import OmegaConf
+
+    from rollout_engine.config import validate
+    from rollout_engine.tasks import load_tasks, plan_rank, tasks_path
+
+    configs = sorted(p for p in directory.glob("rank_*.config.yaml") if re.fullmatch(r"rank_\d+\.config\.yaml", p.name))
+    if not configs:
+        return None
+    cfg = validate(OmegaConf.load(configs[0]))
+    tasks = load_tasks(tasks_path(cfg), f"env_config.{cfg.split}_tasks")
+    return [spec.episode_id for rank in range(len(cfg.rank_weights)) for spec in plan_rank(tasks, cfg, rank)]
+
+
+def sealed(directory: Path, name: str) -> bool:
+    """The journal has a manifest that says complete, and is byte for byte what that manifest sealed."""
+    manifest_path = directory / name.replace(".jsonl", ".manifest.json")
+    if not manifest_path.exists():
+        return False
+    manifest = json.loads(manifest_path.read_text())
+    data = (directory / name).read_bytes() if (directory / name).exists() else b""
+    return bool(manifest.get("complete")) and manifest.get("sha256") == hashlib.sha256(data).hexdigest()
+
+
+def cut_ids(journal: Path, lines: int, sha256: str) -> list[str] | None:
+    """The episode ids of a dead rank's journal up to its cut (its first `lines` lines); None when that
+    prefix is not the one cut (sha256)."""
+    data = journal.read_bytes() if journal.exists() else b""
+    parts = data.split(b"\n")
+    if len(parts) <= lines:
+        return None
+    prefix = b"".join(part + b"\n" for part in parts[:lines])
+    if hashlib.sha256(prefix).hexdigest() != sha256:
+        return None
+    return [row.get("episode_id") for row in read_text_lines(prefix.decode())]
+
+
+def check_iteration(directory: Path) -> IterationCheck:
+    """Exactly once across the ranks of one iteration: what the data is (the ranks' journals; with a
+    takeover, each dead rank's up to its cut and the takeover journals) against what every rank planned."""
+    manifest_path = directory / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    dead = {int(r) for r in manifest.get("missing_ranks", [])}
+    ids: list[str] = []
+    unsealed: list[str] = []
+    for path in sorted(directory.glob("rank_*.jsonl")):
+        own, takeover = OWN_JOURNAL.fullmatch(path.name), TAKEOVER_JOURNAL.fullmatch(path.name)
+        if own and int(own.group(1)) in dead:
+            cut = manifest.get("cut", {}).get(own.group(1), {})
+            rows = cut_ids(path, int(cut.get("lines", 0)), str(cut.get("sha256", "")))
+            if rows is None:
+                unsealed.append(f"{path.name} (up to its cut)")
+            ids += rows or []
+        elif own or takeover:
+            ids += [row.get("episode_id") for row in read_lines(path)]
+            if not sealed(directory, path.name):
+                unsealed.append(path.name)
+    planned = planned_episodes(directory)
+    wanted, present = set(planned or []), set(ids)
+    return IterationCheck(
+        directory=str(directory),
+        planned=-1 if planned is None else len(planned),
+        lines=len(ids),
+        unique=len(present),
+        lost=len(wanted - present),
+        unexpected=len(present - wanted) if planned is not None else 0,
+        merged=bool(manifest),
+        complete=bool(manifest.get("complete")),
+        unsealed=unsealed,
+    )
+
+
+def check_iterations(log: Path, iterations: list[int] | None = None) -> list[IterationCheck]:
+    """Every iteration of several ranks (default: all) of both splits."""
+    return [
+        check_iteration(directory)
+        for directory in sorted(log.glob("trajectories/*/iter_*"))
+        if directory.is_dir() and several_ranks(directory) and selected(directory, iterations)
+    ]
 
 
 def check_policy_chain(log: Path) -> list[str]:
@@ -189,7 +331,8 @@ def group_alive(pgid: int) -> bool:
 def recorded_groups(log: Path) -> list[tuple[str, int, str]]:
     """(record file, pgid, leader start time) of every group the run recorded and did not forget."""
     out = []
-    files = sorted(log.glob("run/rank_*/pids/*.pgid")) + sorted(log.glob("training/iter_*/train.log.pgid"))
+    # every rank's groups, and LLaMA-Factory's of every node (train.log.pgid, train.rank_<r>.log.pgid)
+    files = sorted(log.glob("run/rank_*/pids/*.pgid")) + sorted(log.glob("training/iter_*/*.log.pgid"))
     for path in files:
         for line in path.read_text().splitlines():
             parts = line.split()
@@ -231,17 +374,18 @@ class LogReport:
     records: list[str]
     late: list[str]
     leftovers: list[str] = field(default_factory=list)
+    iterations: list[IterationCheck] = field(default_factory=list)  # those of several ranks
 
     @property
     def lost(self) -> int:
-        return sum(r.lost or 0 for r in self.rollouts)
+        return sum(r.lost or 0 for r in self.rollouts) + sum(i.lost for i in self.iterations)
 
     @property
     def duplicated(self) -> int:
-        return sum(r.duplicated for r in self.rollouts)
+        return sum(r.duplicated for r in self.rollouts) + sum(i.duplicated for i in self.iterations)
 
     def problems(self) -> list[str]:
-        out = [p for r in self.rollouts for p in r.problems()]
+        out = [p for r in self.rollouts for p in r.problems()] + [p for i in self.iterations for p in i.problems()]
         return out + self.chain + self.records + self.late + [f"left running: {p}" for p in self.leftovers]
 
 
@@ -256,6 +400,7 @@ def check_log(
     """Every invariant on `log` (`processes`: also look for what the run left running)."""
     return LogReport(
         rollouts=check_rollouts(log, iterations),
+        iterations=check_iterations(log, iterations),
         chain=check_policy_chain(log),
         records=check_iteration_records(log),
         late=check_deadlines(log, deadlines or {}),

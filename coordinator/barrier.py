@@ -12,8 +12,9 @@ every `poll_s` seconds (the sleep only paces polling; nothing depends on it) and
 returns once every rank has arrived. It waits through a long phase while the
 others live, and stops at once when one is gone: RankFailed for a failure flag,
 an eviction or a heartbeat silent for dead_after_s; RunStopped for stop.json or
-a newer run; Evicted when this rank was evicted. BarrierTimeout only with an
-explicit timeout_s.
+a newer run; Evicted when this rank was evicted; RunFinished for a silent rank
+once the master wrote finished.json (it ran the last step and exited).
+BarrierTimeout only with an explicit timeout_s.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from coordinator.cluster import Cluster, ClusterError, RankFailed, load_json, scan_ranks
+from coordinator.cluster import Cluster, ClusterError, RankFailed, RunFinished, load_json, scan_ranks
 from coordinator.heartbeat import LivenessWatcher
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
@@ -125,6 +126,9 @@ def check_ranks(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | N
         watcher.observe()
         dead = [rank for rank in watcher.dead() if rank in ranks]
         if dead:
+            finished = cluster.finished()
+            if finished is not None:  # the master exited after the last step: its silence is no death
+                raise RunFinished(finished.reason)
             silent = watcher.silent_s(dead[0])
             raise RankFailed(dead[0], f"dead: no heartbeat change seen for {silent:.0f} s")
 

@@ -2,6 +2,7 @@
 
     cluster = Cluster(log, run_id, rank=1)      # start and join: coordinator.membership
     cluster.fail(FailureRecord(...)); cluster.request_stop(StopRequest(...)); cluster.evict(Eviction(...))
+    cluster.finish(FinishRecord(...))           # the master, on its way out of a run that ended well
 
 Files under <log>/cluster/:
 
@@ -13,6 +14,7 @@ Files under <log>/cluster/:
     runs/<run_id>/barriers/iter_NNNN/<phase>/rank_<r>.json   arrivals (coordinator.barrier)
     runs/<run_id>/failed/rank_<r>.json         FailureRecord: written by a rank on its way out
     runs/<run_id>/stop.json                    StopRequest: stop the whole run
+    runs/<run_id>/finished.json                FinishRecord: the master ran the last step and exited
     runs/<run_id>/evicted/rank_<r>.json        Eviction: the master declared the rank dead
 
 Every file is written with rollout_engine.files (temp file + rename): a reader
@@ -75,6 +77,17 @@ class Evicted(ClusterError):
     def __init__(self, rank: int, reason: str) -> None:
         self.rank, self.reason = rank, reason
         super().__init__(f"rank {rank} was evicted: {reason}")
+
+
+class RunFinished(ClusterError):
+    """The master ran the run's last step and exited (finished.json): a node still running has nothing left
+    to do, and the master's silence is no death."""
+
+    exit_code = 6
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"the run finished: {reason}")
 
 
 class MasterAlive(ClusterError):
@@ -156,6 +169,16 @@ class StopRequest:
 
     reason: str
     rank: int | None
+    host: str
+    pid: int
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class FinishRecord:
+    """finished.json: the master's word, on its way out of a run that ended well, that no step is left."""
+
+    reason: str
     host: str
     pid: int
     time: float = field(default_factory=time.time)
@@ -269,6 +292,17 @@ class Cluster:
             return None
         data = load_json(self.run_dir / "stop.json") if "stop.json" in names else None
         return None if data is None else StopRequest(**data)
+
+    def finish(self, record: FinishRecord) -> None:
+        save_json(self.run_dir / "finished.json", asdict(record))
+
+    def finished(self) -> FinishRecord | None:
+        try:
+            names = os.listdir(self.run_dir)  # a listing, not a stat: NFS caches negative lookups
+        except FileNotFoundError:
+            return None
+        data = load_json(self.run_dir / "finished.json") if "finished.json" in names else None
+        return None if data is None else FinishRecord(**data)
 
     def evict(self, eviction: Eviction) -> None:
         save_json(self.run_dir / "evicted" / f"rank_{eviction.rank}.json", asdict(eviction))

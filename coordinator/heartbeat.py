@@ -161,7 +161,8 @@ class PeerWatch:
     """The other ranks, watched beside each node (`mode`: the run's on_rank_failure).
 
     abort: a failure flag, an eviction, or a rank that was seen beating and then fell silent for
-    dead_after_s ends this node (a rank not beating yet may still be joining: the barriers judge that one).
+    dead_after_s ends this node (a rank not beating yet may still be joining: the barriers judge that one);
+    once the master has written finished.json (it ran the last step and exited), RunFinished instead.
     continue: a worker watches only the master (its loss ends the run); the master evicts a worker that
     failed or fell silent (its current registration: a restarted rank is a member again) and goes on.
     """
@@ -177,7 +178,7 @@ class PeerWatch:
         self.on_evict: Callable[[int], None] | None = None
 
     def __call__(self) -> ClusterError | None:
-        from coordinator.cluster import RankFailed
+        from coordinator.cluster import RankFailed, RunFinished
 
         self.watcher.observe()
         for rank in self.ranks:
@@ -187,6 +188,9 @@ class PeerWatch:
             if self.mode == "continue" and self.cluster.rank == 0:
                 self.evict(rank, reason)
                 continue
+            finished = self.cluster.finished()
+            if finished is not None:  # the master exited after the last step: its silence is no death
+                return RunFinished(finished.reason)
             return RankFailed(rank, reason)
         return None
 

@@ -8,13 +8,15 @@
     python -m coordinator fail   --log-path L --run-id "$RUN" --rank 1 --iteration 3 --phase rollout \
         --reason "rollout exited 1" --exit-code 1
     python -m coordinator stop   --log-path L --reason "operator request"
+    python -m coordinator finish --log-path L --run-id "$RUN" --reason "the master ran the last step"
     python -m coordinator evict  --log-path L --run-id "$RUN" --rank 2 --reason "no heartbeat for 30 s"
     python -m coordinator status --log-path L
 
 start-run and join print the run id on stdout; progress and errors go to stderr.
 Exit codes: 0 done; 2 bad input (one message naming the field, the value and
 the fix); 3 a rank failed or is dead (`rank R: reason`); 4 the run was stopped
-or superseded; 5 this rank was evicted; 1 a timeout or anything else.
+or superseded; 5 this rank was evicted; 6 the run finished (the master ran the
+last step and exited: a silent master is no death then); 1 a timeout or anything else.
 `add_subcommands(subparsers)` lets another entry point carry these subcommands.
 """
 
@@ -40,6 +42,8 @@ from coordinator.cluster import (
     Endpoint,
     Eviction,
     FailureRecord,
+    FinishRecord,
+    RunFinished,
     RunRecord,
     StopRequest,
     load_run,
@@ -278,6 +282,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_finish(args: argparse.Namespace) -> int:
+    """The master, on its way out of a run that ended well: the nodes still running (a rank that rejoined and
+    waits for a step, one still reloading its vLLM) learn that no step is left, not that the master died."""
+    cluster, _ = this_run(args)
+    cluster.finish(FinishRecord(args.reason, socket.gethostname(), os.getppid()))
+    return 0
+
+
 def cmd_members(args: argparse.Namespace) -> int:
     """The master's view of who is in the next step, as key<TAB>value lines for its plan: `members` (csv),
     `weights` (the run's, 0 for a rank that is out) and `m_<r>` (host:pid of each member's registration).
@@ -422,6 +434,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     fail.add_argument("--pid", type=int, default=None)
     stop = _run_parser(subparsers, "stop", cmd_stop, "ask the whole run to stop", rank_required=False)
     stop.add_argument("--reason", required=True)
+    finish = _run_parser(subparsers, "finish", cmd_finish, "the master: the run ended well", rank_required=False)
+    finish.add_argument("--reason", required=True)
     members = _run_parser(subparsers, "members", cmd_members, "who is in the next step (the master's plan)")
     members.add_argument("--wait-all", type=float, default=None, help="seconds to wait for every rank to join")
     members.add_argument("--poll", type=float, default=0.5)
@@ -492,7 +506,7 @@ def dispatch(args: argparse.Namespace) -> int:
             say(f"error: {problem}")
         return 2
     except ClusterError as exc:
-        say(f"error: {exc}")
+        say(f"{'' if isinstance(exc, RunFinished) else 'error: '}{exc}")
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

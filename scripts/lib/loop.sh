@@ -596,12 +596,13 @@ loop_train_on() {
 }
 
 # loop_wait <pid>: wait for a child's exit status, through the SIGUSR1s that
-# interrupt bash's wait (loop_evicted sets LOOP_SIGNALLED).
+# interrupt bash's wait (loop_evicted sets LOOP_SIGNALLED) and, on several nodes,
+# a heartbeat that dies meanwhile (nodes_wait_child starts it again).
 loop_wait() {
   local rc
   while :; do
     LOOP_SIGNALLED=0 rc=0
-    wait "$1" || rc=$?
+    nodes_wait_child "$1" || rc=$?
     ((LOOP_SIGNALLED)) || return "$rc"
   done
 }

@@ -52,6 +52,7 @@ nodes_cli() {
 nodes_start() {
   # shellcheck disable=SC2034 # NODES_ME (this node's registration, host:pid) is read by loop_next
   NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT="" NODES_ON_FAILURE=abort NODES_ME="$HOSTNAME:$$" NODES_PLANNED="" NODES_JOINED=""
+  NODES_BEAT_PID=""
   nodes_multi || return 0
   local rc=0 key value group
   local -a node=(--num-nodes "$RUN_NUM_NODES" --rank-weights "$RUN_RANK_WEIGHTS" --pid $$ --vllm-port "$LOOP_PORT")
@@ -85,11 +86,54 @@ nodes_start() {
   # A split deployment's two runs share this rank's run directory: each has its own heartbeat and reason file.
   NODES_BEAT=heartbeat${group:+-$group} NODES_ENDED=$LOOP_RUN_DIR/ended${group:+-$group}
   rm -f "$NODES_ENDED"
-  procs_start "$LOOP_RUN_DIR" "$NODES_BEAT" "$LOOP_RUN_DIR/logs/$NODES_BEAT.log" env PYTHONPATH="$LOOP_ROOT" \
-    "$BATON_APP_PY" -m coordinator heartbeat --log-path "$RUN_LOG" ${group:+--group "$group"} \
-    --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --node-pid $$ --stop-node --reason-file "$NODES_ENDED" >/dev/null
+  NODES_BEAT_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m coordinator heartbeat --log-path "$RUN_LOG"
+    ${group:+--group "$group"} --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --node-pid $$ --stop-node
+    --reason-file "$NODES_ENDED")
+  NODES_BEAT_RESTARTS=0
+  nodes_beat_start
   common_log "rank $RUN_RANK of $RUN_NUM_NODES: run $NODES_RUN_ID, master $NODES_MASTER_ADDR" \
     "(torchrun port $NODES_TORCHRUN_PORT); status: python -m coordinator status --log-path $RUN_LOG${group:+ --group $group}"
+}
+
+# nodes_beat_start: start this node's heartbeat (NODES_BEAT_CMD) as the tracked group NODES_BEAT; NODES_BEAT_PID
+# is its pid, a child of this shell, so that a wait for a phase sees it exit (nodes_wait_child).
+nodes_beat_start() {
+  procs_start "$LOOP_RUN_DIR" "$NODES_BEAT" "$LOOP_RUN_DIR/logs/$NODES_BEAT.log" "${NODES_BEAT_CMD[@]}" >/dev/null
+  NODES_BEAT_PID=$(procs_pgid "$LOOP_RUN_DIR" "$NODES_BEAT")
+}
+
+# nodes_wait_child <pid>: `wait <pid>`: its exit code (> 128 when a trapped signal cut the wait short), watching
+# this node's heartbeat beside it: one that exits while the node waits is started again (nodes_beat_lost).
+nodes_wait_child() {
+  local rc who
+  while [[ -n ${NODES_BEAT_PID:-} ]]; do
+    rc=0 who=""
+    wait -n -p who "$1" "$NODES_BEAT_PID" || rc=$?
+    # (a trapped signal that cuts the wait short, e.g. the master's SIGUSR1 on an eviction, unsets `who`)
+    [[ ${who:-} == "$NODES_BEAT_PID" ]] || return "$rc"
+    nodes_beat_lost "$rc"
+  done
+  wait "$1"
+}
+
+# nodes_beat_lost <wait status>: this node's heartbeat exited while the node runs (killed, crashed). Without
+# it the other ranks count this node dead after dead_after_s (abort: the run stops; continue: it is evicted)
+# while it works on, so start it again at once (it goes on from its last beat), at most 3 times per run.sh,
+# then stop this node (exit 1). A heartbeat that ended the node on purpose (its reason file written, its
+# SIGTERM on the way) is not started again.
+nodes_beat_lost() {
+  local rc=$1 how
+  NODES_BEAT_PID=""
+  [[ -z $(nodes_ended) ]] || return 0
+  how="exit $rc"
+  ((rc <= 128)) || how="killed by SIG$(kill -l $((rc - 128)))"
+  ((NODES_BEAT_RESTARTS < 3)) ||
+    common_die 1 "the heartbeat of rank $RUN_RANK exited ($how) a 4th time (log: $LOOP_RUN_DIR/logs/$NODES_BEAT.log);" \
+      "without it the other ranks count this node dead: stopping it. Start it again with --resume (docs/multinode.md)"
+  NODES_BEAT_RESTARTS=$((NODES_BEAT_RESTARTS + 1))
+  common_warn "the heartbeat of rank $RUN_RANK exited ($how) while this node runs; starting it again" \
+    "($NODES_BEAT_RESTARTS of 3) before the other ranks count this node dead"
+  nodes_beat_start
 }
 
 # nodes_continue: true in a run that goes on without a failed worker (--on-rank-failure continue).
@@ -185,7 +229,8 @@ nodes_receive() {
 
 # nodes_exit <code> <what>: end this node after a protocol outcome: 3 another
 # rank failed or died (exit 1), 4 the run was stopped (exit 143, like SIGTERM),
-# 5 this rank was evicted (exit 1).
+# 5 this rank was evicted (exit 1), 6 the run finished (exit 0: the master ran
+# the last step and exited).
 nodes_exit() {
   local code=$1 what=$2
   case "$code" in
@@ -196,6 +241,10 @@ nodes_exit() {
       exit 143
       ;;
     5) common_die 1 "$what: this rank was evicted by the master (declared dead); restart it with --resume to join again" ;;
+    6)
+      common_log "$what: the run finished (the master ran its last step and exited); this node stops"
+      exit 0
+      ;;
     2) common_die 2 "$what: bad input (above)" ;;
     *) common_die 1 "$what failed (exit $code)" ;;
   esac
@@ -209,7 +258,10 @@ nodes_ended() {
 
 # nodes_leave <exit code>: the EXIT trap's part: on a failure of this node,
 # flag it so that the other ranks stop at once instead of waiting; report why
-# the heartbeat ended this node. Sets NODES_EXIT, the exit code run.sh ends with.
+# the heartbeat ended this node; the master of a run that ended well says so
+# (finished.json), so that a node still running (a rank that rejoined, one still
+# reloading its vLLM) stops with exit 0 instead of taking the master's silence
+# for its death. Sets NODES_EXIT, the exit code run.sh ends with.
 nodes_leave() {
   local rc=$1 ended code reason
   NODES_EXIT=$rc
@@ -221,7 +273,11 @@ nodes_leave() {
       4) common_log "stopped: $reason" && rc=143 ;;
       3) common_warn "stopping this node: $reason; start every node again with --resume once it is fixed" && rc=1 ;;
       5) common_warn "this rank was evicted: $reason" && rc=1 ;;
+      6) common_log "$reason; this node stops" && rc=0 ;;
     esac
+  elif ((rc == 0)) && nodes_is_master; then
+    nodes_cli finish --run-id "$NODES_RUN_ID" --reason "the master (rank 0) ran the run's last step and exited" ||
+      common_warn "could not write the run's finished.json; a node still running will take the master for dead"
   elif ((rc == 130 || rc == 143)) && { nodes_is_master || slurm_in_step; } && ((!${NODES_STOPPED:-0})); then
     # Ctrl+C or SIGTERM on the master stops the whole run: a stop, not a failure. So does one on any
     # node of a Slurm step: Slurm signals every task at once (scancel, the time limit's signal, a requeue),

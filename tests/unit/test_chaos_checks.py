@@ -1,5 +1,5 @@
-"""bench/chaos_checks.py on canned log paths: exactly once, the policy chain, iteration records,
-deadlines, and what a run left running (offline, fast)."""
+"""bench/chaos_checks.py on canned log paths: exactly once (on one rank, and across several with a takeover),
+the policy chain, iteration records, deadlines, and what a run left running (offline, fast)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from omegaconf import OmegaConf
+
 from bench.chaos_checks import (
     check_deadlines,
+    check_iteration,
     check_iteration_records,
     check_log,
     check_policy_chain,
     check_rollout,
     leftover_processes,
+    recorded_groups,
     start_time,
 )
+from coordinator.aggregate import aggregate
+from coordinator.reassign import plan_takeover
+from rollout_engine.config import RolloutConfig
+from rollout_engine.journal import Journal
+from rollout_engine.runner import run_rollout
+from rollout_engine.takeover import takeover_plan_path
+from rollout_engine.tasks import load_tasks, plan_rank
+from rollout_engine.types import Trajectory
+from tests.unit.rollout_engine.engine_fakes import rollout_config, use_fake_policy, write_tasks
 
 
 def journal(log: Path, ids: list[str], planned: int | None, split: str = "train", iteration: int = 1) -> Path:
@@ -161,3 +175,101 @@ def test_check_log_sums_and_lists_every_problem(tmp_path: Path) -> None:
     assert (report.lost, report.duplicated) == (1, 1)
     assert len(report.problems()) == 3  # lost, duplicated, not complete
     assert check_log(tmp_path, iterations=[2], processes=False).problems() == []
+
+
+# ---- several ranks: real rollouts (the fake environment and policy of tests/unit/rollout_engine), merged ----
+
+WEIGHTS = [1.0, 1.0]
+
+
+def resolved(cfg: RolloutConfig) -> str:
+    """The config as run.sh hands it to the engine (saved beside the journal: the check plans from it)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+async def two_ranks(root: Path, monkeypatch: pytest.MonkeyPatch, takeover: bool = False) -> Path:
+    """Iteration 2 of 16 episodes on two ranks, merged by the master; with `takeover`, rank 1 journaled one
+    episode and died, rank 0 took over the rest (--on-rank-failure continue)."""
+    use_fake_policy(monkeypatch)
+    write_tasks(root / "data", 16)
+    directory = root / "log" / "trajectories" / "train" / "iter_0002"
+    configs = [rollout_config(root, rank, WEIGHTS) for rank in (0, 1)]
+    assert await run_rollout(configs[0], resolved(configs[0])) == 0
+    if not takeover:
+        assert await run_rollout(configs[1], resolved(configs[1])) == 0
+        aggregate(root / "log", "train", 2, 2, wall_s=1.0)
+        return directory
+    first = plan_rank(load_tasks(root / "data" / "tasks.jsonl"), configs[1], 1)[0]
+    dead = Journal(directory / "rank_1.jsonl", resume=False)
+    dead.append(Trajectory(first.episode_id, first.task.task_id, first.sample_index, "train", 2, 1, "echo", "", 1))
+    plan_takeover(configs[0], dead=[1], survivors=[0])
+    cfg = rollout_config(root, 0, WEIGHTS, takeover_plan=str(takeover_plan_path(directory)))
+    assert await run_rollout(cfg, resolved(cfg)) == 0
+    aggregate(root / "log", "train", 2, 2, wall_s=1.0, takeover_plan=takeover_plan_path(directory))
+    return directory
+
+
+async def test_two_ranks_merged_are_every_planned_episode_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = await two_ranks(tmp_path, monkeypatch)
+    check = check_iteration(directory)
+    assert (check.planned, check.lines, check.lost, check.duplicated, check.unexpected) == (16, 16, 0, 0, 0)
+    assert check.problems() == []
+    report = check_log(tmp_path / "log", processes=False)
+    assert report.rollouts == [] and len(report.iterations) == 1 and report.problems() == []
+
+
+async def test_an_episode_on_two_ranks_is_a_duplicate_and_a_missing_merge_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = await two_ranks(tmp_path, monkeypatch)
+    line = (directory / "rank_0.jsonl").read_text().splitlines()[0]
+    with (directory / "rank_1.jsonl").open("a") as out:
+        out.write(line + "\n")  # rank 0's episode journaled by rank 1 too (and rank 1's journal changed)
+    (directory / "manifest.json").unlink()
+    check = check_iteration(directory)
+    assert (check.duplicated, check.lost) == (1, 0)
+    assert check.problems() == [
+        f"{directory}: 1 episodes duplicated across the ranks' journals",
+        f"{directory}/rank_1.jsonl: not sealed, or changed since it was sealed",
+        f"{directory}: not merged by the master (no manifest.json)",
+    ]
+
+
+async def test_a_lost_rank_journal_loses_its_share(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = await two_ranks(tmp_path, monkeypatch)
+    (directory / "rank_1.jsonl").write_text("")  # rank 1's share never reached the log path
+    check = check_iteration(directory)
+    assert (check.lost, check.duplicated) == (8, 0)
+    assert f"{directory}: 8 of 16 planned episodes lost (on no rank's line)" in check.problems()
+
+
+async def test_a_takeover_counts_the_dead_rank_up_to_its_cut_and_the_takeover_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = await two_ranks(tmp_path, monkeypatch, takeover=True)
+    assert (directory / "rank_0.takeover_1.jsonl").exists()
+    check = check_iteration(directory)
+    assert (check.planned, check.lines, check.lost, check.duplicated) == (16, 16, 0, 0)
+    assert check.problems() == []
+    # what the dead rank appended after its cut (it was alive after all) is not the iteration's data
+    taken = (directory / "rank_0.takeover_1.jsonl").read_text().splitlines()[0]
+    with (directory / "rank_1.jsonl").open("a") as out:
+        out.write(taken + "\n")
+    assert check_iteration(directory).problems() == []
+    # a takeover journal lost: the episodes it held are lost
+    (directory / "rank_0.takeover_1.jsonl").unlink()
+    check = check_iteration(directory)
+    assert check.lost == 7 and check.problems()[0] == f"{directory}: 7 of 16 planned episodes lost (on no rank's line)"
+    # the dead rank's journal changed before its cut: its prefix no longer counts
+    (directory / "rank_1.jsonl").write_text("")
+    assert f"{directory}/rank_1.jsonl (up to its cut): not sealed, or changed since it was sealed" in (
+        check_iteration(directory).problems()
+    )
+
+
+def test_every_node_s_training_groups_are_recorded_groups(tmp_path: Path) -> None:
+    training = tmp_path / "training" / "iter_0001"
+    training.mkdir(parents=True)
+    (training / "train.log.pgid").write_text("101 5\n")
+    (training / "train.rank_1.log.pgid").write_text("202 6\n")
+    assert [(pgid, start) for _, pgid, start in recorded_groups(tmp_path)] == [(101, "5"), (202, "6")]

@@ -169,3 +169,18 @@ def test_a_deadline_names_the_missing_ranks_and_ticks_report_progress(tmp_path: 
 def test_phase_names_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"phase must be lower-case letters, digits, '_' or '-' \(got '../x'\)"):
         arrive(node(tmp_path, 0), 0, "../x")
+
+
+def test_a_silent_master_that_finished_the_run_ends_the_wait_as_the_run_s_end(tmp_path: Path) -> None:
+    from coordinator.cluster import FinishRecord, RunFinished
+
+    watcher = LivenessWatcher(node(tmp_path, 1), [0, 1], dead_after_s=0.1)
+    with pytest.raises(RankFailed, match="rank 0: dead"):
+        wait_barrier(node(tmp_path, 1), 2, "plan", [0], watcher, **QUICK)
+    node(tmp_path, 0).finish(FinishRecord("the master (rank 0) ran the run's last step and exited", "n0", 3))
+    with pytest.raises(RunFinished, match="the run finished: the master") as caught:
+        wait_barrier(node(tmp_path, 1), 2, "plan", [0], watcher, **QUICK)
+    assert caught.value.exit_code == 6
+    node(tmp_path, 0).fail(FailureRecord(0, 2, "update", "training exit 1", 1, "n0", 3))
+    with pytest.raises(RankFailed, match="rank 0: failed in update"):  # a failure stays a failure
+        wait_barrier(node(tmp_path, 1), 2, "plan", [0], watcher, **QUICK)

@@ -210,3 +210,27 @@ def test_continue_mode_a_worker_watches_only_the_master(tmp_path: Path) -> None:
     ended = watch()
     assert ended is not None and ended.exit_code == 3 and str(ended).startswith("rank 0: failed in update")
     assert not cluster.evictions()
+
+
+def test_a_worker_takes_the_silence_of_a_master_that_finished_the_run_for_the_run_s_end(tmp_path: Path) -> None:
+    """A worker still running when the master ran the last step and exited (it rejoined, or it was still
+    reloading its vLLM) is told the run finished (exit 6: run.sh exits 0), not that the master died."""
+    from coordinator.cluster import FinishRecord
+    from coordinator.heartbeat import PeerWatch
+
+    for mode in ("abort", "continue"):
+        clock = FakeClock()
+        cluster = Cluster(tmp_path / mode, "r1", rank=1)
+        watch = PeerWatch(cluster, [0, 1], dead_after_s=30, mode=mode)
+        watch.watcher = LivenessWatcher(cluster, watch.ranks, 30, clock=clock)
+        beat(cluster, 0, 1)
+        assert watch() is None
+        beat(cluster, 0, 2)
+        assert watch() is None
+        clock.now += 31  # the master fell silent
+        ended = watch()
+        assert ended is not None and ended.exit_code == 3, mode
+        cluster.finish(FinishRecord("the master (rank 0) ran the run's last step and exited", "h", 8))
+        ended = watch()
+        assert ended is not None and ended.exit_code == 6, mode
+        assert str(ended) == "the run finished: the master (rank 0) ran the run's last step and exited"

@@ -1,0 +1,470 @@
+"""Fault injection on several nodes: a heartbeat or a whole node killed, the restart docs/multinode.md tells a user.
+
+    PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --rounds 9 --seed 1 --out chaos-nodes.json
+    PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --faults "worker heartbeat SIGKILL" --rounds 1
+
+Two "nodes" on this machine, as tests/e2e/test_multinode.py and bench/multinode_overhead.py simulate them: two
+`scripts/run.sh --rl-phase both --num-nodes 2 --rank-weights 1,1` (--master, --worker 1) sharing one log path,
+each in a session of its own, bound with taskset (and its vLLM with VLLM_CPU_OMP_THREADS_BIND) to its own core,
+with its own vLLM port, node address 127.0.0.1 and Baton's default liveness (a beat every 5 s, a rank dead after
+30 s of silence: `--heartbeat`, `--dead-after`).
+Round r runs iteration r with bench/chaos.py's small settings (`SETTINGS`), `--max-iterations 1` and the round's
+`--on-rank-failure` (`abort` or `continue`), waits until the fault's phase runs on the struck node (its recorded
+group: `run/rank_<r>/pids/rollout-train.pgid`, or its LLaMA-Factory groups
+`training/iter_<NNNN>/train[.rank_<r>].log.pgid`), then a seeded random moment more, and strikes (`FAULTS`):
+
+- a heartbeat: SIGKILL of the group `run/rank_<r>/pids/heartbeat.pgid` (the node's run.sh lives on, and must
+  start it again before the others count the node dead: no node may stop);
+- a whole node, as a machine losing power: SIGSTOP of the node's run.sh session and of every group the node
+  recorded (read again until no new one appears), then SIGKILL of all of them at once.
+
+Then it acts as docs/multinode.md tells a user: a node that stopped saying "start every node again with --resume"
+is waited for and every node is started again with --resume (at most 3 times); in a `continue` run a worker that
+died or was evicted is started again at once with the same flags while the master runs ("a restarted worker
+joins the live run"). Every run.sh has `--run-budget` seconds (a hang past it: SIGTERM, SIGKILL 60 s later). At the
+end it checks the log path (bench/chaos_checks.py: every planned episode of every rank once, takeover journals
+included; the policy chain; one record per iteration; phase deadlines; nothing left running) and how long the
+surviving nodes took to stop after the fault (the deadline: `dead_after_s`, two beats and the clean-up's).
+
+Every signal goes to a run.sh this harness started (its Popen: a session of its own) or to a group the run
+recorded, after the leader's start time is checked (bench/chaos_checks.start_time, as scripts/lib/procs.sh does).
+Nothing is found by name. docs/reliability.md ("Several nodes") has a soak's table and what it found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.chaos import REPO, SETTINGS, cpu, draw, free_port, log, print_table, summarize
+from bench.chaos_checks import check_log, start_time
+
+#: what a node's clean-up may take once it noticed (procs_stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
+CLEANUP_S = 60.0
+#: how far into a phase a fault may strike (seconds; on 2 cores a node's 48 episodes take ~15 s, its training ~30 s)
+SPREAD_S = {"train_rollout": 6.0, "training": 10.0}
+NODES = 2
+
+
+@dataclass(frozen=True)
+class NodeFault:
+    """One kind of fault: which node (`rank`), in which of its phases, what (`action`), in which mode."""
+
+    kind: str
+    rank: int  # 0: the master
+    phase: str  # train_rollout | training: the struck node's phase when it strikes
+    action: str  # heartbeat: SIGKILL of its heartbeat group | node: the whole node at once
+    mode: str  # --on-rank-failure of the round: abort | continue
+
+
+FAULTS = {
+    f.kind: f
+    for f in [
+        NodeFault("worker heartbeat SIGKILL (rollout)", 1, "train_rollout", "heartbeat", "abort"),
+        NodeFault("master heartbeat SIGKILL (training)", 0, "training", "heartbeat", "abort"),
+        NodeFault("worker node death (rollout)", 1, "train_rollout", "node", "abort"),
+        NodeFault("worker node death (training)", 1, "training", "node", "abort"),
+        NodeFault("master node death (rollout)", 0, "train_rollout", "node", "abort"),
+        NodeFault("master node death (training)", 0, "training", "node", "abort"),
+        NodeFault("worker node death (rollout, continue)", 1, "train_rollout", "node", "continue"),
+        NodeFault("worker node death (training, continue)", 1, "training", "node", "continue"),
+        NodeFault("master node death (rollout, continue)", 0, "train_rollout", "node", "continue"),
+        NodeFault("worker heartbeat SIGKILL (training, continue)", 1, "training", "heartbeat", "continue"),
+    ]
+}
+
+
+@dataclass
+class NodeRound:
+    round: int
+    fault: str
+    iteration: int
+    delay_s: float
+    injected: bool = False  # False: the phase had ended before the moment came (missed)
+    exits: dict[str, int | None] = field(default_factory=dict)  # "rank 0 (run 3)" -> run.sh's exit code
+    stopped_s: dict[str, float] = field(default_factory=dict)  # rank -> seconds from the fault to its exit
+    rejoins: int = 0  # continue: workers started again while the master ran
+    restarts: int = 0  # every node started again with --resume
+    recovered: bool = False
+    recovery_s: float = 0.0  # from the fault to the iteration done
+    hangs: list[str] = field(default_factory=list)
+    lost: int = 0
+    duplicated: int = 0
+    leftovers: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    said: dict[str, str] = field(default_factory=dict)  # rank -> run.sh's last error or warning after the fault
+
+
+class Node:
+    """One simulated node: rank `rank`'s run.sh on its own core and vLLM port."""
+
+    def __init__(self, rank: int, core: int, port: int) -> None:
+        self.rank, self.core, self.port = rank, core, port
+        self.proc: subprocess.Popen | None = None
+        self.started = 0.0
+        self.runs = 0
+        self.resume = False
+        self.reaped = True  # its exit has been handled
+
+    @property
+    def name(self) -> str:
+        return "master" if self.rank == 0 else f"rank {self.rank}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class ChaosNodes:
+    """One soak on one log path: NODES run.sh nodes, faults, the user's restarts, the checks."""
+
+    def __init__(
+        self, data: Path, log_path: Path, extra: list[str], run_budget_s: float, heartbeat_s: float, dead_after_s: float
+    ) -> None:
+        self.data, self.log, self.extra, self.run_budget_s = data, log_path, extra, run_budget_s
+        self.heartbeat_s, self.dead_after_s = heartbeat_s, dead_after_s
+        cores = sorted(os.sched_getaffinity(0))
+        self.nodes = [Node(rank, cores[rank % len(cores)], free_port()) for rank in range(NODES)]
+        self.mode = "abort"
+        self.starts = 0
+        (log_path / "chaos").mkdir(parents=True, exist_ok=True)
+
+    # ---- run.sh ---------------------------------------------------------------------------------------
+    def output_path(self, node: Node) -> Path:
+        return self.log / "chaos" / f"run_{node.runs:03d}.rank_{node.rank}.log"
+
+    def start(self, node: Node, resume: bool) -> None:
+        """Node's run.sh for one iteration, in a session of its own, bound to its core; output to a file."""
+        self.starts += 1
+        node.runs, node.resume, node.started, node.reaped = self.starts, resume, time.monotonic(), False
+        cmd = ["taskset", "-c", str(node.core), "bash", str(REPO / "scripts/run.sh"), "--data-path", str(self.data)]
+        cmd += ["--log-path", str(self.log), "--rl-phase", "both", "--eval-interval", "1000", "--max-iterations", "1"]
+        cmd += ["--num-nodes", str(NODES), "--rank-weights", ",".join(["1"] * NODES), "--on-rank-failure", self.mode]
+        cmd += ["--master"] if node.rank == 0 else ["--worker", str(node.rank)]
+        cmd += (["--resume"] if resume else []) + SETTINGS + self.extra
+        env = {
+            **os.environ,
+            "BATON_HEARTBEAT_S": f"{self.heartbeat_s:g}",
+            "BATON_DEAD_AFTER_S": f"{self.dead_after_s:g}",
+        }
+        env |= {"BATON_VLLM_PORT": str(node.port), "BATON_NODE_ADDR": "127.0.0.1"}
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": str(node.core), "BATON_PROGRESS_S": "0"}
+        with open(self.output_path(node), "w") as out:  # the child holds its own copy (never a pipe)
+            node.proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def start_all(self, resume: bool) -> None:
+        for node in self.nodes:
+            self.start(node, resume)
+
+    def output(self, node: Node) -> str:
+        path = self.output_path(node)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_all(self) -> None:
+        """At the harness's exit: SIGTERM each run.sh it started that still runs (it stops its groups)."""
+        for node in self.nodes:
+            if node.alive():
+                node.proc.terminate()
+        for node in self.nodes:
+            if node.proc is not None:
+                try:
+                    node.proc.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    node.proc.kill()
+                    node.proc.wait()
+
+    # ---- the nodes' recorded groups ---------------------------------------------------------------------
+    def records(self, rank: int) -> list[tuple[str, int, str]]:
+        """(record file, pgid, leader start time) of every group node `rank` recorded: its run directory's
+        and its LLaMA-Factory groups (train.log.pgid on the master, train.rank_<r>.log.pgid on a worker)."""
+        mine = "train.log.pgid" if rank == 0 else f"train.rank_{rank}.log.pgid"
+        files = sorted((self.log / "run" / f"rank_{rank}" / "pids").glob("*.pgid"))
+        files += sorted(self.log.glob(f"training/iter_*/{mine}"))
+        out = []
+        for path in files:
+            try:
+                lines = path.read_text().splitlines()
+            except OSError:
+                continue
+            for parts in (line.split() for line in lines):
+                if parts and parts[0].isdigit():
+                    out.append((path.name, int(parts[0]), parts[1] if len(parts) > 1 else "-"))
+        return out
+
+    def phase_groups(self, rank: int, phase: str, iteration: int) -> list[tuple[int, str]]:
+        if phase == "training":
+            name = "train.log.pgid" if rank == 0 else f"train.rank_{rank}.log.pgid"
+            path = self.log / "training" / f"iter_{iteration:04d}" / name
+        else:
+            path = self.log / "run" / f"rank_{rank}" / "pids" / "rollout-train.pgid"
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return []
+        return [(int(p[0]), p[1] if len(p) > 1 else "-") for p in (ln.split() for ln in lines) if p and p[0].isdigit()]
+
+    @staticmethod
+    def ours(pgid: int, start: str) -> bool:
+        """The recorded group is still the one recorded: its leader has the recorded start time, or the leader
+        is gone (Linux reuses no pid while a group of that id has members)."""
+        now = start_time(pgid)
+        return now is None or start in ("-", now)
+
+    def wait_phase(self, fault: NodeFault, iteration: int) -> bool:
+        """Wait until the struck node runs the fault's phase; False when a node exits first or it is over."""
+        done = self.log / "run" / "state" / f"iter_{iteration:04d}" / "update.done"
+        deadline = time.monotonic() + self.run_budget_s
+        while time.monotonic() < deadline:
+            if self.phase_groups(fault.rank, fault.phase, iteration):
+                return True
+            if done.exists() or not all(node.alive() for node in self.nodes):
+                return False
+            time.sleep(0.05)
+        raise TimeoutError(
+            f"waited {self.run_budget_s:.0f} s (--run-budget) for the {fault.phase} of rank {fault.rank} "
+            f"in iteration {iteration} to start"
+        )
+
+    # ---- the faults ---------------------------------------------------------------------------------
+    def kill_heartbeat(self, rank: int) -> bool:
+        sent = False
+        for name, pgid, start in self.records(rank):
+            if name == "heartbeat.pgid" and self.ours(pgid, start):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+                    sent = True
+        return sent
+
+    def kill_node(self, node: Node) -> bool:
+        """The node loses power: freeze its run.sh's session and every group it recorded (reading the records
+        again until no new one appears: a frozen node records nothing more), then SIGKILL them all."""
+        if not node.alive():
+            return False
+        frozen = {node.proc.pid}  # run.sh's own session: the harness started it so; its pid is not reaped yet
+        os.killpg(node.proc.pid, signal.SIGSTOP)
+        while True:
+            new = {pgid for _, pgid, start in self.records(node.rank) if pgid not in frozen and self.ours(pgid, start)}
+            if not new:
+                break
+            for pgid in new:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGSTOP)
+            frozen |= new
+        for pgid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        node.proc.wait()
+        return True
+
+    def inject(self, fault: NodeFault, iteration: int, delay: float, row: NodeRound) -> float | None:
+        """Wait for the fault's phase on its node, `delay` s more, then strike; the moment, or None (missed)."""
+        if not self.wait_phase(fault, iteration):
+            return None
+        time.sleep(delay)
+        node = self.nodes[fault.rank]
+        if not self.phase_groups(fault.rank, fault.phase, iteration) or not node.alive():
+            return None
+        row.injected = self.kill_heartbeat(fault.rank) if fault.action == "heartbeat" else self.kill_node(node)
+        return time.monotonic() if row.injected else None
+
+    # ---- the user -----------------------------------------------------------------------------------
+    def must_stop(self, fault: NodeFault) -> set[int]:
+        """The ranks the docs say stop after a node's death (each within `stop_bound_s`): every other node of
+        an abort run; in a continue run the workers when the master is lost (a lost worker is left out)."""
+        if fault.action != "node" or (fault.mode == "continue" and fault.rank != 0):
+            return set()
+        return {node.rank for node in self.nodes if node.rank != fault.rank}
+
+    @staticmethod
+    def not_as_documented(fault: NodeFault, row: NodeRound) -> list[str]:
+        """What went otherwise than docs/multinode.md says: after a heartbeat's SIGKILL no node stops (its node
+        starts it again); in a continue run a lost worker does not end the master's run, and no node needs a
+        restart with --resume."""
+        out = []
+        if fault.action == "heartbeat":
+            out += [f"{run} exited {rc} after the heartbeat's SIGKILL" for run, rc in row.exits.items() if rc]
+        elif fault.mode == "continue" and fault.rank != 0:
+            out += [
+                f"{run} exited {rc} after a worker's death" for run, rc in row.exits.items() if rc and "master" in run
+            ]
+        if (fault.action == "heartbeat" or (fault.mode == "continue" and fault.rank != 0)) and row.restarts:
+            out.append(f"every node was started again with --resume {row.restarts} time(s)")
+        return out
+
+    def stop_bound_s(self) -> float:
+        """How long after a fault a node that must stop may run: a rank is dead after dead_after_s without a
+        heartbeat change (seen within a beat), then its clean-up."""
+        return self.dead_after_s + 2 * self.heartbeat_s + CLEANUP_S
+
+    def rejoin(self, node: Node, rc: int) -> bool:
+        """docs/multinode.md, --on-rank-failure continue: a worker that died or was evicted is started again
+        (the same flags) and joins the live run: while the master runs."""
+        return self.mode == "continue" and node.rank != 0 and rc != 0 and self.nodes[0].alive()
+
+    def hang(self, node: Node, row: NodeRound, waiting_for: str) -> None:
+        budget = f"--run-budget {self.run_budget_s:.0f} s"
+        row.hangs.append(f"{node.name} (run {node.runs}): run.sh past {budget} {waiting_for}")
+        log(f"  hang: {row.hangs[-1]}; SIGTERM")
+        node.proc.terminate()
+        try:
+            node.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            log(f"  {node.name} ignored SIGTERM for 60 s; SIGKILL")
+            node.proc.kill()
+            node.proc.wait()
+
+    def settle(self, row: NodeRound, struck: float | None, iteration: int) -> None:
+        """Wait until every node has exited, restarting a lost worker of a continue run as the docs say."""
+        while not all(node.reaped for node in self.nodes):
+            for node in self.nodes:
+                if node.reaped:
+                    continue
+                rc = node.proc.poll()
+                if rc is None:
+                    if time.monotonic() - node.started > self.run_budget_s:
+                        self.hang(node, row, f"in iteration {iteration}")
+                    continue
+                node.reaped = True
+                row.exits[f"{node.name} (run {node.runs})"] = rc
+                if struck is not None and str(node.rank) not in row.stopped_s:
+                    row.stopped_s[str(node.rank)] = round(time.monotonic() - struck, 1)
+                    said = last_said(self.output(node))
+                    if said:
+                        row.said[str(node.rank)] = said
+                if self.rejoin(node, rc) and row.rejoins < 3:
+                    row.rejoins += 1
+                    log(f"  {node.name} exited {rc} while the master runs: started again (it rejoins)")
+                    self.start(node, node.resume)
+            time.sleep(0.2)
+
+    def next_iteration(self) -> int:
+        """The iteration the master runs now (scripts/lib/iteration.sh iteration_next)."""
+        state = self.log / "run" / "state"
+        numbers = [int(p.name[5:]) for p in state.glob("iter_*") if p.name[5:].isdigit()] if state.is_dir() else []
+        last = max(numbers, default=0)
+        return last + 1 if last == 0 or (state / f"iter_{last:04d}" / "iteration.done").exists() else last
+
+    def round(self, number: int, fault: NodeFault, delay: float, deadlines: dict[str, float]) -> NodeRound:
+        """One iteration with `fault` struck `delay` s into its phase, the restarts, then the checks."""
+        iteration = self.next_iteration()
+        row = NodeRound(number, fault.kind, iteration, round(delay, 2))
+        self.mode = fault.mode
+        began = time.monotonic()
+        self.start_all(resume=self.starts > 0)
+        struck = self.inject(fault, iteration, delay, row)
+        self.settle(row, struck, iteration)
+        done = self.log / "run" / "state" / f"iter_{iteration:04d}" / "iteration.done"
+        while not done.exists() and row.restarts < 3:
+            row.restarts += 1
+            self.start_all(resume=True)
+            self.settle(row, None, iteration)
+        row.recovered = done.exists()
+        row.recovery_s = round(time.monotonic() - (struck or began), 1)
+        if struck is not None:
+            row.problems += self.not_as_documented(fault, row)
+        if struck is not None:
+            bound = self.stop_bound_s()
+            for rank in sorted(self.must_stop(fault)):
+                took = row.stopped_s.get(str(rank))
+                if took is not None and took > bound:
+                    row.hangs.append(f"rank {rank} stopped {took:.0f} s after the fault, past {bound:.0f} s")
+        needles = [f"--port {node.port}" for node in self.nodes]
+        report = check_log(self.log, deadlines=deadlines, needles=needles)
+        row.lost, row.duplicated, row.leftovers = report.lost, report.duplicated, report.leftovers
+        row.hangs += report.late
+        row.problems += report.problems()
+        return row
+
+
+def last_said(output: str) -> str:
+    """run.sh's last error or warning line (what it told the user on its way out)."""
+    lines = [ln for ln in output.splitlines() if ln.startswith("[baton] error:") or ln.startswith("[baton] warning:")]
+    return lines[-1][:300] if lines else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos_nodes", description=__doc__.split("\n")[0])
+    parser.add_argument("--data-path", type=Path, required=True)
+    parser.add_argument("--log-path", type=Path, help="default: a new temp directory (kept)")
+    parser.add_argument("--rounds", type=int, default=len(FAULTS))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--faults", default="", help="comma-separated kinds to draw from (default: all)")
+    parser.add_argument(
+        "--run-budget",
+        type=float,
+        default=1800.0,
+        help="seconds one run.sh may take (a hang past it): two vLLM starts on 2 cores (300 s each at worst), "
+        "the rollouts and a 2-node update (900 s at worst)",
+    )
+    parser.add_argument("--heartbeat", type=float, default=5.0, help="BATON_HEARTBEAT_S of the nodes (Baton's default)")
+    parser.add_argument("--dead-after", type=float, default=30.0, help="BATON_DEAD_AFTER_S (Baton's default)")
+    parser.add_argument("--out", type=Path, help="write the rounds and the table as JSON")
+    parser.add_argument("overrides", nargs="*", help="more run.sh overrides (key=value)")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    kinds = [k for k in args.faults.split(",") if k] or list(FAULTS)
+    unknown = [k for k in kinds if k not in FAULTS]
+    if unknown:
+        parser.error(f"--faults: unknown kinds {unknown}; the kinds: {', '.join(FAULTS)}")
+    plan = draw(kinds, args.rounds, rng)
+    log_path = (args.log_path or Path(tempfile.mkdtemp(prefix="baton-chaos-nodes-"))).resolve()
+    chaos = ChaosNodes(
+        args.data_path.resolve(), log_path, args.overrides, args.run_budget, args.heartbeat, args.dead_after
+    )
+    # the update's own deadline (launch.timeout_s + grace_s, defaults) and the run budget for the rest
+    deadlines = {"update": 3600.0 + 10.0} | dict.fromkeys(
+        ["train_rollout", "test_rollout", "train_takeover", "test_takeover", "serve"], args.run_budget
+    )
+    ports = ", ".join(f"rank {n.rank}: core {n.core}, port {n.port}" for n in chaos.nodes)
+    liveness = f"a beat every {args.heartbeat:g} s, dead after {args.dead_after:g} s"
+    log(f"chaos-nodes: {len(plan)} rounds on {log_path} (seed {args.seed}; {ports}; {liveness})")
+    log(f"run.sh output: {log_path}/chaos/run_<k>.rank_<r>.log")
+    rows = []
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the run.sh it started
+    try:
+        for number, kind in enumerate(plan, start=1):
+            fault = FAULTS[kind]
+            row = chaos.round(number, fault, rng.uniform(0.0, SPREAD_S[fault.phase]), deadlines)
+            rows.append(row)
+            state = "injected" if row.injected else "missed (the phase ended first)"
+            log(
+                f"round {number} (iteration {row.iteration}): {kind} at +{row.delay_s}s: {state}; stopped after "
+                f"{row.stopped_s} s; exits {row.exits}; {row.rejoins} rejoin(s), {row.restarts} restart(s) of every "
+                f"node; {'recovered' if row.recovered else 'NOT recovered'} in {row.recovery_s}s; lost {row.lost}, "
+                f"duplicated {row.duplicated}, hangs {len(row.hangs)}, left {len(row.leftovers)}"
+            )
+            for rank, said in row.said.items():
+                log(f"  rank {rank} said: {said}")
+            for problem in row.hangs + row.problems:
+                log(f"  problem: {problem}")
+    finally:
+        chaos.stop_all()
+    table = summarize(rows)
+    print_table(table)
+    result = {
+        "command": " ".join([Path(sys.executable).name, "-m", "bench.chaos_nodes", *(argv or sys.argv[1:])]),
+        "log_path": str(log_path),
+        "cpu": cpu(),
+        "wall_s": round(time.monotonic() - started, 1),
+        "rounds": [asdict(r) for r in rows],
+        "table": table,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if all(r.recovered and not r.problems and not r.hangs for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
