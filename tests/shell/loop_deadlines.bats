@@ -1,9 +1,9 @@
 #!/usr/bin/env bats
 # loop.sh's deadlines: loop_wait_for (a total deadline, a stall deadline on a
 # progress signal), loop_run stopping a stuck rollout's group, and
-# loop_rollout_run resuming a stuck rollout (restarting vLLM only when it does
-# not answer). Real processes stand in for the rollout (sleep); vLLM's stop and
-# start are stubbed in the last tests (the logic around them).
+# loop_policy_answers against a server that never answers. Real processes stand
+# in for the rollout (sleep). What loop_rollout_run does with a stuck rollout
+# (exit 124) is in loop_rollout.bats.
 
 bats_require_minimum_version 1.5.0
 
@@ -81,42 +81,6 @@ clock() { date +%s; }
   [ "$(wc -l <"$JOURNAL")" -eq 6 ]
 }
 
-# stub_rollout <exit codes...>: loop_run returns these in turn; vLLM's stop and start are recorded.
-stub_rollout() {
-  EXITS=("$@")
-  EVENTS="$BATS_TEST_TMPDIR/events"
-  # shellcheck disable=SC2329 # the stubs are called by loop_rollout_run
-  {
-    loop_rollout_cmd() { LOOP_CMD=(rollout "resume=$3"); }
-    vllm_stop() { echo "vllm_stop" >>"$EVENTS"; }
-    loop_ensure_vllm() { echo "vllm_start" >>"$EVENTS"; }
-    loop_run() {
-      echo "${*:3}" >>"$EVENTS"
-      local rc=${EXITS[0]}
-      EXITS=("${EXITS[@]:1}")
-      return "$rc"
-    }
-  }
-  LOOP_CMD=(rollout resume=0)
-}
-
-@test "a stuck rollout while the policy server answers: resumed, vLLM left alone" {
-  stub_rollout 124 0
-  # shellcheck disable=SC2329
-  loop_policy_answers() { return 0; }
-  run -0 --separate-stderr loop_rollout_run train 1
-  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'rollout resume=0' 'rollout resume=1')" ]
-  [[ $stderr == *"the train rollout was stuck while the policy server answers; resuming it (restart 1 of 3)"* ]]
-}
-
-@test "a stuck rollout while the policy server does not answer (a hung vLLM): vLLM restarted, rollout resumed" {
-  stub_rollout 124 0
-  # shellcheck disable=SC2329
-  loop_policy_answers() { return 1; }
-  run -0 --separate-stderr loop_rollout_run train 1
-  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'rollout resume=0' vllm_stop vllm_start 'rollout resume=1')" ]
-}
-
 @test "loop_policy_answers: false within its 10 s for a server that accepts connections and never answers" {
   local port
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -128,19 +92,4 @@ stub_rollout() {
   run ! loop_policy_answers
   ((SECONDS - start <= 15))
   kill "$pid"
-}
-
-@test "exit 2 with our server not answering is a dead server (restart, resume); with it answering, bad input" {
-  stub_rollout 2 0
-  # shellcheck disable=SC2329
-  loop_policy_answers() { return 1; }
-  run -0 --separate-stderr loop_rollout_run train 1
-  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'rollout resume=0' vllm_stop vllm_start 'rollout resume=1')" ]
-  [[ $stderr == *"the train rollout found the policy server unreachable at its start: it died meanwhile"* ]]
-  rm "$EVENTS"
-  stub_rollout 2 0
-  # shellcheck disable=SC2329
-  loop_policy_answers() { return 0; }
-  run -2 --separate-stderr loop_rollout_run train 1
-  [ "$(cat "$EVENTS")" = "rollout resume=0" ]
 }

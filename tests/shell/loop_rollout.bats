@@ -1,6 +1,7 @@
 #!/usr/bin/env bats
 # loop.sh's loop_rollout_run: a rollout whose policy server stopped answering (exit 75) gets
-# vLLM restarted and is resumed; other exits are the rollout's own. The rollout, vLLM's stop
+# vLLM restarted and is resumed; a stuck one (exit 124, its deadline) is resumed, with vLLM
+# restarted only when it does not answer; other exits are the rollout's own. The rollout, vLLM's stop
 # and start are stubbed (this is the logic around them); the e2e tests run the real ones.
 
 bats_require_minimum_version 1.5.0
@@ -54,5 +55,37 @@ setup() {
 @test "another failure is the rollout's own: no restart" {
   EXITS=(1 0)
   run -1 --separate-stderr loop_rollout_run test 2
+  [ "$(cat "$EVENTS")" = "rollout resume=0" ]
+}
+
+@test "a stuck rollout while the policy server answers: resumed, vLLM left alone" {
+  EXITS=(124 0)
+  # shellcheck disable=SC2329
+  loop_policy_answers() { return 0; }
+  run -0 --separate-stderr loop_rollout_run train 1
+  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'rollout resume=0' 'rollout resume=1')" ]
+  [[ $stderr == *"the train rollout was stuck while the policy server answers; resuming it (restart 1 of 3)"* ]]
+}
+
+@test "a stuck rollout while the policy server does not answer (a hung vLLM): vLLM restarted, rollout resumed" {
+  EXITS=(124 0)
+  # shellcheck disable=SC2329
+  loop_policy_answers() { return 1; }
+  run -0 --separate-stderr loop_rollout_run train 1
+  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'rollout resume=0' vllm_stop vllm_start 'rollout resume=1')" ]
+}
+
+@test "exit 2 with our server not answering is a dead server (restart, resume); with it answering, bad input" {
+  EXITS=(2 0)
+  # shellcheck disable=SC2329
+  loop_policy_answers() { return 1; }
+  run -0 --separate-stderr loop_rollout_run train 1
+  [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'rollout resume=0' vllm_stop vllm_start 'rollout resume=1')" ]
+  [[ $stderr == *"the train rollout found the policy server unreachable at its start: it died meanwhile"* ]]
+  rm "$EVENTS"
+  EXITS=(2 0)
+  # shellcheck disable=SC2329
+  loop_policy_answers() { return 0; }
+  run -2 --separate-stderr loop_rollout_run train 1
   [ "$(cat "$EVENTS")" = "rollout resume=0" ]
 }
