@@ -52,3 +52,18 @@ def test_valid_lines_round_trip(tmp_path: Path) -> None:
     assert read.rows == rows and read.torn == []
     assert read.numbers == list(range(1, len(rows) + 1))
     assert path.read_text(encoding="utf-8") == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def test_a_non_durable_save_is_atomic_and_never_fsyncs(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from rollout_engine.files import save_text
+
+    calls = []
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd))
+    save_text(tmp_path / "durable", "a\n")
+    assert len(calls) == 2  # the file, then its directory
+    save_text(tmp_path / "beat", "1 2.0 h 3\n", durable=False)
+    save_text(tmp_path / "beat", "2 3.0 h 3\n", durable=False)
+    assert len(calls) == 2 and (tmp_path / "beat").read_text() == "2 3.0 h 3\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["beat", "durable"]  # no temp file left
