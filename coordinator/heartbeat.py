@@ -54,7 +54,9 @@ class Beat:
 
 
 def write_beat(cluster: Cluster, rank: int, beat: Beat) -> None:
-    save_text(cluster.heartbeat_dir / f"rank_{rank}", beat.line())
+    """Replace the rank's heartbeat file: atomic for readers, no fsync (a beat must never wait for the disk's
+    writeback of others' data; a beat lost in a crash is as stale as the one before it)."""
+    save_text(cluster.heartbeat_dir / f"rank_{rank}", beat.line(), durable=False)
 
 
 def read_beats(cluster: Cluster) -> dict[int, Beat]:

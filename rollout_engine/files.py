@@ -2,6 +2,7 @@
 
     save_bytes(path, data)      # temp file in the same directory, fsync, rename, fsync dir
     save_text(path, text) / save_json(path, obj) / save_jsonl(path, rows)
+    save_text(path, text, durable=False)   # atomic, no fsync: a heartbeat (below)
     append_line(path, line)     # one O_APPEND write, then fsync (journals: one writer each)
     append_jsonl(path, obj)
     append_shared_jsonl(path, obj)   # the same under `<path>.lock`: metrics.jsonl, which several processes append to
@@ -10,7 +11,11 @@
     read = parse_jsonl(data)    # the same rule on bytes already read
 
 Readers see the old file or the whole new one, never a mix. Files are 0644:
-the log path is shared with other nodes and users.
+the log path is shared with other nodes and users. `durable=False` keeps the
+atomic rename and drops the fsyncs, for a file whose content is worthless after
+a crash and must never wait for the disk: a heartbeat (an fsync waits for the
+writeback of other processes' dirty data; under memory pressure on 2 cores it
+took up to 26 s, long enough for the other nodes to count a live node dead).
 
 JSON lines have one torn-line rule: every line that parses is kept, a line that
 does not (a write cut short by a crash) is skipped and reported, and it never
@@ -48,8 +53,8 @@ class JsonlRead:
     torn: list[int] = field(default_factory=list)
 
 
-def save_bytes(path: str | Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically and durably."""
+def save_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace `path` with `data` atomically and (unless `durable` is False) durably."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -58,16 +63,18 @@ def save_bytes(path: str | Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def save_text(path: str | Path, text: str) -> None:
-    save_bytes(path, text.encode("utf-8"))
+def save_text(path: str | Path, text: str, *, durable: bool = True) -> None:
+    save_bytes(path, text.encode("utf-8"), durable=durable)
 
 
 def save_json(path: str | Path, obj: Any) -> None:

@@ -74,3 +74,16 @@ def test_a_shared_append_waits_for_the_lock_another_process_holds(tmp_path: Path
     assert child.wait(timeout=30) == 0
     assert read_jsonl(path).rows == [{}]
     assert stat.S_IMODE(os.stat(f"{path}.lock").st_mode) == 0o644  # the log path is shared with other users
+
+
+def test_a_non_durable_save_is_atomic_and_never_fsyncs(tmp_path: Path, monkeypatch) -> None:
+    from rollout_engine.files import save_text
+
+    calls = []
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd))
+    save_text(tmp_path / "durable", "a\n")
+    assert len(calls) == 2  # the file, then its directory
+    save_text(tmp_path / "beat", "1 2.0 h 3\n", durable=False)
+    save_text(tmp_path / "beat", "2 3.0 h 3\n", durable=False)
+    assert len(calls) == 2 and (tmp_path / "beat").read_text() == "2 3.0 h 3\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["beat", "durable"]  # no temp file left
