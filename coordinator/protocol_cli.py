@@ -9,6 +9,8 @@
         --reason "rollout exited 1" --exit-code 1
     python -m coordinator stop   --log-path L --reason "operator request"
     python -m coordinator finish --log-path L --run-id "$RUN" --reason "the master ran the last step"
+    python -m coordinator partner-failed --log-path L --run-id "$RUN" --rank 1 --iteration 3 --phase update \
+        --key train_exit &        # while this node trains: exits 0 once another node's part failed
     python -m coordinator evict  --log-path L --run-id "$RUN" --rank 2 --reason "no heartbeat for 30 s"
     python -m coordinator status --log-path L
 
@@ -261,6 +263,25 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_partner_failed(args: argparse.Namespace) -> int:
+    """While this node runs its part of a training: exit 0, printing `<rank>\t<value>`, as soon as another
+    node arrived at the phase's barrier with a failed part (`data[key]` not 0). Its torchrun is gone, and this
+    node's part would wait for it until launch.timeout_s. Exit 1 when this process's parent (the node) is gone;
+    otherwise it runs until SIGTERM."""
+    cluster, record = this_run(args)
+    ranks = args.ranks if args.ranks is not None else [r for r in range(record.num_nodes) if r != args.rank]
+    check_phase(args.phase)
+    parent = os.getppid()
+    while os.getppid() == parent:
+        for rank, arrival in sorted(arrivals(cluster, args.iteration, args.phase).items()):
+            value = arrival.data.get(args.key)
+            if rank in ranks and value not in (None, 0, "0", ""):
+                print(f"{rank}\t{value}")
+                return 0
+        time.sleep(args.poll)
+    return 1
+
+
 def cmd_fail(args: argparse.Namespace) -> int:
     cluster, _ = this_run(args)
     check_phase(args.phase)
@@ -428,6 +449,12 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     wait.add_argument("--report-every", type=float, default=30.0, help="seconds between progress lines")
     wait.add_argument("--print-data", action="store_true", help="print the arrivals' data as key<TAB>value lines")
     wait.add_argument("--planned", type=planned_nodes, default=None, help=PLANNED_HELP)
+    partner = _barrier_parser(
+        subparsers, "partner-failed", cmd_partner_failed, "until another node arrives with a failed part"
+    )
+    partner.add_argument("--ranks", type=int_list, default=None, help="comma-separated (default: every other rank)")
+    partner.add_argument("--key", required=True, help="the arrival's data field that holds the part's exit code")
+    partner.add_argument("--poll", type=float, default=0.5)
     fail = _barrier_parser(subparsers, "fail", cmd_fail, "record this rank's failure on its way out")
     fail.add_argument("--reason", required=True)
     fail.add_argument("--exit-code", type=int, required=True)

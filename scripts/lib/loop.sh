@@ -538,7 +538,7 @@ loop_update() {
 # its torchrun node of the training; the master promotes; all wait for that.
 # Returns the master's outcome (0 promoted, 3 nothing to train, else failed).
 loop_update_nodes() {
-  local n=$1 log=$2 rc=0 train=1 sha=""
+  local n=$1 log=$2 rc=0 train=1 sha="" trained=0
   local -A decided=()
   if nodes_is_master; then
     if [[ $(loop_update_phase "$n") == all ]]; then
@@ -565,17 +565,20 @@ loop_update_nodes() {
   fi
   if ((train)); then
     loop_update_cmd "$n" train "launch.dataset_sha256=$sha"
+    nodes_watch_partners "$n" # a node whose part fails says so at the barrier: the others stop theirs
     loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
+    nodes_unwatch_partners
+    trained=$rc
   fi
   if nodes_is_master && ((rc == 0)); then
     loop_update_cmd "$n" promote
     loop_run update "$log" "${LOOP_CMD[@]}" || rc=$?
   fi
   if nodes_is_master; then
-    nodes_sync "$n" update "{\"exit\": $rc, \"version\": \"$(loop_policy_version)\"}"
+    nodes_sync "$n" update "{\"exit\": $rc, \"train_exit\": $trained, \"version\": \"$(loop_policy_version)\"}"
   else
     # Serve the version the master promoted (its word, not policy/current, which NFS may show late).
-    nodes_sync "$n" update "" decided
+    nodes_sync "$n" update "{\"train_exit\": $trained}" decided
     LOOP_PINNED=1 LOOP_PIN_VERSION=${decided[version]:-}
     rc=${decided[exit]:-1}
   fi

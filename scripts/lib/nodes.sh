@@ -103,17 +103,58 @@ nodes_beat_start() {
 }
 
 # nodes_wait_child <pid>: `wait <pid>`: its exit code (> 128 when a trapped signal cut the wait short), watching
-# this node's heartbeat beside it: one that exits while the node waits is started again (nodes_beat_lost).
+# this node's heartbeat beside it (one that exits while the node waits is started again: nodes_beat_lost) and,
+# while it trains, the other nodes' parts (nodes_watch_partners).
 nodes_wait_child() {
   local rc who
   while [[ -n ${NODES_BEAT_PID:-} ]]; do
     rc=0 who=""
-    wait -n -p who "$1" "$NODES_BEAT_PID" || rc=$?
+    wait -n -p who "$1" "$NODES_BEAT_PID" ${NODES_PARTNER_PID:+"$NODES_PARTNER_PID"} || rc=$?
     # (a trapped signal that cuts the wait short, e.g. the master's SIGUSR1 on an eviction, unsets `who`)
-    [[ ${who:-} == "$NODES_BEAT_PID" ]] || return "$rc"
-    nodes_beat_lost "$rc"
+    if [[ -n ${who:-} && $who == "${NODES_PARTNER_PID:-}" ]]; then
+      nodes_partner_failed "$rc"
+    elif [[ ${who:-} == "$NODES_BEAT_PID" ]]; then
+      nodes_beat_lost "$rc"
+    else
+      return "$rc"
+    fi
   done
   wait "$1"
+}
+
+# nodes_watch_partners <iteration>: while this node runs its part of the training of <iteration>, watch the
+# others' parts: a node whose part failed arrives at the update barrier with train_exit != 0, and as its
+# torchrun is gone, this node's part would wait for it until launch.timeout_s (3600 s) while the others wait
+# at the barrier. The watcher (NODES_PARTNER_PID, a child of this shell) is waited for beside the training
+# (nodes_wait_child), which then stops this node's part (nodes_partner_failed).
+nodes_watch_partners() {
+  nodes_multi || return 0
+  NODES_PARTNER_OUT=$(mktemp "$LOOP_RUN_DIR/.partner.XXXXXX")
+  (LOOP_PY_EXEC=1 nodes_cli partner-failed --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "$1" \
+    --phase update --key train_exit >"$NODES_PARTNER_OUT") &
+  NODES_PARTNER_PID=$!
+}
+
+# nodes_unwatch_partners: stop the watcher, if it runs, and forget it.
+nodes_unwatch_partners() {
+  if [[ -n ${NODES_PARTNER_PID:-} ]]; then
+    kill "$NODES_PARTNER_PID" 2>/dev/null || true
+    wait "$NODES_PARTNER_PID" 2>/dev/null || true
+  fi
+  [[ -z ${NODES_PARTNER_OUT:-} ]] || rm -f "$NODES_PARTNER_OUT"
+  NODES_PARTNER_PID="" NODES_PARTNER_OUT=""
+}
+
+# nodes_partner_failed <wait status>: the watcher ended: when it found another node's failed part (status 0),
+# stop this node's part of the training now (loop_stop_update) rather than at launch.timeout_s.
+nodes_partner_failed() {
+  local rank="" code=""
+  NODES_PARTNER_PID=""
+  (($1 == 0)) || return 0
+  IFS=$'\t' read -r rank code <"$NODES_PARTNER_OUT" || true
+  common_warn "the update of iteration ${LOOP_UPDATE_RUNNING:-?}: rank ${rank:-?}'s part of the training failed" \
+    "(exit ${code:-?}); it cannot finish without it: stopping this node's part instead of waiting for it"
+  loop_stop_update
 }
 
 # nodes_beat_lost <wait status>: this node's heartbeat exited while the node runs (killed, crashed). Without
@@ -265,6 +306,7 @@ nodes_ended() {
 nodes_leave() {
   local rc=$1 ended code reason
   NODES_EXIT=$rc
+  nodes_unwatch_partners
   [[ -n ${NODES_RUN_ID:-} ]] || return 0
   ended=$(nodes_ended)
   if [[ -n $ended ]]; then

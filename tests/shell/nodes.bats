@@ -83,6 +83,38 @@ signalled_wait() {
   [[ $stderr != *"starting it again"* ]] # the heartbeat lived on
 }
 
+# train_beside_a_failed_partner: a node's part of a training (30 s) while another node's part fails at once (the
+# protocol's partner-failed stubbed: it finds rank 0's failed arrival after 0.3 s); loop_stop_update stubbed to
+# record the stop and end the part. Prints the part's exit code and the seconds waited.
+train_beside_a_failed_partner() {
+  start_master
+  LOOP_UPDATE_RUNNING=3
+  # shellcheck disable=SC2329 # called by nodes_watch_partners and nodes_partner_failed
+  {
+    nodes_cli() { [[ $1 == partner-failed ]] && sleep 0.3 && printf '0\t1\n'; }
+    loop_stop_update() { echo stopped >"$BATS_TEST_TMPDIR/stop" && kill "$part"; }
+  }
+  local part rc=0 began=$SECONDS
+  sleep 30 &
+  part=$!
+  nodes_watch_partners 3
+  loop_wait "$part" || rc=$?
+  nodes_unwatch_partners
+  procs_stop "$LOOP_RUN_DIR" heartbeat 1
+  printf '%s %s\n' "$rc" $((SECONDS - began))
+}
+
+@test "a node whose training partner's part failed stops its own part instead of waiting for it" {
+  run --separate-stderr train_beside_a_failed_partner
+  [ "$status" -eq 0 ]
+  [ "$(cat "$BATS_TEST_TMPDIR/stop")" = stopped ]
+  read -r rc waited <<<"$output"
+  [ "$rc" -eq 143 ]
+  [ "$waited" -lt 10 ]
+  [[ $stderr == *"warning: the update of iteration 3: rank 0's part of the training failed (exit 1); it cannot finish without it: stopping this node's part instead of waiting for it"* ]]
+  [ -z "$(find "$RUN_LOG/run/rank_0" -name '.partner.*')" ]
+}
+
 # wait_for_phase: a heartbeat that exits at once, and a phase of 30 s to wait for (in `run`'s subshell: its children).
 wait_for_phase() {
   NODES_BEAT_CMD=(false)

@@ -133,6 +133,24 @@ seq_of() {
   [ "$(cat "$BATS_TEST_TMPDIR/wait.out")" = "[baton] error: rank 2: failed in train of iteration 2: llamafactory-cli exited 1" ]
 }
 
+@test "partner-failed exits 0 naming the first other rank that arrives with a failed part, not a good one" {
+  start
+  bg "${CLI[@]}" partner-failed --log-path "$LOG" --run-id "$RUN" --rank 1 --iteration 2 --phase update \
+    --key train_exit --poll 0.05 >"$BATS_TEST_TMPDIR/partner.out"
+  local watcher=$LAST
+  run -0 "${CLI[@]}" arrive --log-path "$LOG" --run-id "$RUN" --rank 2 --iteration 2 --phase update \
+    --data '{"train_exit": 0}'
+  run -0 "${CLI[@]}" arrive --log-path "$LOG" --run-id "$RUN" --rank 1 --iteration 2 --phase update \
+    --data '{"train_exit": 1}' # its own arrival is not a partner's
+  sleep 0.3
+  kill -0 "$watcher" # still watching: nobody else failed
+  run -0 "${CLI[@]}" arrive --log-path "$LOG" --run-id "$RUN" --rank 0 --iteration 2 --phase update \
+    --data '{"exit": 1, "train_exit": 1}'
+  wait_rc "$watcher"
+  [ "$RC" = 0 ]
+  [ "$(cat "$BATS_TEST_TMPDIR/partner.out")" = "$(printf '0\t1')" ]
+}
+
 @test "wait exits 3 when a rank's heartbeat process is killed" {
   start
   beat 0
