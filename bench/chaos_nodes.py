@@ -39,6 +39,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -133,7 +134,7 @@ class ChaosNodes:
         self.data, self.log, self.extra, self.run_budget_s = data, log_path, extra, run_budget_s
         self.heartbeat_s, self.dead_after_s = heartbeat_s, dead_after_s
         cores = sorted(os.sched_getaffinity(0))
-        self.nodes = [Node(rank, cores[rank % len(cores)], free_port()) for rank in range(NODES)]
+        self.nodes = [Node(rank, cores[rank % len(cores)], vllm_port(rank)) for rank in range(NODES)]
         self.mode = "abort"
         self.starts = 0
         (log_path / "chaos").mkdir(parents=True, exist_ok=True)
@@ -385,6 +386,22 @@ class ChaosNodes:
         row.hangs += report.late
         row.problems += report.problems()
         return row
+
+
+def vllm_port(rank: int) -> int:
+    """A free port below the kernel's ephemeral range for node `rank`'s vLLM: the nodes share this host, and the
+    master's torchrun port (a free, so ephemeral, port it picks at its start and binds at each training) must
+    not land on a port another node's vLLM takes later (it did once: EADDRINUSE, and the worker's torchrun
+    talked to that vLLM instead)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in range(low - 1000 + 10 * rank, low):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    return free_port()
 
 
 def last_said(output: str) -> str:
