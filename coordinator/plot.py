@@ -1,21 +1,48 @@
-"""The learning-curve PNG: train and eval success rate per iteration.
+"""The learning-curve PNG: success rate and reply length per iteration.
 
     path = save_plot(log_path)     # <log>/plots/success.png, replaced atomically
 
 Points come from the `"kind": "iteration"` records of `<log>/metrics.jsonl`
-(coordinator.summary); an iteration without eval has no eval point.
+(coordinator.summary); an iteration without eval has no eval point. The top
+panel has train and held-out success and the held-out share of invalid replies
+(reasoning-gym: no number), the bottom one the mean reply tokens of each split,
+where RFT's length drift shows.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from coordinator.summary import iteration_records
 
+#: (record key, label, marker, line style, scale) per curve of each panel
+SUCCESS_CURVES = (
+    ("train_success_rate", "train rollouts", "o", "-", 100.0),
+    ("eval_success_rate", "held-out eval", "s", "-", 100.0),
+    ("eval_invalid_action_rate", "held-out replies with no answer", "x", ":", 100.0),
+)
+LENGTH_CURVES = (
+    ("train_mean_response_tokens", "train rollouts", "o", "-", 1.0),
+    ("eval_mean_response_tokens", "held-out eval", "s", "-", 1.0),
+)
+
+
+def _draw(ax: Any, records: list[dict[str, Any]], curves: tuple[tuple[str, str, str, str, float], ...]) -> None:
+    """One line per curve over the records that have its key."""
+    for key, label, marker, style, scale in curves:
+        points = [(r["iteration"], scale * r[key]) for r in records if r.get(key) is not None]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker=marker, linestyle=style, label=label)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+
 
 def save_plot(log_path: Path) -> Path:
-    """Draw the curve and write it atomically; return its path."""
+    """Draw the curves and write them atomically; return the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,23 +50,17 @@ def save_plot(log_path: Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     records = iteration_records(log_path)
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    for key, label, marker in (
-        ("train_success_rate", "train rollouts", "o"),
-        ("eval_success_rate", "held-out eval", "s"),
-    ):
-        points = [(r["iteration"], 100 * r[key]) for r in records if r.get(key) is not None]
-        if points:
-            xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker=marker, label=label)
-    ax.set_xlabel("iteration")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("success rate (%)")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.set_title(f"success per iteration ({Path(log_path).name})")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), dpi=100, sharex=True, height_ratios=(3, 2))
+    _draw(top, records, SUCCESS_CURVES)
+    top.set_ylabel("share of episodes (%)")
+    top.set_ylim(0, 100)
+    top.set_title(f"success and reply length per iteration ({Path(log_path).name})")
+    _draw(bottom, records, LENGTH_CURVES)
+    bottom.set_ylabel("reply tokens (mean)")
+    bottom.set_ylim(0, 1.15 * bottom.get_ylim()[1])  # room above the longest replies
+    bottom.set_xlabel("iteration")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
     out = Path(log_path) / "plots" / "success.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".success.{os.getpid()}.png")
@@ -51,20 +72,30 @@ def save_plot(log_path: Path) -> Path:
     return out
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _tokens(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def format_table(log_path: Path) -> str:
-    """Success rates per iteration as a text table."""
-
-    def pct(value: float | None) -> str:
-        return "-" if value is None else f"{100 * value:.1f}%"
-
-    lines = [f"{'iter':>4}  {'policy':>6}  {'train':>7}  {'eval':>7}  {'loss':>7}  {'update':<10}"]
+    """Per iteration: success rates, mean reply tokens (train, held-out), the held-out invalid share, loss, update."""
+    lines = [
+        f"{'iter':>4}  {'policy':>6}  {'train':>7}  {'eval':>7}  {'tok_tr':>6}  {'tok_ev':>6}  {'inv_ev':>7}  "
+        f"{'loss':>7}  {'update':<10}"
+    ]
     for r in iteration_records(log_path):
         served = "base" if r.get("served_version") is None else f"v{r['served_version']}"
         loss = "-" if r.get("train_loss") is None else f"{r['train_loss']:.3f}"
         lines.append(
-            f"{r['iteration']:>4}  {served:>6}  {pct(r.get('train_success_rate')):>7}  "
-            f"{pct(r.get('eval_success_rate')):>7}  {loss:>7}  {r.get('update') or '-':<10}"
+            f"{r['iteration']:>4}  {served:>6}  {_pct(r.get('train_success_rate')):>7}  "
+            f"{_pct(r.get('eval_success_rate')):>7}  {_tokens(r.get('train_mean_response_tokens')):>6}  "
+            f"{_tokens(r.get('eval_mean_response_tokens')):>6}  {_pct(r.get('eval_invalid_action_rate')):>7}  "
+            f"{loss:>7}  {r.get('update') or '-':<10}"
         )
+    lines.append("tok_tr / tok_ev: mean reply tokens, train / held-out; inv_ev: held-out replies with no valid answer")
     gain = held_out_gain(log_path)
     if gain:
         lines.append(gain)

@@ -7,6 +7,11 @@ test rollouts' `kind: rollout` lines, the update's `kind: training` and
 `kind: promotion` lines), the update's outcome and the seconds of each phase
 (both from `<log>/run/state/iter_<NNNN>/`). Readers take the last record of
 an iteration (a restarted iteration appends a new one).
+
+The reply statistics (`REPLY_KEYS`: completion tokens per turn and the share
+of invalid actions, per split) are the rollout lines' own, which the engine
+computes from the journals; `iteration_records` fills them in from those lines
+for records written before the record carried them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ class IterationRecord:
     train_episodes: int | None = None
     eval_success_rate: float | None = None
     eval_episodes: int | None = None
+    #: completion tokens per turn of the train / held-out rollout (RFT's length drift shows here)
+    train_mean_response_tokens: float | None = None
+    eval_mean_response_tokens: float | None = None
+    #: invalid turns / turns (reasoning-gym: replies with no answer, i.e. no number or answer tag)
+    train_invalid_action_rate: float | None = None
+    eval_invalid_action_rate: float | None = None
     train_loss: float | None = None
     training_steps: int | None = None
     update: str | None = None
@@ -59,6 +70,21 @@ def load_metrics(log_path: Path) -> list[dict[str, Any]]:
 def _last(rows: list[dict], **match: Any) -> dict | None:
     found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
     return found[-1] if found else None
+
+
+#: record key -> (rollout split, rollout key)
+REPLY_KEYS: dict[str, tuple[str, str]] = {
+    "train_mean_response_tokens": ("train", "mean_response_tokens"),
+    "eval_mean_response_tokens": ("test", "mean_response_tokens"),
+    "train_invalid_action_rate": ("train", "invalid_action_rate"),
+    "eval_invalid_action_rate": ("test", "invalid_action_rate"),
+}
+
+
+def reply_stats(rows: list[dict], iteration: int) -> dict[str, float | None]:
+    """The iteration's reply statistics (REPLY_KEYS) from its last train and test rollout lines."""
+    rollouts = {split: _last(rows, kind="rollout", split=split, iteration=iteration) for split in ("train", "test")}
+    return {key: (rollouts[split] or {}).get(rollout_key) for key, (split, rollout_key) in REPLY_KEYS.items()}
 
 
 def _state_dir(log_path: Path, iteration: int) -> Path:
@@ -93,6 +119,8 @@ def build_record(log_path: Path, iteration: int, served_version: int | None) -> 
         record.train_loss, record.training_steps = training.get("train_loss"), training.get("steps")
     if promotion:
         record.promoted_version = promotion.get("policy_version")
+    for key, value in reply_stats(rows, iteration).items():
+        setattr(record, key, value)
     serving = Path(log_path) / "run" / "rank_0" / "serving.json"  # the master's server
     if serving.exists():
         with contextlib.suppress(ValueError):
@@ -119,8 +147,23 @@ def _percent(rate: float | None, episodes: int | None) -> str:
     return "-" if rate is None else f"{100 * rate:.1f} % ({episodes or 0})"
 
 
+def _replies(record: dict[str, Any]) -> str:
+    """Reply tokens per turn, train and held-out, and the held-out share of invalid replies."""
+
+    def tokens(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    invalid = record.get("eval_invalid_action_rate")
+    share = "" if invalid is None else f" ({100 * invalid:.1f} % invalid)"
+    return (
+        f"reply tokens train {tokens(record.get('train_mean_response_tokens'))}, "
+        f"held-out {tokens(record.get('eval_mean_response_tokens'))}{share}"
+    )
+
+
 def summary_line(record: dict[str, Any]) -> str:
-    """The iteration in one line: success train / held-out, loss, the update's outcome, seconds per phase."""
+    """The iteration in one line: success train / held-out, reply tokens and the held-out invalid share, loss,
+    the update's outcome, seconds per phase."""
     loss = record.get("train_loss")
     phases = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in record.get("phase_s", {}).items())
     served = record.get("served_version")
@@ -128,12 +171,19 @@ def summary_line(record: dict[str, Any]) -> str:
         f"iteration {record['iteration']} (served {'v' + str(served) if served is not None else 'base'}): "
         f"success train {_percent(record.get('train_success_rate'), record.get('train_episodes'))}, "
         f"held-out {_percent(record.get('eval_success_rate'), record.get('eval_episodes'))}; "
+        f"{_replies(record)}; "
         f"loss {'-' if loss is None else f'{loss:.4f}'}; update: {record.get('update') or '-'}; "
         f"{phases or 'no phase timed'}"
     )
 
 
 def iteration_records(log_path: Path) -> list[dict[str, Any]]:
-    """The last record of each iteration, in iteration order."""
-    by_iteration = {r["iteration"]: r for r in load_metrics(log_path) if r.get("kind") == "iteration"}
-    return [by_iteration[k] for k in sorted(by_iteration)]
+    """The last record of each iteration, in iteration order; a record written before the reply statistics
+    were recorded gets them from its rollout lines."""
+    rows = load_metrics(log_path)
+    by_iteration = {r["iteration"]: r for r in rows if r.get("kind") == "iteration"}
+    records = [by_iteration[k] for k in sorted(by_iteration)]
+    for record in records:
+        if not REPLY_KEYS.keys() <= record.keys():
+            record.update({**reply_stats(rows, record["iteration"]), **record})
+    return records

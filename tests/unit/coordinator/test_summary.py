@@ -40,6 +40,62 @@ def test_record_gathers_the_phases_of_its_iteration_only(tmp_path: Path) -> None
     assert second["eval_success_rate"] is None and second["promoted_version"] is None and second["update"] is None
 
 
+def test_record_carries_the_rollouts_reply_length_and_invalid_share(tmp_path: Path) -> None:
+    write_metrics(
+        tmp_path,
+        [
+            {"kind": "rollout", "split": "train", "iteration": 1, "mean_response_tokens": 30.0},
+            {
+                "kind": "rollout",
+                "split": "train",
+                "iteration": 1,
+                "mean_response_tokens": 24.5,
+                "invalid_action_rate": 0.05,
+            },
+            {
+                "kind": "rollout",
+                "split": "test",
+                "iteration": 1,
+                "mean_response_tokens": 26.25,
+                "invalid_action_rate": 0.116,
+            },
+            {"kind": "rollout", "split": "test", "iteration": 2, "mean_response_tokens": 99.0},
+        ],
+    )
+    record = summarize(tmp_path, 1, None)
+    assert (record["train_mean_response_tokens"], record["eval_mean_response_tokens"]) == (24.5, 26.25)
+    assert (record["train_invalid_action_rate"], record["eval_invalid_action_rate"]) == (0.05, 0.116)
+
+
+def test_a_record_written_before_reply_statistics_gets_them_from_its_rollouts(tmp_path: Path) -> None:
+    write_metrics(
+        tmp_path,
+        [
+            {
+                "kind": "rollout",
+                "split": "test",
+                "iteration": 1,
+                "mean_response_tokens": 32.0,
+                "invalid_action_rate": 0.1,
+            },
+            {"kind": "iteration", "iteration": 1, "train_success_rate": 0.2},
+            {
+                "kind": "iteration",
+                "iteration": 2,
+                "train_mean_response_tokens": 20.0,
+                "eval_mean_response_tokens": None,
+                "train_invalid_action_rate": 0.0,
+                "eval_invalid_action_rate": None,
+            },
+            {"kind": "rollout", "split": "test", "iteration": 2, "mean_response_tokens": 50.0},
+        ],
+    )
+    first, second = iteration_records(tmp_path)
+    assert (first["eval_mean_response_tokens"], first["eval_invalid_action_rate"]) == (32.0, 0.1)
+    assert first["train_mean_response_tokens"] is None and first["train_success_rate"] == 0.2
+    assert second["eval_mean_response_tokens"] is None  # the record's own value wins over a later rollout line
+
+
 def test_serving_dtype_comes_from_the_masters_serving_record(tmp_path: Path) -> None:
     write_metrics(tmp_path, [])
     assert summarize(tmp_path, 1, None)["serving_dtype"] is None
@@ -99,6 +155,10 @@ def test_table_and_plot(tmp_path: Path) -> None:
                 "eval_success_rate": 0.016,
                 "train_loss": None,
                 "update": "failed (exit 2)",
+                "train_mean_response_tokens": 24.04,
+                "eval_mean_response_tokens": 26.0,
+                "train_invalid_action_rate": 0.03,
+                "eval_invalid_action_rate": 0.125,
             },
             {
                 "kind": "iteration",
@@ -112,8 +172,10 @@ def test_table_and_plot(tmp_path: Path) -> None:
         ],
     )
     lines = format_table(tmp_path).splitlines()
-    assert lines[1].split() == ["1", "base", "10.9%", "1.6%", "-", "failed", "(exit", "2)"]
-    assert lines[2].split() == ["2", "v1", "9.4%", "-", "1.714", "promoted", "v2"]
+    assert lines[0].split() == ["iter", "policy", "train", "eval", "tok_tr", "tok_ev", "inv_ev", "loss", "update"]
+    assert lines[1].split() == ["1", "base", "10.9%", "1.6%", "24.0", "26.0", "12.5%", "-", "failed", "(exit", "2)"]
+    assert lines[2].split() == ["2", "v1", "9.4%", "-", "-", "-", "-", "1.714", "promoted", "v2"]
+    assert lines[3].startswith("tok_tr / tok_ev: mean reply tokens")
     path = save_plot(tmp_path)
     assert path == tmp_path / "plots" / "success.png" and path.read_bytes()[:4] == b"\x89PNG"
     assert not list(path.parent.glob(".success.*"))

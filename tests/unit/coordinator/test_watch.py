@@ -172,11 +172,16 @@ def test_the_summary_line_names_success_loss_update_and_phase_times() -> None:
         "train_loss": 0.51234,
         "update": "promoted v3",
         "phase_s": {"train_rollout": 61.0, "update": 90.4},
+        "train_mean_response_tokens": 24.04,
     }
     assert summary_line(record) == (
-        "iteration 3 (served v2): success train 12.5 % (64), held-out -; loss 0.5123; update: promoted v3; "
-        "train_rollout 61s, update 90s"
+        "iteration 3 (served v2): success train 12.5 % (64), held-out -; reply tokens train 24.0, held-out -; "
+        "loss 0.5123; update: promoted v3; train_rollout 61s, update 90s"
     )
+    record.update(
+        eval_success_rate=0.25, eval_episodes=80, eval_mean_response_tokens=31.96, eval_invalid_action_rate=0.1
+    )
+    assert "held-out 25.0 % (80); reply tokens train 24.0, held-out 32.0 (10.0 % invalid); loss" in summary_line(record)
 
 
 def test_on_a_terminal_the_live_block_gives_way_to_the_final_numbers() -> None:
