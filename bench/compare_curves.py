@@ -4,9 +4,9 @@
 
 Each argument is LABEL=LOG_PATH of a `bench/learning_curve.sh` run. Per iteration
 (the `"kind": "iteration"` records, coordinator.summary): the served policy, train
-and held-out success, mean reply tokens of both splits and the held-out share of
-invalid replies (reasoning-gym: no number). The PNG has held-out success, the
-held-out invalid share and reply tokens per iteration, one colour per run.
+and held-out success, mean reply tokens and the share of invalid replies
+(reasoning-gym: no number) of both splits. The PNG has held-out success, the
+invalid shares and reply tokens per iteration, one colour per run.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from coordinator.summary import iteration_records
 
 HEADER = (
     "| iteration | served policy | train success | held-out success | reply tokens train | "
-    "reply tokens held-out | held-out no answer | update |\n|---|---|---|---|---|---|---|---|"
+    "reply tokens held-out | train no answer | held-out no answer | update |\n|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -39,7 +39,8 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['iteration']} | {served} | {_pct(r.get('train_success_rate'))} | "
             f"{_pct(r.get('eval_success_rate'))} | {_tokens(r.get('train_mean_response_tokens'))} | "
-            f"{_tokens(r.get('eval_mean_response_tokens'))} | {_pct(r.get('eval_invalid_action_rate'))} | "
+            f"{_tokens(r.get('eval_mean_response_tokens'))} | {_pct(r.get('train_invalid_action_rate'))} | "
+            f"{_pct(r.get('eval_invalid_action_rate'))} | "
             f"{r.get('update') or '-'} |"
         )
     return "\n".join(lines)
@@ -51,7 +52,7 @@ def _series(records: list[dict[str, Any]], key: str, scale: float) -> tuple[list
 
 
 def save_comparison(runs: dict[str, list[dict[str, Any]]], out: Path) -> None:
-    """Held-out success and invalid share (top), reply tokens (bottom), one colour per run."""
+    """Held-out success and the invalid shares (top), reply tokens (bottom), one colour per run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,7 +63,12 @@ def save_comparison(runs: dict[str, list[dict[str, Any]]], out: Path) -> None:
     for index, (label, records) in enumerate(runs.items()):
         colour = f"C{index}"
         top.plot(*_series(records, "eval_success_rate", 100), "s-", color=colour, label=f"{label}: held-out success")
-        top.plot(*_series(records, "eval_invalid_action_rate", 100), "x:", color=colour, label=f"{label}: no answer")
+        top.plot(
+            *_series(records, "train_invalid_action_rate", 100), "+:", color=colour, label=f"{label}: train no answer"
+        )
+        top.plot(
+            *_series(records, "eval_invalid_action_rate", 100), "x:", color=colour, label=f"{label}: held-out no answer"
+        )
         bottom.plot(*_series(records, "train_mean_response_tokens", 1), "o--", color=colour, label=f"{label}: train")
         bottom.plot(*_series(records, "eval_mean_response_tokens", 1), "s-", color=colour, label=f"{label}: held-out")
     top.set_ylabel("held-out episodes (%)")

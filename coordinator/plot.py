@@ -4,7 +4,7 @@
 
 Points come from the `"kind": "iteration"` records of `<log>/metrics.jsonl`
 (coordinator.summary); an iteration without eval has no eval point. The top
-panel has train and held-out success and the held-out share of invalid replies
+panel has train and held-out success and each split's share of invalid replies
 (reasoning-gym: no number), the bottom one the mean reply tokens of each split,
 where RFT's length drift shows.
 """
@@ -17,10 +17,11 @@ from typing import Any
 
 from coordinator.summary import iteration_records
 
-#: (record key, label, marker, line style, scale) per curve of each panel
+#: (record key, label, marker, line style, scale) per curve of each panel; train in C0, held-out in C1
 SUCCESS_CURVES = (
     ("train_success_rate", "train rollouts", "o", "-", 100.0),
     ("eval_success_rate", "held-out eval", "s", "-", 100.0),
+    ("train_invalid_action_rate", "train replies with no answer", "+", ":", 100.0),
     ("eval_invalid_action_rate", "held-out replies with no answer", "x", ":", 100.0),
 )
 LENGTH_CURVES = (
@@ -35,7 +36,9 @@ def _draw(ax: Any, records: list[dict[str, Any]], curves: tuple[tuple[str, str, 
         points = [(r["iteration"], scale * r[key]) for r in records if r.get(key) is not None]
         if points:
             xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker=marker, linestyle=style, label=label)
+            ax.plot(
+                xs, ys, marker=marker, linestyle=style, label=label, color="C0" if key.startswith("train") else "C1"
+            )
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
@@ -81,10 +84,11 @@ def _tokens(value: float | None) -> str:
 
 
 def format_table(log_path: Path) -> str:
-    """Per iteration: success rates, mean reply tokens (train, held-out), the held-out invalid share, loss, update."""
+    """Per iteration: success rates, mean reply tokens and the share of invalid replies (train, held-out), loss,
+    update."""
     lines = [
-        f"{'iter':>4}  {'policy':>6}  {'train':>7}  {'eval':>7}  {'tok_tr':>6}  {'tok_ev':>6}  {'inv_ev':>7}  "
-        f"{'loss':>7}  {'update':<10}"
+        f"{'iter':>4}  {'policy':>6}  {'train':>7}  {'eval':>7}  {'tok_tr':>6}  {'tok_ev':>6}  "
+        f"{'inv_tr':>7}  {'inv_ev':>7}  {'loss':>7}  {'update':<10}"
     ]
     for r in iteration_records(log_path):
         served = "base" if r.get("served_version") is None else f"v{r['served_version']}"
@@ -92,10 +96,11 @@ def format_table(log_path: Path) -> str:
         lines.append(
             f"{r['iteration']:>4}  {served:>6}  {_pct(r.get('train_success_rate')):>7}  "
             f"{_pct(r.get('eval_success_rate')):>7}  {_tokens(r.get('train_mean_response_tokens')):>6}  "
-            f"{_tokens(r.get('eval_mean_response_tokens')):>6}  {_pct(r.get('eval_invalid_action_rate')):>7}  "
+            f"{_tokens(r.get('eval_mean_response_tokens')):>6}  {_pct(r.get('train_invalid_action_rate')):>7}  "
+            f"{_pct(r.get('eval_invalid_action_rate')):>7}  "
             f"{loss:>7}  {r.get('update') or '-':<10}"
         )
-    lines.append("tok_tr / tok_ev: mean reply tokens, train / held-out; inv_ev: held-out replies with no valid answer")
+    lines.append("tok_tr / tok_ev: mean reply tokens, train / held-out; inv_tr / inv_ev: replies with no valid answer")
     gain = held_out_gain(log_path)
     if gain:
         lines.append(gain)

@@ -148,22 +148,24 @@ def _percent(rate: float | None, episodes: int | None) -> str:
 
 
 def _replies(record: dict[str, Any]) -> str:
-    """Reply tokens per turn, train and held-out, and the held-out share of invalid replies."""
+    """Reply tokens per turn and the share of invalid replies, train and held-out."""
 
     def tokens(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
-    invalid = record.get("eval_invalid_action_rate")
-    share = "" if invalid is None else f" ({100 * invalid:.1f} % invalid)"
+    def invalid(rate: float | None) -> str:
+        return "" if rate is None else f" ({100 * rate:.1f} % invalid)"
+
     return (
-        f"reply tokens train {tokens(record.get('train_mean_response_tokens'))}, "
-        f"held-out {tokens(record.get('eval_mean_response_tokens'))}{share}"
+        f"reply tokens train {tokens(record.get('train_mean_response_tokens'))}"
+        f"{invalid(record.get('train_invalid_action_rate'))}, "
+        f"held-out {tokens(record.get('eval_mean_response_tokens'))}{invalid(record.get('eval_invalid_action_rate'))}"
     )
 
 
 def summary_line(record: dict[str, Any]) -> str:
-    """The iteration in one line: success train / held-out, reply tokens and the held-out invalid share, loss,
-    the update's outcome, seconds per phase."""
+    """The iteration in one line: success train / held-out, reply tokens and invalid shares, loss, the update's
+    outcome, seconds per phase."""
     loss = record.get("train_loss")
     phases = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in record.get("phase_s", {}).items())
     served = record.get("served_version")

@@ -14,6 +14,7 @@ RECORDS = [
         "eval_success_rate": 0.0875,
         "train_mean_response_tokens": 27.04,
         "eval_mean_response_tokens": 22.4,
+        "train_invalid_action_rate": 0.119,
         "eval_invalid_action_rate": 0.0,
         "update": "promoted v1",
     },
@@ -24,8 +25,8 @@ RECORDS = [
 def test_one_markdown_row_per_iteration() -> None:
     lines = markdown_table(RECORDS).splitlines()
     assert lines[0].startswith("| iteration | served policy | train success | held-out success | reply tokens train")
-    assert lines[2] == "| 1 | base | 9.6 % | 8.8 % | 27.0 | 22.4 | 0.0 % | promoted v1 |"
-    assert lines[3] == "| 2 | v1 | 13.5 % | - | - | - | - | - |"
+    assert lines[2] == "| 1 | base | 9.6 % | 8.8 % | 27.0 | 22.4 | 11.9 % | 0.0 % | promoted v1 |"
+    assert lines[3] == "| 2 | v1 | 13.5 % | - | - | - | - | - | - |"
 
 
 def test_the_comparison_plot_is_a_png(tmp_path: Path) -> None:

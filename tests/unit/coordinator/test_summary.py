@@ -172,9 +172,23 @@ def test_table_and_plot(tmp_path: Path) -> None:
         ],
     )
     lines = format_table(tmp_path).splitlines()
-    assert lines[0].split() == ["iter", "policy", "train", "eval", "tok_tr", "tok_ev", "inv_ev", "loss", "update"]
-    assert lines[1].split() == ["1", "base", "10.9%", "1.6%", "24.0", "26.0", "12.5%", "-", "failed", "(exit", "2)"]
-    assert lines[2].split() == ["2", "v1", "9.4%", "-", "-", "-", "-", "1.714", "promoted", "v2"]
+    header = ["iter", "policy", "train", "eval", "tok_tr", "tok_ev", "inv_tr", "inv_ev", "loss", "update"]
+    assert lines[0].split() == header
+    assert lines[1].split() == [
+        "1",
+        "base",
+        "10.9%",
+        "1.6%",
+        "24.0",
+        "26.0",
+        "3.0%",
+        "12.5%",
+        "-",
+        "failed",
+        "(exit",
+        "2)",
+    ]
+    assert lines[2].split() == ["2", "v1", "9.4%", "-", "-", "-", "-", "-", "1.714", "promoted", "v2"]
     assert lines[3].startswith("tok_tr / tok_ev: mean reply tokens")
     path = save_plot(tmp_path)
     assert path == tmp_path / "plots" / "success.png" and path.read_bytes()[:4] == b"\x89PNG"

@@ -181,7 +181,8 @@ def test_the_summary_line_names_success_loss_update_and_phase_times() -> None:
     record.update(
         eval_success_rate=0.25, eval_episodes=80, eval_mean_response_tokens=31.96, eval_invalid_action_rate=0.1
     )
-    assert "held-out 25.0 % (80); reply tokens train 24.0, held-out 32.0 (10.0 % invalid); loss" in summary_line(record)
+    record.update(train_invalid_action_rate=0.05)
+    assert "(80); reply tokens train 24.0 (5.0 % invalid), held-out 32.0 (10.0 % invalid); loss" in summary_line(record)
 
 
 def test_on_a_terminal_the_live_block_gives_way_to_the_final_numbers() -> None:
