@@ -48,8 +48,9 @@ class RFTSelectionConfig(SelectionConfig):
     positive_samples_to_train: int = 1800
     #: a step of iteration i (oldest used = 1) is drawn with weight i**power; 0 = uniform
     recency_bias_power: float = 2.0
-    #: at most this many successes per task and iteration, the shortest replies first (0 = all; against length drift)
-    shortest_per_task: int = 0
+    #: at most this many successes per task and iteration, the shortest replies first (0 = all; against length drift,
+    #: docs/benchmarks.md 3c)
+    shortest_per_task: int = 1
 
 
 @dataclass

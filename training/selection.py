@@ -144,7 +144,8 @@ class RFTSelector(_Rules):
 
     positive_samples_to_train: int = 1800
     recency_bias_power: float = 2.0
-    #: keep at most this many successes per task and iteration, those with the fewest reply tokens (0 = all)
+    #: keep at most this many successes per task and iteration, those with the fewest reply tokens (0 = all;
+    #: a run's default is configs/algorithm/rft.yaml's 1)
     shortest_per_task: int = 0
 
     def weight(self, step_iteration: int, iteration: int) -> float:
