@@ -181,3 +181,14 @@ served_how() {
   grep -q "in-place reload left the served outputs unchanged; restarting vLLM on /p/v1 to make sure" "$BATS_TEST_TMPDIR/err"
   grep -q "gives the same greedy outputs as the old one" "$BATS_TEST_TMPDIR/err"
 }
+
+@test "vllm_start: a server that exits during its start-up is said to have exited (not timed out), 3 attempts, then exit 1" {
+  vllm_choose() { VLLM_KV_GIB=1; }
+  vllm_args() { printf '%s\n' -c 'import sys; print("boom: cannot load the model"); sys.exit(1)'; }
+  BATON_SERVE_PY=$PY
+  run -1 vllm_start "$RUN" "$MODEL" "$(free_port)" policy 600
+  [[ $(grep -c "vLLM exited during its start-up" <<<"$output") == 3 ]]
+  [[ $output == *"boom: cannot load the model"* ]]
+  [[ $output != *"did not become healthy"* ]]
+  [[ $output == *"vLLM failed to start 3 times; see $RUN/logs/vllm.log"* ]]
+}
