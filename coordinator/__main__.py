@@ -143,6 +143,18 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reloadable(args: argparse.Namespace) -> int:
+    """Exit 0 when vLLM can reload args.model in place exactly; 1, saying why, when its config ties the
+    output head to the embeddings and no file holds the head (rollout_engine/checkpoint.py)."""
+    from rollout_engine.checkpoint import missing_tied_head
+
+    embedding = missing_tied_head(Path(args.model))
+    if embedding is None:
+        return 0
+    print(f"{args.model} ties its output head to {embedding} and holds no lm_head.weight", file=sys.stderr)
+    return 1
+
+
 def cmd_serving(args: argparse.Namespace) -> int:
     """Print `dtype<TAB>kv_cache_gib<TAB>reason` for a server of args.model; save it to --record."""
     import os
@@ -257,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--cpuinfo", default="/proc/cpuinfo")
     serving.add_argument("--record", default="")
     serving.set_defaults(func=cmd_serving)
+    reloadable = sub.add_parser("reloadable", help="exit 0 when vLLM reloads this model folder in place exactly")
+    reloadable.add_argument("--model", required=True)
+    reloadable.set_defaults(func=cmd_reloadable)
     fingerprint = sub.add_parser("fingerprint")
     fingerprint.add_argument("--base-url", required=True)
     fingerprint.add_argument("--model", required=True)

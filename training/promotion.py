@@ -4,7 +4,9 @@
 
 The model files are gathered in `policy/.staging-v<NNNN>-<pid>/` (hard
 links to the training output when on the same filesystem, else copies; a LoRA
-adapter is merged first by the caller), `baton_policy.json` is written, the
+adapter is merged first by the caller), a tied output head is written out
+(`lm_head.safetensors`, so that vLLM reloads the policy in place exactly:
+rollout_engine/checkpoint.py), `baton_policy.json` is written, the
 staging folder is renamed to `v<NNNN>`, and then `current` is replaced by a
 new symlink (made beside it, then `os.replace`), so a reader sees the old
 policy or the whole new one. Older versions beyond `keep_last` are deleted
@@ -31,7 +33,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from rollout_engine.files import fsync_dir, save_json, shared_lock
+from rollout_engine.checkpoint import HEAD, HEAD_FILE, missing_tied_head, tensor_files
+from rollout_engine.files import fsync_dir, save_bytes, save_json, shared_lock
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,7 @@ def _promote_locked(
     version = max([0, *versions(policy_root)]) + 1
     staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
     _gather(output_dir, staging, keep_optimizer)
+    write_tied_head(staging)
     record = PolicyRecord(
         version=version,
         iteration=iteration,
@@ -179,6 +183,30 @@ def prune(policy_root: Path, keep_last: int) -> list[int]:
     for version in doomed:
         shutil.rmtree(policy_root / f"v{version:04d}")
     return doomed
+
+
+def write_tied_head(model_dir: Path) -> bool:
+    """Write the output head a tied-embedding checkpoint leaves out (`lm_head.weight`: the input embedding,
+    in `lm_head.safetensors`, added to the index when there is one). Without it vLLM's CPU backend reloads
+    the policy in place under the previous model's head (rollout_engine/checkpoint.py). Transformers ties
+    the two again on load, so training from this folder is unchanged. Returns whether it wrote one."""
+    embedding = missing_tied_head(model_dir)
+    if embedding is None:
+        return False
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    with safe_open(str(tensor_files(model_dir)[embedding]), "pt") as f:
+        tensor = f.get_tensor(embedding)
+    save_bytes(model_dir / HEAD_FILE, save({HEAD: tensor.contiguous()}, metadata={"format": "pt"}))
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():  # replaced, not edited: the staged index is a hard link to the training output's
+        import json
+
+        data = json.loads(index.read_text())
+        data["weight_map"][HEAD] = HEAD_FILE
+        save_json(index, data)
+    return True
 
 
 def _gather(output_dir: Path, staging: Path, keep_optimizer: bool) -> None:

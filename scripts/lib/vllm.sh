@@ -167,6 +167,12 @@ vllm_fingerprint() {
     --base-url "http://127.0.0.1:$1/v1" --model "$2"
 }
 
+# vllm_reloadable <model_dir>: whether vLLM reloads <model_dir> in place exactly (a tied output head must be
+# in its files: a promoted policy's is, a base model's is not; rollout_engine/checkpoint.py). Needs BATON_APP_PY.
+vllm_reloadable() {
+  PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m coordinator reloadable --model "$1"
+}
+
 # vllm_reload <port> <model_dir>: load <model_dir>'s weights into the running
 # server without a restart (needs VLLM_SERVER_DEV_MODE=1, which vllm_start sets),
 # then drop the prefix cache computed with the old weights.
@@ -196,9 +202,12 @@ vllm_wake() {
 # serves the same outputs (the update did not move the weights at served precision).
 # shellcheck disable=SC2034 # VLLM_SERVED_HOW is this function's result, read by the caller
 vllm_serve_new() {
-  local run_dir=$1 port=$2 name=$3 model=$4 before after start=$SECONDS
+  local run_dir=$1 port=$2 name=$3 model=$4 before after start=$SECONDS why
   before=$(vllm_fingerprint "$port" "$name") || before=""
-  if vllm_reload "$port" "$model"; then
+  if ! why=$(vllm_reloadable "$model" 2>&1); then
+    common_warn "${why:-$model cannot be reloaded in place}; restarting vLLM on it (an in-place reload would keep" \
+      "the old output head)"
+  elif vllm_reload "$port" "$model"; then
     after=$(vllm_fingerprint "$port" "$name") || after=""
     if [[ -n $after && $after != "$before" ]]; then
       common_log "vLLM reloaded $model in place in $((SECONDS - start))s (served outputs changed)"
