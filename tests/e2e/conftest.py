@@ -121,4 +121,3 @@ def train_journal(vllm_server: VllmServer, data_dir: Path, tmp_path_factory: pyt
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return log
-

@@ -31,7 +31,9 @@ def test_header_names_leave_out_the_metadata(tmp_path: Path) -> None:
 
 
 def test_a_tied_model_without_its_head_names_its_embedding(tmp_path: Path) -> None:
-    folder = model(tmp_path / "m", {"tie_word_embeddings": True}, model=("model.embed_tokens.weight", "model.norm.weight"))
+    folder = model(
+        tmp_path / "m", {"tie_word_embeddings": True}, model=("model.embed_tokens.weight", "model.norm.weight")
+    )
     assert missing_tied_head(folder) == "model.embed_tokens.weight"
 
 
