@@ -46,12 +46,11 @@ from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json, save_jsonl
 from rollout_engine.runner import check_tasks
 from rollout_engine.tasks import load_tasks
-from rollout_engine.types import Task, Trajectory
+from rollout_engine.types import DEMONSTRATIONS_FILE, Task, Trajectory
 
 log = logging.getLogger(__name__)
 
 SUMMARY_SCHEMA = "baton.demonstrations/1"
-JOURNAL_NAME = "demonstrations.jsonl"
 SUMMARY_NAME = "demonstrations.json"
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 EXIT_BAD_INPUT, EXIT_NONE_SOLVED = 2, 3
@@ -199,7 +198,7 @@ def save(req: DemoRequest, context: RunContext, outcome: DemoOutcome, summary: d
     """The journal and summary (atomically); screenshots of episodes not kept are removed."""
     for episode_id in outcome.failed:
         shutil.rmtree(context.images_dir(episode_id), ignore_errors=True)
-    save_jsonl(req.out / JOURNAL_NAME, [t.to_json() for t in outcome.kept])
+    save_jsonl(req.out / DEMONSTRATIONS_FILE, [t.to_json() for t in outcome.kept])
     save_json(req.out / SUMMARY_NAME, summary)
 
 
@@ -244,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["kept"],
         summary["episodes"],
         ", ".join(f"{name} {c['kept']}/{c['episodes']}" for name, c in summary["by_family"].items()),
-        out / JOURNAL_NAME,
+        out / DEMONSTRATIONS_FILE,
     )
     return 0 if summary["kept"] else EXIT_NONE_SOLVED
 
