@@ -69,10 +69,14 @@ def load_demonstrations(paths: list[str]) -> list[Trajectory]:
         try:
             read = read_jsonl(file)
         except OSError as exc:
-            what = "a folder without demonstrations.jsonl" if Path(path).is_dir() else "no readable file"
+            what = f"cannot be read ({exc.strerror})"
+            if not Path(path).exists():
+                what = "does not exist"
+            elif Path(path).is_dir():
+                what = f"is a folder without {DEMONSTRATIONS_FILE}"
             raise ConfigError(
-                f"data.demonstrations: {path!r} is {what} ({exc.strerror}); point it at a folder written by "
-                f"python -m rollout_engine.demonstrations --out DIR, or {FIX}"
+                f"data.demonstrations: {path!r} {what}; point it at a folder written by "
+                f"python -m rollout_engine.demonstrations --out DIR, or at its {DEMONSTRATIONS_FILE}"
             ) from None
         if read.torn:
             lines = file.read_text(errors="replace").split("\n")
