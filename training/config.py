@@ -135,10 +135,25 @@ class DataConfig:
     noncanonical: str = "drop"
     #: images per sample at most (the most recent ones are kept)
     max_images_per_sample: int = 5
+    #: expert demonstrations to mix in (python -m rollout_engine.demonstrations): one absolute path or a list,
+    #: each a demonstrations.jsonl or the folder holding one; [] = none
+    demonstrations: Any = field(default_factory=list)
+    #: demonstration steps added to each update at most, a seeded draw: -1 = all, 0 = none
+    demonstration_samples: int = -1
+    #: add them to the updates of iterations up to this one: -1 = every update, 0 = only the first (a warm start)
+    demonstration_last_iteration: int = -1
 
     def __post_init__(self) -> None:
+        problems = []
         if self.noncanonical not in ("drop", "fail"):
-            raise ConfigError(f"data.noncanonical must be drop or fail (got {self.noncanonical!r})")
+            problems.append(f"data.noncanonical must be drop or fail (got {self.noncanonical!r})")
+        paths = self.demonstrations if isinstance(self.demonstrations, list | tuple) else [self.demonstrations]
+        self.demonstrations = [str(p) for p in paths if p is not None and str(p) != ""]
+        for name in ("demonstration_samples", "demonstration_last_iteration"):
+            if getattr(self, name) < -1:
+                problems.append(f"data.{name} must be -1 (no limit) or >= 0 (got {getattr(self, name)})")
+        if problems:
+            raise ConfigError(problems)
 
 
 @dataclass
@@ -319,6 +334,7 @@ def validate(cfg: UpdateConfig) -> None:
         )
     if cfg.promotion.keep_last < 1:
         problems.append(f"promotion.keep_last must be >= 1 (got {cfg.promotion.keep_last})")
+    problems += _check_demonstrations(cfg)
     if cfg.promotion.keep_optimizer and alg.save_only_model:
         problems.append("promotion.keep_optimizer needs algorithm.save_only_model=false (no optimizer state is saved)")
     if problems:
@@ -339,6 +355,20 @@ def _check_template(name: str) -> list[str]:
         f"template={name!r} is not a LLaMA-Factory template; one of: {', '.join(shown)}, ... ({len(TEMPLATES)} "
         "in all: llamafactory/data/template.py); smollm2 renders the default model's chat template"
     ]
+
+
+def _check_demonstrations(cfg: UpdateConfig) -> list[str]:
+    """Demonstrations train as sft or kto rows, from files that exist and parse (read now: bad lines fail fast)."""
+    if not cfg.data.demonstrations:
+        return []
+    if cfg.algorithm.stage == "dpo":
+        return [
+            f"data.demonstrations is set ({cfg.data.demonstrations}) but algorithm=dpo pairs sampled replies only; "
+            "use algorithm=rft or algorithm=kto, or set data.demonstrations=[]"
+        ]
+    from training.demonstrations import check_demonstrations
+
+    return check_demonstrations(cfg.data.demonstrations)
 
 
 def _check_stage(alg: AlgorithmConfig) -> list[str]:

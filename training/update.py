@@ -35,6 +35,7 @@ from rollout_engine.files import append_shared_jsonl, save_json, save_text
 from training import config as config_mod
 from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
+from training.demonstrations import add_demonstrations, demonstrations_for
 from training.journal import iteration_dir, load_trajectories
 from training.launch import detect_device, run_group, run_training
 from training.metrics import parse_training
@@ -165,6 +166,7 @@ def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
             "iteration": cfg.iteration,
             "trajectories": selection.trajectories,
             "samples": len(selection.samples),
+            "demonstrations": selection.demonstrations,
             "train_rows": files.train_rows,
             "val_rows": files.val_rows,
             "filtered": selection.filtered,
@@ -203,7 +205,8 @@ def select(cfg: UpdateConfig) -> Selection:
     sel = cfg.algorithm.selection
     window = range(cfg.iteration - sel.last_k_iterations + 1, cfg.iteration + 1)
     trajectories = load_trajectories(cfg.log_path, "train", window)
-    if not trajectories:
+    demonstrations = demonstrations_for(cfg)
+    if not trajectories and not demonstrations:
         dirs = f"{iteration_dir(cfg.log_path, 'train', window.start)} .. iter_{cfg.iteration:04d}"
         raise NothingToTrain(
             f"no train trajectories in {dirs} (log_path={cfg.log_path}, iteration={cfg.iteration}); "
@@ -211,6 +214,16 @@ def select(cfg: UpdateConfig) -> Selection:
         )
     selector = instantiate(OmegaConf.structured(sel))
     selection = selector.select(trajectories, cfg.iteration, cfg.algorithm.cutoff_len)
+    if demonstrations:
+        add_demonstrations(
+            selection,
+            demonstrations,
+            selector,
+            cfg.iteration,
+            cfg.algorithm.cutoff_len,
+            cfg.data.demonstration_samples,
+            cfg.algorithm.stage,
+        )
     if not selection.samples:
         raise NothingToTrain(f"no usable samples for algorithm {cfg.algorithm.name}: {selection.describe()}")
     if cfg.algorithm.stage == "kto" and len({s.label for s in selection.samples}) < 2:
