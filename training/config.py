@@ -20,7 +20,7 @@ from rollout_engine.errors import ConfigError
 
 STAGES = ("sft", "kto", "dpo")
 FINETUNING_TYPES = ("full", "lora")
-PHASES = ("prepare", "train", "promote", "all", "check")
+PHASES = ("prepare", "train", "promote", "all", "check", "revert")
 DEEPSPEED_PRESETS = ("auto", "none", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
 
 
@@ -196,6 +196,21 @@ class PromotionConfig:
     keep_optimizer: bool = False
 
 
+@dataclass
+class RevertConfig:
+    """phase=revert (run.sh --keep-best): promote model_path (the best version's folder, or the base model's)
+    as the next version. run.sh fills it from `python -m coordinator keep-best`'s decision."""
+
+    #: the original version whose weights model_path holds (0: the base model); -1 = not set
+    to_version: int = -1
+    #: the served version that measured worse (0: the base model)
+    replaced: int = -1
+    #: pooled held-out success rates (0..1) of the replaced and the best policy, and the margin in points
+    replaced_success_rate: float = 0.0
+    best_success_rate: float = 0.0
+    margin_points: float = 0.0
+
+
 WANDB_MODES = ("offline", "online")
 
 
@@ -260,10 +275,13 @@ class UpdateConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     promotion: PromotionConfig = field(default_factory=PromotionConfig)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    revert: RevertConfig = field(default_factory=RevertConfig)
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
             raise ConfigError(f"phase must be one of {', '.join(PHASES)} (got {self.phase!r})")
+        if self.phase == "revert" and self.revert.to_version < 0:
+            raise ConfigError(f"phase=revert needs revert.to_version >= 0 (got {self.revert.to_version})")
 
 
 def register_configs() -> None:

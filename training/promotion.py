@@ -19,6 +19,13 @@ race for the same version number or delete each other's staging folder, on one h
 Promotion is idempotent per iteration: when a version of the same iteration and
 training output already exists (a crash between the promotion and its record),
 that version is made current again instead of promoting a copy.
+
+A revert (`run.sh --keep-best`: `revert(...)`) promotes an earlier version's
+weights (or the base model's) as the next version the same way; its
+`baton_policy.json` names `reverted_to` (the original version, 0 for the base
+model) and `why`, its `parent` is the version it replaced. It is idempotent per
+iteration too. `policy/best` (a symlink kept by `mark_best`) names the folder
+of the best policy measured so far, which pruning keeps like `current`.
 """
 
 from __future__ import annotations
@@ -64,6 +71,10 @@ class PolicyRecord:
     source_checkpoint: str
     finetuning_type: str
     optimizer_state: bool
+    #: a revert (--keep-best): the original version whose weights this one holds (0: the base model)
+    reverted_to: int | None = None
+    #: a revert: why, e.g. {"replaced": 4, "replaced_success_rate": 0.125, "best_success_rate": 0.2, ...}
+    why: dict | None = None
 
 
 def versions(policy_root: Path) -> list[int]:
@@ -75,9 +86,24 @@ def versions(policy_root: Path) -> list[int]:
 
 def current_version(policy_root: Path) -> int | None:
     """The version `current` points at, if any."""
-    link = policy_root / "current"
+    return linked_version(policy_root / "current")
+
+
+def linked_version(link: Path) -> int | None:
+    """The version a symlink under policy/ points at, if any."""
     match = VERSION_DIR.match(os.readlink(link)) if link.is_symlink() else None
     return int(match.group(1)) if match else None
+
+
+def mark_best(policy_root: Path, version: int | None) -> None:
+    """Point `policy/best` at version folder `version` (pruning keeps it); None (the base model): remove it."""
+    if not policy_root.is_dir():
+        return
+    with promotion_lock(policy_root):
+        if version is None:
+            (policy_root / "best").unlink(missing_ok=True)
+        elif linked_version(policy_root / "best") != version:
+            _flip_link(policy_root, "best", f"v{version:04d}")
 
 
 def parent_version(model: Path) -> int | None:
@@ -169,17 +195,77 @@ def _promote_locked(
 
 def flip_current(policy_root: Path, target: str) -> None:
     """Point `current` at `target` atomically (relative symlink)."""
-    tmp = policy_root / f".current-{os.getpid()}"
+    _flip_link(policy_root, "current", target)
+
+
+def _flip_link(policy_root: Path, name: str, target: str) -> None:
+    tmp = policy_root / f".{name}-{os.getpid()}"
     tmp.unlink(missing_ok=True)
     os.symlink(target, tmp)
-    os.replace(tmp, policy_root / "current")
+    os.replace(tmp, policy_root / name)
     fsync_dir(policy_root)
 
 
+def reverted_from(policy_root: Path, iteration: int, reverted_to: int) -> int | None:
+    """The version an earlier revert of this iteration to `reverted_to` promoted, if any."""
+    import json
+
+    for version in reversed(versions(policy_root)):
+        try:
+            data = json.loads((policy_root / f"v{version:04d}" / "baton_policy.json").read_text())
+        except (FileNotFoundError, ValueError):
+            continue
+        if data.get("iteration") == iteration and data.get("reverted_to") == reverted_to:
+            return version
+    return None
+
+
+def revert(source: Path, policy_root: Path, iteration: int, reverted_to: int, why: dict, keep_last: int) -> int:
+    """Promote the weights of `source` (version `reverted_to`'s folder, or the base model's for 0) as the
+    next version, current at once; its parent is the version it replaces (`current`). Returns the version;
+    a revert of this iteration to `reverted_to` done before (a resumed run) is made current again instead."""
+    policy_root.mkdir(parents=True, exist_ok=True)
+    with promotion_lock(policy_root):
+        done = reverted_from(policy_root, iteration, reverted_to)
+        if done is not None:
+            if (current_version(policy_root) or 0) < done:
+                flip_current(policy_root, f"v{done:04d}")
+            log.info("iteration %d reverted already to v%d as policy v%04d", iteration, reverted_to, done)
+            return done
+        _remove_stale_staging(policy_root)
+        version = max([0, *versions(policy_root)]) + 1
+        staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
+        _gather(source, staging, keep_optimizer=False)
+        for name in ("baton_policy.json", "optimizer"):  # the source's own record and state are not this one's
+            path = staging / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        write_tied_head(staging)
+        record = PolicyRecord(
+            version=version,
+            iteration=iteration,
+            parent=current_version(policy_root),
+            parent_path=str((policy_root / "current").resolve()) if current_version(policy_root) else "",
+            created_at=time.time(),
+            source_checkpoint=str(source.resolve()),
+            finetuning_type="full",
+            optimizer_state=False,
+            reverted_to=reverted_to,
+            why=why,
+        )
+        save_json(staging / "baton_policy.json", asdict(record))
+        final = policy_root / f"v{version:04d}"
+        os.rename(staging, final)
+        fsync_dir(policy_root)
+        flip_current(policy_root, final.name)
+        prune(policy_root, keep_last)
+    log.info("reverted to v%d (%s) as policy v%04d (current)", reverted_to, source, version)
+    return version
+
+
 def prune(policy_root: Path, keep_last: int) -> list[int]:
-    """Delete versions older than the last `keep_last` (never `current`)."""
-    current = current_version(policy_root)
-    doomed = [v for v in versions(policy_root)[:-keep_last] if v != current]
+    """Delete versions older than the last `keep_last` (never `current`, nor `best`: mark_best)."""
+    kept = {current_version(policy_root), linked_version(policy_root / "best")}
+    doomed = [v for v in versions(policy_root)[:-keep_last] if v not in kept]
     for version in doomed:
         shutil.rmtree(policy_root / f"v{version:04d}")
     return doomed

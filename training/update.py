@@ -39,7 +39,7 @@ from training.demonstrations import add_demonstrations, demonstrations_for
 from training.journal import iteration_dir, load_trajectories
 from training.launch import detect_device, run_group, run_training
 from training.metrics import parse_training
-from training.promotion import promote
+from training.promotion import promote, revert
 from training.recipe import (
     Device,
     build_recipe,
@@ -99,6 +99,8 @@ def run_update(cfg: UpdateConfig) -> None:
         train(cfg, paths)
     if cfg.phase in ("promote", "all") and cfg.launch.node_rank == 0:
         promote_policy(cfg, paths)
+    if cfg.phase == "revert":
+        revert_policy(cfg)
 
 
 def recipe_of(cfg: UpdateConfig, paths: RunPaths, files: DatasetFiles, device: Device) -> dict:
@@ -346,6 +348,32 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
     append_shared_jsonl(
         Path(cfg.log_path) / "metrics.jsonl",
         {"kind": "promotion", "iteration": cfg.iteration, "time": time.time(), "policy_version": version},
+    )
+    return version
+
+
+def revert_policy(cfg: UpdateConfig) -> int:
+    """phase=revert (run.sh --keep-best): model_path's weights as the next version; a `kind: revert` record."""
+    why = {
+        "rule": "--keep-best",
+        "replaced": cfg.revert.replaced,
+        "replaced_success_rate": cfg.revert.replaced_success_rate,
+        "best_success_rate": cfg.revert.best_success_rate,
+        "margin_points": cfg.revert.margin_points,
+    }
+    source = config_mod.model_path(cfg).resolve()
+    policy_root = Path(cfg.log_path) / "policy"
+    version = revert(source, policy_root, cfg.iteration, cfg.revert.to_version, why, cfg.promotion.keep_last)
+    append_shared_jsonl(
+        Path(cfg.log_path) / "metrics.jsonl",
+        {
+            "kind": "revert",
+            "iteration": cfg.iteration,
+            "time": time.time(),
+            "policy_version": version,
+            "reverted_to": cfg.revert.to_version,
+            **{k: v for k, v in why.items() if k != "rule"},
+        },
     )
     return version
 
