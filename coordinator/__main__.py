@@ -67,9 +67,9 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_keep_best(args: argparse.Namespace) -> int:
-    """--keep-best after iteration N's held-out rollout: print the decision as one tab-separated line,
-    `action served best source served_rate best_rate message` (source: the folder to copy for a revert;
-    versions and rates empty when unknown); keep policy/best on the best policy's folder."""
+    """--keep-best after iteration N's held-out rollout: print the decision, one value a line (an empty line
+    for an unknown one): action, served, best, source (the folder to copy for a revert), served_rate,
+    best_rate, message; keep policy/best on the best policy's folder."""
     from coordinator.keep_best import decide
     from coordinator.summary import load_metrics
     from training.promotion import mark_best
@@ -92,7 +92,7 @@ def cmd_keep_best(args: argparse.Namespace) -> int:
 
     fields = [decision.action, text(decision.served), text(decision.best), source]
     fields += [text(decision.served_rate), text(decision.best_rate), decision.message()]
-    print("\t".join(fields))
+    print("\n".join(fields))
     return 0
 
 

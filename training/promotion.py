@@ -258,7 +258,12 @@ def revert(source: Path, policy_root: Path, iteration: int, reverted_to: int, wh
         fsync_dir(policy_root)
         flip_current(policy_root, final.name)
         prune(policy_root, keep_last)
-    log.info("reverted to v%d (%s) as policy v%04d (current)", reverted_to, source, version)
+    log.info(
+        "reverted to %s (%s) as policy v%04d (current)",
+        f"v{reverted_to}" if reverted_to else "the base model",
+        source,
+        version,
+    )
     return version
 
 
