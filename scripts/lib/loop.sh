@@ -589,9 +589,11 @@ loop_update_nodes() {
     fi
     # Every node trains on exactly the files the master prepared: their sha256 goes with the plan.
     ((!train)) || sha=$(<"$RUN_LOG/training/$(printf 'iter_%04d' "$n")/dataset.sha256")
-    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc$members, \"dataset_sha256\": \"$sha\"}"
+    # "version": the model trained from, which a --keep-best revert may have changed since the step's plan.
+    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc$members, \"dataset_sha256\": \"$sha\", \"version\": \"$(loop_policy_version)\"}"
   else
     nodes_receive "$n" update_plan decided
+    [[ ! -v decided[version] ]] || LOOP_PIN_VERSION=${decided[version]}
     train=${decided[train]:-0} sha=${decided[dataset_sha256]:-}
     [[ -z ${decided[members]:-} ]] || loop_train_on "${decided[members]}" || train=0
   fi
