@@ -78,6 +78,7 @@ CASES = [
         "-1",
     ),
     Case("override-server_size-not-an-integer", "override", ["env_config.server_size=abc"], "server_size", "abc"),
+    Case("override-revert-set-by-run.sh", "override", ["revert.to_version=3"], "revert.to_version", "3"),
     Case("override-seed-not-an-integer", "override", ["seed=ten"], "seed", "ten"),
     Case("override-algorithm.cutoff_len-zero", "override", ["algorithm.cutoff_len=0"], "algorithm.cutoff_len", "0"),
     Case(
