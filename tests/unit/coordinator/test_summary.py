@@ -7,7 +7,7 @@ from pathlib import Path
 
 from coordinator.overrides import override_key
 from coordinator.plot import format_table, save_plot
-from coordinator.summary import iteration_records, summarize
+from coordinator.summary import iteration_records, summarize, summary_line
 
 
 def write_metrics(log: Path, rows: list[dict]) -> None:
@@ -38,6 +38,14 @@ def test_record_gathers_the_phases_of_its_iteration_only(tmp_path: Path) -> None
     assert record["phase_s"] == {"train_rollout": 11.0, "update": 213.0}
     second = summarize(tmp_path, 2, 1)
     assert second["eval_success_rate"] is None and second["promoted_version"] is None and second["update"] is None
+
+
+def test_a_keep_best_revert_is_in_its_iterations_record_and_line(tmp_path: Path) -> None:
+    write_metrics(tmp_path, [{"kind": "revert", "iteration": 2, "policy_version": 2, "reverted_to": 0}])
+    record = summarize(tmp_path, 2, 1)
+    assert (record["reverted_version"], record["reverted_to"]) == (2, 0)
+    assert "; reverted to base as v2 (--keep-best); no phase timed" in summary_line(record)
+    assert summarize(tmp_path, 1, None)["reverted_version"] is None
 
 
 def test_serving_dtype_comes_from_the_masters_serving_record(tmp_path: Path) -> None:
