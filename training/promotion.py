@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -168,27 +169,19 @@ def _promote_locked(
     finetuning_type: str,
     keep_optimizer: bool,
 ) -> int:
-    _remove_stale_staging(policy_root)
-    version = max([0, *versions(policy_root)]) + 1
-    staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
-    _gather(output_dir, staging, keep_optimizer)
-    write_tied_head(staging)
-    record = PolicyRecord(
-        version=version,
-        iteration=iteration,
-        parent=parent_version(parent_model),
-        parent_path=str(parent_model.resolve()),
-        created_at=time.time(),
-        source_checkpoint=str(output_dir),
-        finetuning_type=finetuning_type,
-        optimizer_state=keep_optimizer,
-    )
-    save_json(staging / "baton_policy.json", asdict(record))
-    final = policy_root / f"v{version:04d}"
-    os.rename(staging, final)
-    fsync_dir(policy_root)
-    flip_current(policy_root, final.name)
-    prune(policy_root, keep_last)
+    def record(version: int) -> PolicyRecord:
+        return PolicyRecord(
+            version=version,
+            iteration=iteration,
+            parent=parent_version(parent_model),
+            parent_path=str(parent_model.resolve()),
+            created_at=time.time(),
+            source_checkpoint=str(output_dir),
+            finetuning_type=finetuning_type,
+            optimizer_state=keep_optimizer,
+        )
+
+    version = _publish(policy_root, output_dir, record, keep_last, keep_optimizer=keep_optimizer)
     log.info("promoted %s as policy v%04d (current)", output_dir, version)
     return version
 
@@ -232,38 +225,57 @@ def revert(source: Path, policy_root: Path, iteration: int, reverted_to: int, wh
                 flip_current(policy_root, f"v{done:04d}")
             log.info("iteration %d reverted already to v%d as policy v%04d", iteration, reverted_to, done)
             return done
-        _remove_stale_staging(policy_root)
-        version = max([0, *versions(policy_root)]) + 1
-        staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
-        _gather(source, staging, keep_optimizer=False)
-        for name in ("baton_policy.json", "optimizer"):  # the source's own record and state are not this one's
-            path = staging / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        write_tied_head(staging)
-        record = PolicyRecord(
-            version=version,
-            iteration=iteration,
-            parent=current_version(policy_root),
-            parent_path=str((policy_root / "current").resolve()) if current_version(policy_root) else "",
-            created_at=time.time(),
-            source_checkpoint=str(source.resolve()),
-            finetuning_type="full",
-            optimizer_state=False,
-            reverted_to=reverted_to,
-            why=why,
-        )
-        save_json(staging / "baton_policy.json", asdict(record))
-        final = policy_root / f"v{version:04d}"
-        os.rename(staging, final)
-        fsync_dir(policy_root)
-        flip_current(policy_root, final.name)
-        prune(policy_root, keep_last)
+
+        def record(version: int) -> PolicyRecord:
+            return PolicyRecord(
+                version=version,
+                iteration=iteration,
+                parent=current_version(policy_root),
+                parent_path=str((policy_root / "current").resolve()) if current_version(policy_root) else "",
+                created_at=time.time(),
+                source_checkpoint=str(source.resolve()),
+                finetuning_type="full",
+                optimizer_state=False,
+                reverted_to=reverted_to,
+                why=why,
+            )
+
+        # the source's own record and optimizer state are not this version's
+        version = _publish(policy_root, source, record, keep_last, keep_optimizer=False, drop_own=True)
     log.info(
         "reverted to %s (%s) as policy v%04d (current)",
         f"v{reverted_to}" if reverted_to else "the base model",
         source,
         version,
     )
+    return version
+
+
+def _publish(
+    policy_root: Path,
+    source: Path,
+    record: Callable[[int], PolicyRecord],
+    keep_last: int,
+    keep_optimizer: bool,
+    drop_own: bool = False,
+) -> int:
+    """Under the promotion lock: stage `source`'s model files as the next version (its tied head written,
+    `record(version)` as baton_policy.json; with `drop_own` the source's own record and optimizer left out),
+    rename it into place, flip `current`, prune. Returns the version."""
+    _remove_stale_staging(policy_root)
+    version = max([0, *versions(policy_root)]) + 1
+    staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
+    _gather(source, staging, keep_optimizer)
+    if drop_own:
+        shutil.rmtree(staging / "optimizer", ignore_errors=True)
+        (staging / "baton_policy.json").unlink(missing_ok=True)
+    write_tied_head(staging)
+    save_json(staging / "baton_policy.json", asdict(record(version)))
+    final = policy_root / f"v{version:04d}"
+    os.rename(staging, final)
+    fsync_dir(policy_root)
+    flip_current(policy_root, final.name)
+    prune(policy_root, keep_last)
     return version
 
 
