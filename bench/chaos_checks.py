@@ -14,7 +14,9 @@
   journal is the one sealed (a cut: its prefix's sha256), and the master's merge says `complete`;
 - the policy chain: the versions under `policy/` are consecutive, each one's
   `parent` is the version before it, no iteration promoted twice, `policy/current`
-  is the newest, and each iteration's `update.done` names the version it promoted;
+  is the newest, and each iteration's `update.done` names the version it promoted
+  (a `--keep-best` revert is a version of its own: it names `reverted_to`, and is
+  neither the iteration's promotion nor counted as one);
 - one `"kind": "iteration"` record per iteration in `metrics.jsonl`;
 - deadlines: no phase in `run/state/iter_<NNNN>/times` took longer than its deadline;
 - nothing left: no recorded process group alive (`run/rank_<r>/pids/*.pgid`,
@@ -253,7 +255,8 @@ def check_iterations(log: Path, iterations: list[int] | None = None) -> list[Ite
 
 def check_policy_chain(log: Path) -> list[str]:
     """Problems of the promoted versions: gaps, a parent that is not the previous version, an iteration
-    promoted twice, `current` not the newest, an `update.done` that disagrees with the records."""
+    promoted twice, `current` not the newest, an `update.done` that disagrees with the records. A revert
+    (`reverted_to` set, --keep-best) is in the chain but is not its iteration's promotion."""
     root = log / "policy"
     records = {}
     for path in sorted(root.glob("v[0-9]*/baton_policy.json")):
@@ -268,14 +271,21 @@ def check_policy_chain(log: Path) -> list[str]:
             problems.append(f"v{version:04d}: parent {parent}, expected {expected}")
     if versions and versions != list(range(versions[0], versions[-1] + 1)):
         problems.append(f"versions not consecutive: {versions}")
-    twice = [it for it, n in Counter(r["iteration"] for r in records.values()).items() if n > 1]
-    if twice:
-        problems.append(f"iterations promoted twice: {sorted(twice)}")
+    promotions = {v: r for v, r in records.items() if r.get("reverted_to") is None}
+    reverts = {v: r for v, r in records.items() if v not in promotions}
+    for version, record in reverts.items():
+        to = record["reverted_to"]
+        if not isinstance(to, int) or not 0 <= to < version:
+            problems.append(f"v{version:04d}: reverted_to {to!r}, expected an earlier version (0: the base model)")
+    for what, chain in (("promoted", promotions), ("reverted", reverts)):
+        twice = [it for it, n in Counter(r["iteration"] for r in chain.values()).items() if n > 1]
+        if twice:
+            problems.append(f"iterations {what} twice: {sorted(twice)}")
     current = root / "current"
     if versions and (not current.is_symlink() or Path(current.readlink()).name != f"v{versions[-1]:04d}"):
         target = current.readlink() if current.is_symlink() else None
         problems.append(f"policy/current is {target}, expected v{versions[-1]:04d}")
-    for version, record in records.items():
+    for version, record in promotions.items():
         done = log / "run" / "state" / f"iter_{record['iteration']:04d}" / "update.done"
         if done.exists() and done.read_text().strip() != f"promoted v{version}":
             problems.append(f"v{version:04d} (iteration {record['iteration']}): update.done says {done.read_text()!r}")

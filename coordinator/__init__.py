@@ -6,6 +6,7 @@ heartbeat.py, barrier.py). scripts/run.sh asks it through one entry point:
     python -m coordinator compose --data-path D --log-path L --base-model M \
         [--debug-mode] [--save F] -- OVERRIDES...
     python -m coordinator summarize --log-path L --iteration N [--served-version V]
+    python -m coordinator keep-best --log-path L --iteration N --margin P --base-model M   (keep_best.py)
     python -m coordinator plot --log-path L
     python -m coordinator table --log-path L
     python -m coordinator fingerprint --base-url URL --model NAME

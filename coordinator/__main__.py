@@ -66,6 +66,36 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keep_best(args: argparse.Namespace) -> int:
+    """--keep-best after iteration N's held-out rollout: print the decision, one value a line (an empty line
+    for an unknown one): action, served, best, source (the folder to copy for a revert), served_rate,
+    best_rate, message; keep policy/best on the best policy's folder."""
+    from coordinator.keep_best import decide
+    from coordinator.summary import load_metrics
+    from training.promotion import mark_best
+
+    log_path = Path(args.log_path)
+    policy = log_path / "policy"
+
+    def folder(version: int) -> Path:
+        return policy / f"v{version:04d}"
+
+    decision = decide(load_metrics(log_path), args.iteration, args.margin, lambda v: folder(v).is_dir())
+    source = ""
+    if decision.action == "revert":
+        source = args.base_model if decision.source == 0 else str(folder(decision.source))
+    if decision.action in ("keep", "revert"):
+        mark_best(policy, decision.source or None)
+
+    def text(value: object) -> str:
+        return "" if value is None else str(value)
+
+    fields = [decision.action, text(decision.served), text(decision.best), source]
+    fields += [text(decision.served_rate), text(decision.best_rate), decision.message()]
+    print("\n".join(fields))
+    return 0
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     from coordinator.watch import run_watch
 
@@ -141,6 +171,18 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     tokens = reply["choices"][0]["logprobs"]["content"]
     print(json.dumps([[t["token"], round(t["logprob"], 5)] for t in tokens]))
     return 0
+
+
+def cmd_reloadable(args: argparse.Namespace) -> int:
+    """Exit 0 when vLLM can reload args.model in place exactly; 1, saying why, when its config ties the
+    output head to the embeddings and no file holds the head (rollout_engine/checkpoint.py)."""
+    from rollout_engine.checkpoint import missing_tied_head
+
+    embedding = missing_tied_head(Path(args.model))
+    if embedding is None:
+        return 0
+    print(f"{args.model} ties its output head to {embedding} and holds no lm_head.weight", file=sys.stderr)
+    return 1
 
 
 def cmd_serving(args: argparse.Namespace) -> int:
@@ -220,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     summarize.add_argument("--served-version", default=None)
     summarize.add_argument("--json", action="store_true", help="print the record as JSON, not as a line")
     summarize.set_defaults(func=cmd_summarize)
+    keep_best = sub.add_parser("keep-best", help="--keep-best: serve the best policy again after a worse one?")
+    keep_best.add_argument("--log-path", required=True)
+    keep_best.add_argument("--iteration", type=int, required=True)
+    keep_best.add_argument("--margin", type=float, default=0.0, help="points a policy may fall below the best")
+    keep_best.add_argument("--base-model", required=True, help="the base model's folder (version 0)")
+    keep_best.set_defaults(func=cmd_keep_best)
     watch = sub.add_parser("watch", help="run.sh's live view of one phase (every rank), until SIGTERM")
     watch.add_argument("--log-path", required=True)
     watch.add_argument("--phase", choices=("rollout-train", "rollout-test", "update"), required=True)
@@ -257,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--cpuinfo", default="/proc/cpuinfo")
     serving.add_argument("--record", default="")
     serving.set_defaults(func=cmd_serving)
+    reloadable = sub.add_parser("reloadable", help="exit 0 when vLLM reloads this model folder in place exactly")
+    reloadable.add_argument("--model", required=True)
+    reloadable.set_defaults(func=cmd_reloadable)
     fingerprint = sub.add_parser("fingerprint")
     fingerprint.add_argument("--base-url", required=True)
     fingerprint.add_argument("--model", required=True)

@@ -42,6 +42,7 @@ RESERVED = {
     "phase": "--rl-phase",
     "launch.nnodes": "--num-nodes",
     "launch.node_rank": "--master/--worker",
+    "revert": "--keep-best",  # and every key under it
 }
 DEBUG_ONLY = ("policy_config.base_url",)
 _MISSING = object()
@@ -166,8 +167,8 @@ def route(req: Request) -> tuple[Routed, list[str]]:
         if bad := unparsable(override) or unknown_option(override):
             problems.append(bad)
             continue
-        if key in RESERVED:
-            problems.append(f"override {override!r}: {key} is set by run.sh ({RESERVED[key]}); drop the override")
+        if flag := RESERVED.get(key) or RESERVED.get(key.split(".")[0]):
+            problems.append(f"override {override!r}: {key} is set by run.sh ({flag}); drop the override")
             continue
         if key in DEBUG_ONLY and not req.debug_mode:
             problems.append(

@@ -50,6 +50,9 @@ class IterationRecord:
     training_steps: int | None = None
     update: str | None = None
     promoted_version: int | None = None
+    #: --keep-best: the version a revert promoted before this iteration's update, and whose weights it holds (0: base)
+    reverted_version: int | None = None
+    reverted_to: int | None = None
     #: the policy server's dtype this iteration (run/rank_0/serving.json, the master's; None with an external server)
     serving_dtype: str | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -121,6 +124,8 @@ def build_record(log_path: Path, iteration: int, served_version: int | None) -> 
         record.promoted_version = promotion.get("policy_version")
     for key, value in reply_stats(rows, iteration).items():
         setattr(record, key, value)
+    if revert := _last(rows, kind="revert", iteration=iteration):
+        record.reverted_version, record.reverted_to = revert.get("policy_version"), revert.get("reverted_to")
     serving = Path(log_path) / "run" / "rank_0" / "serving.json"  # the master's server
     if serving.exists():
         with contextlib.suppress(ValueError):
@@ -169,13 +174,17 @@ def summary_line(record: dict[str, Any]) -> str:
     loss = record.get("train_loss")
     phases = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in record.get("phase_s", {}).items())
     served = record.get("served_version")
+    timed = phases or "no phase timed"
+    if (reverted := record.get("reverted_version")) is not None:
+        was = record.get("reverted_to")
+        timed = f"reverted to {'v' + str(was) if was else 'base'} as v{reverted} (--keep-best); {timed}"
     return (
         f"iteration {record['iteration']} (served {'v' + str(served) if served is not None else 'base'}): "
         f"success train {_percent(record.get('train_success_rate'), record.get('train_episodes'))}, "
         f"held-out {_percent(record.get('eval_success_rate'), record.get('eval_episodes'))}; "
         f"{_replies(record)}; "
         f"loss {'-' if loss is None else f'{loss:.4f}'}; update: {record.get('update') or '-'}; "
-        f"{phases or 'no phase timed'}"
+        f"{timed}"
     )
 
 

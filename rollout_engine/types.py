@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA = "baton.trajectory/1"
+#: the trajectory file `python -m rollout_engine.demonstrations` writes (and `data.demonstrations` reads)
+DEMONSTRATIONS_FILE = "demonstrations.jsonl"
 
 Message = dict[str, Any]
 

@@ -62,6 +62,11 @@ cmd_dry_run() {
   if [[ $RUN_SPLIT == eval-only ]] || { [[ $RUN_PHASE == both ]] && iteration_eval_due "$n" "$RUN_EVAL_INTERVAL"; }; then
     loop_rollout_cmd test "$n" "$RUN_RESUME" && run_print_cmd "eval rollout"
   fi
+  if ((RUN_KEEP_BEST)) && nodes_is_master; then
+    LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m coordinator keep-best --log-path "$RUN_LOG"
+      --iteration "$n" --margin "$RUN_KEEP_BEST_MARGIN" --base-model "$LOOP_BASE_MODEL")
+    run_print_cmd "keep-best (after each held-out rollout; a worse policy: python -m training ... phase=revert)"
+  fi
   if ((RUN_FINAL_EVAL)); then
     loop_rollout_cmd test "<last+1>" 0 && run_print_cmd "final eval rollout (after the last iteration)"
   fi

@@ -20,7 +20,7 @@ from rollout_engine.errors import ConfigError
 
 STAGES = ("sft", "kto", "dpo")
 FINETUNING_TYPES = ("full", "lora")
-PHASES = ("prepare", "train", "promote", "all", "check")
+PHASES = ("prepare", "train", "promote", "all", "check", "revert")
 DEEPSPEED_PRESETS = ("auto", "none", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
 
 
@@ -136,10 +136,25 @@ class DataConfig:
     noncanonical: str = "drop"
     #: images per sample at most (the most recent ones are kept)
     max_images_per_sample: int = 5
+    #: expert demonstrations to mix in (python -m rollout_engine.demonstrations): one absolute path or a list,
+    #: each a demonstrations.jsonl or the folder holding one; [] = none
+    demonstrations: Any = field(default_factory=list)
+    #: demonstration steps added to each update at most, a seeded draw: -1 = all, 0 = none
+    demonstration_samples: int = -1
+    #: add them to the updates of iterations up to this one: -1 = every update, 0 = only the first (a warm start)
+    demonstration_last_iteration: int = -1
 
     def __post_init__(self) -> None:
+        problems = []
         if self.noncanonical not in ("drop", "fail"):
-            raise ConfigError(f"data.noncanonical must be drop or fail (got {self.noncanonical!r})")
+            problems.append(f"data.noncanonical must be drop or fail (got {self.noncanonical!r})")
+        paths = self.demonstrations if isinstance(self.demonstrations, list | tuple) else [self.demonstrations]
+        self.demonstrations = [str(p) for p in paths if p is not None and str(p) != ""]
+        for name in ("demonstration_samples", "demonstration_last_iteration"):
+            if getattr(self, name) < -1:
+                problems.append(f"data.{name} must be -1 (no limit) or >= 0 (got {getattr(self, name)})")
+        if problems:
+            raise ConfigError(problems)
 
 
 @dataclass
@@ -180,6 +195,21 @@ class PromotionConfig:
     keep_last: int = 3
     #: also keep the optimizer/scheduler state (HF Trainer files) under v<NNNN>/optimizer/
     keep_optimizer: bool = False
+
+
+@dataclass
+class RevertConfig:
+    """phase=revert (run.sh --keep-best): promote model_path (the best version's folder, or the base model's)
+    as the next version. run.sh fills it from `python -m coordinator keep-best`'s decision."""
+
+    #: the original version whose weights model_path holds (0: the base model); -1 = not set
+    to_version: int = -1
+    #: the served version that measured worse (0: the base model)
+    replaced: int = -1
+    #: pooled held-out success rates (0..1) of the replaced and the best policy, and the margin in points
+    replaced_success_rate: float = 0.0
+    best_success_rate: float = 0.0
+    margin_points: float = 0.0
 
 
 WANDB_MODES = ("offline", "online")
@@ -246,10 +276,13 @@ class UpdateConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     promotion: PromotionConfig = field(default_factory=PromotionConfig)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    revert: RevertConfig = field(default_factory=RevertConfig)
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
             raise ConfigError(f"phase must be one of {', '.join(PHASES)} (got {self.phase!r})")
+        if self.phase == "revert" and self.revert.to_version < 0:
+            raise ConfigError(f"phase=revert needs revert.to_version >= 0 (got {self.revert.to_version})")
 
 
 def register_configs() -> None:
@@ -320,6 +353,7 @@ def validate(cfg: UpdateConfig) -> None:
         )
     if cfg.promotion.keep_last < 1:
         problems.append(f"promotion.keep_last must be >= 1 (got {cfg.promotion.keep_last})")
+    problems += _check_demonstrations(cfg)
     if cfg.promotion.keep_optimizer and alg.save_only_model:
         problems.append("promotion.keep_optimizer needs algorithm.save_only_model=false (no optimizer state is saved)")
     if problems:
@@ -340,6 +374,20 @@ def _check_template(name: str) -> list[str]:
         f"template={name!r} is not a LLaMA-Factory template; one of: {', '.join(shown)}, ... ({len(TEMPLATES)} "
         "in all: llamafactory/data/template.py); smollm2 renders the default model's chat template"
     ]
+
+
+def _check_demonstrations(cfg: UpdateConfig) -> list[str]:
+    """Demonstrations train as sft or kto rows, from files that exist and parse (read now: bad lines fail fast)."""
+    if not cfg.data.demonstrations:
+        return []
+    if cfg.algorithm.stage == "dpo":
+        return [
+            f"data.demonstrations is set ({cfg.data.demonstrations}) but algorithm=dpo pairs sampled replies only; "
+            "use algorithm=rft or algorithm=kto, or set data.demonstrations=[]"
+        ]
+    from training.demonstrations import check_demonstrations
+
+    return check_demonstrations(cfg.data.demonstrations)
 
 
 def _check_stage(alg: AlgorithmConfig) -> list[str]:

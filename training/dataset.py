@@ -13,7 +13,8 @@ Writes into `out_dir`:
   end on the human turn and carry `chosen` / `rejected`.
 - `dataset_info.json`: `baton_train` (and `baton_val`) with their columns.
 - `train.token_ids.jsonl` (and `val.token_ids.jsonl`): per row, the ids the
-  policy sampled (`training.fidelity` compares them with LLaMA-Factory's).
+  policy sampled (`training.fidelity` compares them with LLaMA-Factory's);
+  a demonstration's row has none and says `"demonstration": true`.
 
 `dataset_digest(out_dir, recipe)` is the sha256 of those files and the training
 YAML: the master publishes it, and every node checks what it trains on against it.
@@ -154,6 +155,8 @@ def token_ids(sample: Sample) -> dict[str, Any]:
         "prompt_token_ids": sample.prompt_token_ids,
         "completion_token_ids": sample.completion_token_ids,
     }
+    if sample.demonstration:
+        out["demonstration"] = True
     if sample.rejected is not None:
         out["rejected_source"] = sample.rejected.source
         out["rejected_prompt_token_ids"] = sample.rejected.prompt_token_ids

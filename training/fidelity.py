@@ -12,7 +12,8 @@ trained reply ids must be the sampled ids followed only by end-of-turn tokens
 the sampler did not emit (ChatML's `<|im_end|>\\n` after a reply that stopped
 on `<|im_end|>` adds `\\n`). A mismatch raises `ConfigError` with the row, the
 first differing position and both decoded contexts. Rows without stored ids
-are skipped and counted.
+are skipped and counted: demonstration rows (nothing was sampled) apart from
+the others.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class FidelityReport:
     rows: int
     checked: int
     without_ids: int
+    #: demonstration rows (data.demonstrations): no sampled ids, so nothing to compare
+    demonstrations: int = 0
     #: rows whose reply LLaMA-Factory would tokenize differently from the sampled ids (same text)
     noncanonical: list[int] = field(default_factory=list)
 
@@ -103,7 +106,10 @@ def check_fidelity(recipe: dict[str, Any], samples: int, seed: int = 0, split: s
         ids = sampled[index]
         expected = _expected(ids)
         if any(p is None or c is None for p, c in expected):
-            report.without_ids += 1
+            if ids.get("demonstration"):
+                report.demonstrations += 1
+            else:
+                report.without_ids += 1
             continue
         for (prompt, reply), (got_prompt, got_reply) in zip(expected, encoder.encode(rows[index]), strict=True):
             position = compare(prompt, reply, got_prompt, got_reply, eot)
@@ -116,6 +122,8 @@ def check_fidelity(recipe: dict[str, Any], samples: int, seed: int = 0, split: s
                 describe(position, index, ids["source"], prompt + reply, got_prompt + got_reply, encoder, recipe)
             )
         report.checked += 1
+    if report.demonstrations:
+        log.info("token fidelity: skipped %d demonstration rows: no sampled token ids", report.demonstrations)
     if report.without_ids:
         log.warning(
             "token fidelity: %d of %d rows have no stored token ids (not checked)", report.without_ids, len(picks)

@@ -4,7 +4,9 @@
 
 The model files are gathered in `policy/.staging-v<NNNN>-<pid>/` (hard
 links to the training output when on the same filesystem, else copies; a LoRA
-adapter is merged first by the caller), `baton_policy.json` is written, the
+adapter is merged first by the caller), a tied output head is written out
+(`lm_head.safetensors`, so that vLLM reloads the policy in place exactly:
+rollout_engine/checkpoint.py), `baton_policy.json` is written, the
 staging folder is renamed to `v<NNNN>`, and then `current` is replaced by a
 new symlink (made beside it, then `os.replace`), so a reader sees the old
 policy or the whole new one. Older versions beyond `keep_last` are deleted
@@ -17,6 +19,13 @@ race for the same version number or delete each other's staging folder, on one h
 Promotion is idempotent per iteration: when a version of the same iteration and
 training output already exists (a crash between the promotion and its record),
 that version is made current again instead of promoting a copy.
+
+A revert (`run.sh --keep-best`: `revert(...)`) promotes an earlier version's
+weights (or the base model's) as the next version the same way; its
+`baton_policy.json` names `reverted_to` (the original version, 0 for the base
+model) and `why`, its `parent` is the version it replaced. It is idempotent per
+iteration too. `policy/best` (a symlink kept by `mark_best`) names the folder
+of the best policy measured so far, which pruning keeps like `current`.
 """
 
 from __future__ import annotations
@@ -26,12 +35,14 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
-from rollout_engine.files import fsync_dir, save_json, shared_lock
+from rollout_engine.checkpoint import HEAD, HEAD_FILE, missing_tied_head, tensor_files
+from rollout_engine.files import fsync_dir, save_bytes, save_json, shared_lock
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +72,10 @@ class PolicyRecord:
     source_checkpoint: str
     finetuning_type: str
     optimizer_state: bool
+    #: a revert (--keep-best): the original version whose weights this one holds (0: the base model)
+    reverted_to: int | None = None
+    #: a revert: why, e.g. {"replaced": 4, "replaced_success_rate": 0.125, "best_success_rate": 0.2, ...}
+    why: dict | None = None
 
 
 def versions(policy_root: Path) -> list[int]:
@@ -72,9 +87,24 @@ def versions(policy_root: Path) -> list[int]:
 
 def current_version(policy_root: Path) -> int | None:
     """The version `current` points at, if any."""
-    link = policy_root / "current"
+    return linked_version(policy_root / "current")
+
+
+def linked_version(link: Path) -> int | None:
+    """The version a symlink under policy/ points at, if any."""
     match = VERSION_DIR.match(os.readlink(link)) if link.is_symlink() else None
     return int(match.group(1)) if match else None
+
+
+def mark_best(policy_root: Path, version: int | None) -> None:
+    """Point `policy/best` at version folder `version` (pruning keeps it); None (the base model): remove it."""
+    if not policy_root.is_dir():
+        return
+    with promotion_lock(policy_root):
+        if version is None:
+            (policy_root / "best").unlink(missing_ok=True)
+        elif linked_version(policy_root / "best") != version:
+            _flip_link(policy_root, "best", f"v{version:04d}")
 
 
 def parent_version(model: Path) -> int | None:
@@ -139,46 +169,147 @@ def _promote_locked(
     finetuning_type: str,
     keep_optimizer: bool,
 ) -> int:
-    _remove_stale_staging(policy_root)
-    version = max([0, *versions(policy_root)]) + 1
-    staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
-    _gather(output_dir, staging, keep_optimizer)
-    record = PolicyRecord(
-        version=version,
-        iteration=iteration,
-        parent=parent_version(parent_model),
-        parent_path=str(parent_model.resolve()),
-        created_at=time.time(),
-        source_checkpoint=str(output_dir),
-        finetuning_type=finetuning_type,
-        optimizer_state=keep_optimizer,
-    )
-    save_json(staging / "baton_policy.json", asdict(record))
-    final = policy_root / f"v{version:04d}"
-    os.rename(staging, final)
-    fsync_dir(policy_root)
-    flip_current(policy_root, final.name)
-    prune(policy_root, keep_last)
+    def record(version: int) -> PolicyRecord:
+        return PolicyRecord(
+            version=version,
+            iteration=iteration,
+            parent=parent_version(parent_model),
+            parent_path=str(parent_model.resolve()),
+            created_at=time.time(),
+            source_checkpoint=str(output_dir),
+            finetuning_type=finetuning_type,
+            optimizer_state=keep_optimizer,
+        )
+
+    version = _publish(policy_root, output_dir, record, keep_last, keep_optimizer=keep_optimizer)
     log.info("promoted %s as policy v%04d (current)", output_dir, version)
     return version
 
 
 def flip_current(policy_root: Path, target: str) -> None:
     """Point `current` at `target` atomically (relative symlink)."""
-    tmp = policy_root / f".current-{os.getpid()}"
+    _flip_link(policy_root, "current", target)
+
+
+def _flip_link(policy_root: Path, name: str, target: str) -> None:
+    tmp = policy_root / f".{name}-{os.getpid()}"
     tmp.unlink(missing_ok=True)
     os.symlink(target, tmp)
-    os.replace(tmp, policy_root / "current")
+    os.replace(tmp, policy_root / name)
     fsync_dir(policy_root)
 
 
+def reverted_from(policy_root: Path, iteration: int, reverted_to: int) -> int | None:
+    """The version an earlier revert of this iteration to `reverted_to` promoted, if any."""
+    import json
+
+    for version in reversed(versions(policy_root)):
+        try:
+            data = json.loads((policy_root / f"v{version:04d}" / "baton_policy.json").read_text())
+        except (FileNotFoundError, ValueError):
+            continue
+        if data.get("iteration") == iteration and data.get("reverted_to") == reverted_to:
+            return version
+    return None
+
+
+def revert(source: Path, policy_root: Path, iteration: int, reverted_to: int, why: dict, keep_last: int) -> int:
+    """Promote the weights of `source` (version `reverted_to`'s folder, or the base model's for 0) as the
+    next version, current at once; its parent is the version it replaces (`current`). Returns the version;
+    a revert of this iteration to `reverted_to` done before (a resumed run) is made current again instead."""
+    policy_root.mkdir(parents=True, exist_ok=True)
+    with promotion_lock(policy_root):
+        done = reverted_from(policy_root, iteration, reverted_to)
+        if done is not None:
+            if (current_version(policy_root) or 0) < done:
+                flip_current(policy_root, f"v{done:04d}")
+            log.info("iteration %d reverted already to v%d as policy v%04d", iteration, reverted_to, done)
+            return done
+
+        def record(version: int) -> PolicyRecord:
+            return PolicyRecord(
+                version=version,
+                iteration=iteration,
+                parent=current_version(policy_root),
+                parent_path=str((policy_root / "current").resolve()) if current_version(policy_root) else "",
+                created_at=time.time(),
+                source_checkpoint=str(source.resolve()),
+                finetuning_type="full",
+                optimizer_state=False,
+                reverted_to=reverted_to,
+                why=why,
+            )
+
+        # the source's own record and optimizer state are not this version's
+        version = _publish(policy_root, source, record, keep_last, keep_optimizer=False, drop_own=True)
+    log.info(
+        "reverted to %s (%s) as policy v%04d (current)",
+        f"v{reverted_to}" if reverted_to else "the base model",
+        source,
+        version,
+    )
+    return version
+
+
+def _publish(
+    policy_root: Path,
+    source: Path,
+    record: Callable[[int], PolicyRecord],
+    keep_last: int,
+    keep_optimizer: bool,
+    drop_own: bool = False,
+) -> int:
+    """Under the promotion lock: stage `source`'s model files as the next version (its tied head written,
+    `record(version)` as baton_policy.json; with `drop_own` the source's own record and optimizer left out),
+    rename it into place, flip `current`, prune. Returns the version."""
+    _remove_stale_staging(policy_root)
+    version = max([0, *versions(policy_root)]) + 1
+    staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
+    _gather(source, staging, keep_optimizer)
+    if drop_own:
+        shutil.rmtree(staging / "optimizer", ignore_errors=True)
+        (staging / "baton_policy.json").unlink(missing_ok=True)
+    write_tied_head(staging)
+    save_json(staging / "baton_policy.json", asdict(record(version)))
+    final = policy_root / f"v{version:04d}"
+    os.rename(staging, final)
+    fsync_dir(policy_root)
+    flip_current(policy_root, final.name)
+    prune(policy_root, keep_last)
+    return version
+
+
 def prune(policy_root: Path, keep_last: int) -> list[int]:
-    """Delete versions older than the last `keep_last` (never `current`)."""
-    current = current_version(policy_root)
-    doomed = [v for v in versions(policy_root)[:-keep_last] if v != current]
+    """Delete versions older than the last `keep_last` (never `current`, nor `best`: mark_best)."""
+    kept = {current_version(policy_root), linked_version(policy_root / "best")}
+    doomed = [v for v in versions(policy_root)[:-keep_last] if v not in kept]
     for version in doomed:
         shutil.rmtree(policy_root / f"v{version:04d}")
     return doomed
+
+
+def write_tied_head(model_dir: Path) -> bool:
+    """Write the output head a tied-embedding checkpoint leaves out (`lm_head.weight`: the input embedding,
+    in `lm_head.safetensors`, added to the index when there is one). Without it vLLM's CPU backend reloads
+    the policy in place under the previous model's head (rollout_engine/checkpoint.py). Transformers ties
+    the two again on load, so training from this folder is unchanged. Returns whether it wrote one."""
+    embedding = missing_tied_head(model_dir)
+    if embedding is None:
+        return False
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    with safe_open(str(tensor_files(model_dir)[embedding]), "pt") as f:
+        tensor = f.get_tensor(embedding)
+    save_bytes(model_dir / HEAD_FILE, save({HEAD: tensor.contiguous()}, metadata={"format": "pt"}))
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():  # replaced, not edited: the staged index is a hard link to the training output's
+        import json
+
+        data = json.loads(index.read_text())
+        data["weight_map"][HEAD] = HEAD_FILE
+        save_json(index, data)
+    return True
 
 
 def _gather(output_dir: Path, staging: Path, keep_optimizer: bool) -> None:

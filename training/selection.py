@@ -51,10 +51,12 @@ class Sample:
     label: bool | None = None
     #: DPO: the failed step answering the same prompt
     rejected: Sample | None = None
+    #: an expert's step (data.demonstrations), not a sampled one: it has no token ids
+    demonstration: bool = False
 
     @property
     def source(self) -> str:
-        return f"{self.episode_id}@{self.turn_index}"
+        return f"{'demo:' if self.demonstration else ''}{self.episode_id}@{self.turn_index}"
 
 
 @dataclass
@@ -64,10 +66,15 @@ class Selection:
     samples: list[Sample]
     filtered: dict[str, int]
     trajectories: int
+    #: how many of the samples are demonstration steps (training.demonstrations)
+    demonstrations: int = 0
 
     def describe(self) -> str:
         rules = ", ".join(f"{rule}: {count}" for rule, count in self.filtered.items()) or "none"
-        return f"{len(self.samples)} samples from {self.trajectories} trajectories; filtered out by rule: {rules}"
+        demos = f" ({self.demonstrations} of them demonstration steps)" if self.demonstrations else ""
+        return (
+            f"{len(self.samples)} samples{demos} from {self.trajectories} trajectories; filtered out by rule: {rules}"
+        )
 
 
 @dataclass

@@ -35,10 +35,11 @@ from rollout_engine.files import append_shared_jsonl, save_json, save_text
 from training import config as config_mod
 from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
+from training.demonstrations import add_demonstrations, demonstrations_for
 from training.journal import iteration_dir, load_trajectories
 from training.launch import detect_device, run_group, run_training
 from training.metrics import parse_training
-from training.promotion import promote
+from training.promotion import promote, revert
 from training.recipe import (
     Device,
     build_recipe,
@@ -98,6 +99,8 @@ def run_update(cfg: UpdateConfig) -> None:
         train(cfg, paths)
     if cfg.phase in ("promote", "all") and cfg.launch.node_rank == 0:
         promote_policy(cfg, paths)
+    if cfg.phase == "revert":
+        revert_policy(cfg)
 
 
 def recipe_of(cfg: UpdateConfig, paths: RunPaths, files: DatasetFiles, device: Device) -> dict:
@@ -165,6 +168,7 @@ def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
             "iteration": cfg.iteration,
             "trajectories": selection.trajectories,
             "samples": len(selection.samples),
+            "demonstrations": selection.demonstrations,
             "train_rows": files.train_rows,
             "val_rows": files.val_rows,
             "filtered": selection.filtered,
@@ -203,7 +207,8 @@ def select(cfg: UpdateConfig) -> Selection:
     sel = cfg.algorithm.selection
     window = range(cfg.iteration - sel.last_k_iterations + 1, cfg.iteration + 1)
     trajectories = load_trajectories(cfg.log_path, "train", window)
-    if not trajectories:
+    demonstrations = demonstrations_for(cfg)
+    if not trajectories and not demonstrations:
         dirs = f"{iteration_dir(cfg.log_path, 'train', window.start)} .. iter_{cfg.iteration:04d}"
         raise NothingToTrain(
             f"no train trajectories in {dirs} (log_path={cfg.log_path}, iteration={cfg.iteration}); "
@@ -211,6 +216,16 @@ def select(cfg: UpdateConfig) -> Selection:
         )
     selector = instantiate(OmegaConf.structured(sel))
     selection = selector.select(trajectories, cfg.iteration, cfg.algorithm.cutoff_len)
+    if demonstrations:
+        add_demonstrations(
+            selection,
+            demonstrations,
+            selector,
+            cfg.iteration,
+            cfg.algorithm.cutoff_len,
+            cfg.data.demonstration_samples,
+            cfg.algorithm.stage,
+        )
     if not selection.samples:
         raise NothingToTrain(f"no usable samples for algorithm {cfg.algorithm.name}: {selection.describe()}")
     if cfg.algorithm.stage == "kto" and len({s.label for s in selection.samples}) < 2:
@@ -333,6 +348,32 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
     append_shared_jsonl(
         Path(cfg.log_path) / "metrics.jsonl",
         {"kind": "promotion", "iteration": cfg.iteration, "time": time.time(), "policy_version": version},
+    )
+    return version
+
+
+def revert_policy(cfg: UpdateConfig) -> int:
+    """phase=revert (run.sh --keep-best): model_path's weights as the next version; a `kind: revert` record."""
+    why = {
+        "rule": "--keep-best",
+        "replaced": cfg.revert.replaced,
+        "replaced_success_rate": cfg.revert.replaced_success_rate,
+        "best_success_rate": cfg.revert.best_success_rate,
+        "margin_points": cfg.revert.margin_points,
+    }
+    source = config_mod.model_path(cfg).resolve()
+    policy_root = Path(cfg.log_path) / "policy"
+    version = revert(source, policy_root, cfg.iteration, cfg.revert.to_version, why, cfg.promotion.keep_last)
+    append_shared_jsonl(
+        Path(cfg.log_path) / "metrics.jsonl",
+        {
+            "kind": "revert",
+            "iteration": cfg.iteration,
+            "time": time.time(),
+            "policy_version": version,
+            "reverted_to": cfg.revert.to_version,
+            **{k: v for k, v in why.items() if k != "rule"},
+        },
     )
     return version
 

@@ -8,6 +8,8 @@ An environment subclasses `Env` and overrides small hooks:
 - `env_response(state, reply)`: apply the model's reply, return a `StepResult`.
 - `score(state)`: the final reward once the loop has ended.
 - `teardown_state(state)`: release per-episode resources (always called).
+- `expert(task)`: a scripted policy that solves the task, for demonstrations
+  (`python -m rollout_engine.demonstrations`); None where the environment has none.
 
 The loop (`run_episode`) lives here once; environments never call the model.
 It keeps `state.phase` current (setup, generating, env, scoring, done) for the
@@ -33,6 +35,12 @@ class ChatPolicy(Protocol):
     """What the episode loop needs from the model client."""
 
     async def chat(self, messages: list[Message]) -> Completion: ...
+
+
+class Expert(ChatPolicy, Protocol):
+    """A scripted policy (`Env.expert`); `name` is recorded as the trajectory's `policy_model`."""
+
+    name: str
 
 
 @dataclass
@@ -110,6 +118,10 @@ class Env(abc.ABC):
 
     async def teardown_state(self, state: EpisodeState) -> None:
         """Release per-episode resources; always called."""
+        return None
+
+    async def expert(self, task: Task) -> Expert | None:
+        """A scripted policy that solves `task` through this same episode loop (demonstrations), or None."""
         return None
 
     async def run_episode(

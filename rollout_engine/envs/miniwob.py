@@ -16,7 +16,8 @@ the aria snapshot of `#wrap` (elements carry `[ref=eN]`). Actions are parsed by
 (`WOB_RAW_REWARD_GLOBAL`, in [-1, 1]) is the reward and `WOB_DONE_GLOBAL` ends
 the episode; success = raw reward > 0. With `screenshots: true`, the page the
 model saw at step k is saved as images/<episode_id>/step_<kkk>.png under the
-journal's directory and referenced (relative to it) from that turn.
+journal's directory and referenced (relative to it) from that turn. `expert`
+gives a scripted solver for the simple pages of `miniwob_experts` (demonstrations).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from typing import Any
 
 from rollout_engine.context import RunContext
 from rollout_engine.envs.actions import WebAction, parse_web_action
-from rollout_engine.envs.base import Env, EpisodeState, Score, StepResult
+from rollout_engine.envs.base import Env, EpisodeState, Expert, Score, StepResult
 from rollout_engine.envs.browser import BrowserPool, find_chromium
+from rollout_engine.envs.miniwob_experts import miniwob_expert
 from rollout_engine.errors import ConfigError, EnvError
 from rollout_engine.files import save_bytes
 from rollout_engine.types import Message, Task
@@ -199,6 +201,10 @@ class MiniWobEnv(Env):
     async def teardown_state(self, state: EpisodeState) -> None:
         if not state.done:  # failed or cancelled mid-episode: the next episode gets a fresh context
             await self.pool.discard(state.slot)
+
+    async def expert(self, task: Task) -> Expert | None:
+        """The scripted solver of the task's page (miniwob_experts.SOLVERS), or None."""
+        return miniwob_expert(str(task.metadata.get("miniwob_task")))
 
     async def _start_episode(self, task: Task, slot: int) -> Any:
         browser_slot = await self.pool.slot(slot)

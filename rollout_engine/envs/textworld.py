@@ -11,7 +11,8 @@ Each turn the model's reply is parsed into one command (`actions.parse_command`)
 the game's feedback, with the ASCII banner and the `>` prompt stripped, is the
 next observation. The turn reward is the score delta (the gym score is
 cumulative); the episode reward is score / max_score and success is `won`.
-`build_tasks` writes a deterministic task list for tests and experiments.
+`build_tasks` writes a deterministic task list for tests and experiments;
+`expert` replays the game's walkthrough (demonstrations).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import Any
 
 from rollout_engine.context import RunContext
 from rollout_engine.envs.actions import parse_command
-from rollout_engine.envs.base import Env, EpisodeState, Score, StepResult
+from rollout_engine.envs.base import Env, EpisodeState, Expert, Score, StepResult
+from rollout_engine.envs.experts import ScriptedReplies
 from rollout_engine.errors import ConfigError, EnvError
 from rollout_engine.types import Message, Task
 
@@ -42,6 +44,8 @@ SYSTEM_PROMPT = (
     "You are playing a text adventure game. Read the game text and reply with exactly one game command "
     "on a single line, such as: go east, take key, open chest, put apple on table. No explanation."
 )
+#: the expert's name on demonstrations (policy_model "expert:textworld-walkthrough")
+WALKTHROUGH = "textworld-walkthrough"
 INVALID_FEEDBACK = "That was not a game command. Reply with one command on a single line, for example: look"
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 _BLANKS = re.compile(r"\n{3,}")
@@ -200,6 +204,12 @@ class TextWorldEnv(Env):
         if isinstance(state, TextWorldState) and state.game is not None:
             await self._call(state.game.close)
             state.game = None
+
+    async def expert(self, task: Task) -> Expert | None:
+        """The game's walkthrough (generated with the game, kept in its spec.json), replied one command a turn."""
+        path = await self.ensure_game(GameSpec.from_task(task))
+        walkthrough = json.loads((path.parent / "spec.json").read_text()).get("walkthrough") or []
+        return ScriptedReplies([str(c) for c in walkthrough], name=WALKTHROUGH) if walkthrough else None
 
     async def close(self) -> None:
         if self._worker is not None:

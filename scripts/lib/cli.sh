@@ -26,6 +26,9 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --max-iterations N         stop after N iterations (default: run until stopped)
   --max-update-failures N    stop after N consecutive failed updates (default 3)
   --final-eval               both, with --max-iterations: evaluate the last promoted policy on the held-out tasks at the end
+  --keep-best                both: after a held-out evaluation, serve the best policy so far again when the
+                             evaluated one is worse (promoted as a new version; docs/cli.md)
+  --keep-best-margin P       with --keep-best: points of held-out success a policy may fall below the best (default 0)
   --wait-timeout S           update: stop after S seconds with no new train rollout (default: wait until stopped)
   --dashboard-port P         serve the run's web page on 127.0.0.1:P while it runs (docs/observability.md)
   --dry-run                  print the commands each phase would run, then exit
@@ -71,12 +74,14 @@ cli_parse() {
   RUN_ON_FAILURE="" RUN_RANK_SOURCE="" RUN_NODE_ADDR_SOURCE=""
   # shellcheck disable=SC2034 # RUN_DASHBOARD_PORT is read by loop.sh
   RUN_DASHBOARD_PORT=""
+  # shellcheck disable=SC2034 # RUN_KEEP_BEST and RUN_KEEP_BEST_MARGIN are read by loop.sh
+  RUN_KEEP_BEST=0 RUN_KEEP_BEST_MARGIN=""
   RUN_OVERRIDES=()
   while (($#)); do
     case "$1" in
       --data-path | --log-path | --rl-phase | --eval-interval | --rollout-split | --num-nodes | \
         --rank-weights | --worker | --max-iterations | --max-update-failures | --wait-timeout | --node-addr | --node-file | \
-          --on-rank-failure | --dashboard-port)
+          --on-rank-failure | --dashboard-port | --keep-best-margin)
         cli_need_value "$1" $#
         cli_parse_valued "$1" "$2"
         shift 2
@@ -93,6 +98,7 @@ cli_parse() {
         shift
         ;;
       --final-eval) RUN_FINAL_EVAL=1 && shift ;;
+      --keep-best) RUN_KEEP_BEST=1 && shift ;;
       --stop)
         # shellcheck disable=SC2034 # read by run.sh
         RUN_STOP=1
@@ -136,6 +142,7 @@ cli_parse_valued() {
     --node-file) cli_set_once RUN_NODE_FILE "$1" "$2" ;;
     --on-rank-failure) cli_set_once RUN_ON_FAILURE "$1" "$2" ;;
     --dashboard-port) cli_set_once RUN_DASHBOARD_PORT "$1" "$2" ;;
+    --keep-best-margin) cli_set_once RUN_KEEP_BEST_MARGIN "$1" "$2" ;;
   esac
 }
 
@@ -163,12 +170,29 @@ cli_validate() {
   if [[ -n $RUN_DASHBOARD_PORT ]] && ! { cli_is_int "$RUN_DASHBOARD_PORT" 1 && ((10#$RUN_DASHBOARD_PORT <= 65535)); }; then
     cli_bad "--dashboard-port must be a TCP port in 1..65535 (got '$RUN_DASHBOARD_PORT'); e.g. --dashboard-port 8080, or drop it"
   fi
+  cli_validate_keep_best
   cli_validate_env
   RUN_NODE_ADDR=${RUN_NODE_ADDR:-${BATON_NODE_ADDR:-}}
   if [[ -n $RUN_NODE_ADDR && ! $RUN_NODE_ADDR =~ ^[A-Za-z0-9.:_-]+$ ]]; then
     cli_bad "--node-addr must be a host name or an IP address (got '$RUN_NODE_ADDR')"
   fi
   return 0
+}
+
+# cli_validate_keep_best: --keep-best needs --rl-phase both and a server of ours; its margin is 0..100 points.
+cli_validate_keep_best() {
+  if [[ -n $RUN_KEEP_BEST_MARGIN ]]; then
+    ((RUN_KEEP_BEST)) || cli_bad "--keep-best-margin $RUN_KEEP_BEST_MARGIN applies with --keep-best only; add --keep-best or drop it"
+    if ! [[ $RUN_KEEP_BEST_MARGIN =~ ^[0-9]+(\.[0-9]+)?$ ]] || ! awk -v m="$RUN_KEEP_BEST_MARGIN" 'BEGIN { exit !(m <= 100) }'; then
+      cli_bad "--keep-best-margin must be a number of percentage points in 0..100 (got '$RUN_KEEP_BEST_MARGIN'); e.g. --keep-best-margin 2.5"
+    fi
+  fi
+  RUN_KEEP_BEST_MARGIN=${RUN_KEEP_BEST_MARGIN:-0}
+  ((RUN_KEEP_BEST)) || return 0
+  [[ $RUN_PHASE == both ]] ||
+    cli_bad "--keep-best needs --rl-phase both (got --rl-phase $RUN_PHASE): it acts between an evaluation and the update; drop it"
+  ((!RUN_DEBUG)) ||
+    cli_bad "--keep-best cannot be used with --debug-mode: the external server keeps its weights; drop one of them"
 }
 
 # cli_validate_env: the deadlines and counts set in the environment (docs/cli.md) are whole numbers.

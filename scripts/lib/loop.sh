@@ -34,7 +34,7 @@ loop_setup() {
   # A worker serves the version the master's plan names (LOOP_PINNED=1); "" is the base model.
   LOOP_PINNED=0 LOOP_PIN_VERSION=""
   case "$RUN_PHASE" in
-    both) LOOP_ROLES=(rollout update) LOOP_GROUPS=(update update-check rollout-train rollout-test vllm) ;;
+    both) LOOP_ROLES=(rollout update) LOOP_GROUPS=(update update-check revert rollout-train rollout-test vllm) ;;
     rollout) LOOP_ROLES=(rollout) LOOP_GROUPS=(rollout-train rollout-test vllm) ;;
     update) LOOP_ROLES=(update) LOOP_GROUPS=(update update-check) ;;
   esac
@@ -483,6 +483,38 @@ loop_policy_answers() {
   curl -fsS --max-time 10 "$LOOP_BASE_URL/models" >/dev/null 2>&1
 }
 
+# loop_keep_best <iteration>: --keep-best, after the held-out rollout of <iteration>, on the master (a
+# single node): when `python -m coordinator keep-best` finds the evaluated policy worse than the best one
+# measured so far by more than --keep-best-margin points, promote the best's weights as a new version
+# (`python -m training phase=revert`, the tracked group `revert`): policy/current names it, the update trains
+# from it, loop_serve serves it (the workers: through the version the update barrier names). A resumed
+# iteration that reverted already is not reverted again (the decision says `done`).
+loop_keep_best() {
+  local n=$1 out action served best source served_rate best_rate message log what
+  local -a decided
+  nodes_is_master || return 0
+  out=$(loop_py "$BATON_APP_PY" -m coordinator keep-best --log-path "$RUN_LOG" --iteration "$n" \
+    --margin "$RUN_KEEP_BEST_MARGIN" --base-model "$LOOP_BASE_MODEL") ||
+    common_die 1 "iteration $n: --keep-best could not decide (error above); rerun with --resume"
+  mapfile -t decided <<<"$out" # one value a line: empty ones stay in place
+  action=${decided[0]:-} served=${decided[1]:-} best=${decided[2]:-} source=${decided[3]:-}
+  served_rate=${decided[4]:-} best_rate=${decided[5]:-} message=${decided[6]:-}
+  if [[ $action != revert ]]; then
+    [[ -z $message ]] || common_log "iteration $n: $message"
+    return 0
+  fi
+  log="$LOOP_RUN_DIR/logs/$(printf 'iter_%04d' "$n").revert.log"
+  LOOP_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_TRAIN_PY" -m training --config-name update "log_path=$RUN_LOG"
+    "iteration=$n" "model_path=$source" phase=revert "revert.to_version=$best" "revert.replaced=$served"
+    "revert.replaced_success_rate=$served_rate" "revert.best_success_rate=$best_rate"
+    "revert.margin_points=$RUN_KEEP_BEST_MARGIN" "${LOOP_UPDATE_OVR[@]}")
+  what="v$best"
+  [[ $best != 0 ]] || what="the base model"
+  loop_run revert "$log" "${LOOP_CMD[@]}" ||
+    common_die 1 "iteration $n: the revert to $what failed (see $log); rerun with --resume"
+  common_log "$message as v$(loop_policy_version) (--keep-best)"
+}
+
 # loop_update_phase <iteration>: the training phase to run for <iteration>
 # ("all", or "promote" when --resume finds a finished training not yet promoted).
 loop_update_phase() {
@@ -557,9 +589,11 @@ loop_update_nodes() {
     fi
     # Every node trains on exactly the files the master prepared: their sha256 goes with the plan.
     ((!train)) || sha=$(<"$RUN_LOG/training/$(printf 'iter_%04d' "$n")/dataset.sha256")
-    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc$members, \"dataset_sha256\": \"$sha\"}"
+    # "version": the model trained from, which a --keep-best revert may have changed since the step's plan.
+    nodes_publish "$n" update_plan "{\"train\": $train, \"prepare_exit\": $rc$members, \"dataset_sha256\": \"$sha\", \"version\": \"$(loop_policy_version)\"}"
   else
     nodes_receive "$n" update_plan decided
+    [[ ! -v decided[version] ]] || LOOP_PIN_VERSION=${decided[version]}
     train=${decided[train]:-0} sha=${decided[dataset_sha256]:-}
     [[ -z ${decided[members]:-} ]] || loop_train_on "${decided[members]}" || train=0
   fi
@@ -844,6 +878,7 @@ loop_steps() {
     served=$(loop_policy_version)
     ((!LOOP_TRAIN)) || loop_rollout train "$LOOP_N"
     ((!LOOP_EVAL)) || loop_rollout test "$LOOP_N"
+    ((!LOOP_EVAL || !${RUN_KEEP_BEST:-0})) || loop_keep_best "$LOOP_N"
     if ((LOOP_UPDATE)); then
       loop_update "$LOOP_N"
       loop_serve "$LOOP_N"

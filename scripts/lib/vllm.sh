@@ -80,13 +80,13 @@ vllm_reuse() {
 }
 
 # vllm_wait <run_dir> <port> <served_name> <deadline_s>: wait until the server
-# we started answers; fail early if its process group is gone.
+# we started answers (0); 1 past the deadline; 2 at once when its process group is gone.
 vllm_wait() {
   local run_dir=$1 port=$2 name=$3 deadline=$4 start=$SECONDS pgid
-  pgid=$(procs_pgid "$run_dir" vllm) || return 1
+  pgid=$(procs_pgid "$run_dir" vllm) || return 2
   while ((SECONDS - start < deadline)); do
     vllm_serves "$port" "$name" && return 0
-    procs_group_alive "$pgid" || return 1
+    procs_group_alive "$pgid" || return 2
     sleep 1
   done
   return 1
@@ -100,7 +100,7 @@ vllm_wait() {
 # stopped.
 # Logs go to <run_dir>/logs/vllm.log.
 vllm_start() {
-  local run_dir=$1 model=$2 port=$3 name=$4 deadline=${5:-${BATON_VLLM_START_S:-600}} attempt log
+  local run_dir=$1 model=$2 port=$3 name=$4 deadline=${5:-${BATON_VLLM_START_S:-600}} attempt log started rc
   local -a args
   vllm_reuse "$run_dir" "$port" "$name" "$model" && return 0
   if curl -fsS --max-time 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
@@ -115,12 +115,17 @@ vllm_start() {
     common_log "starting vLLM ($name from $model, port $port, attempt $attempt/3, log: $log)"
     procs_start "$run_dir" vllm "$log" env VLLM_SERVER_DEV_MODE=1 \
       VLLM_CPU_KVCACHE_SPACE="$VLLM_KV_GIB" "$BATON_SERVE_PY" "${args[@]}" >/dev/null
-    if vllm_wait "$run_dir" "$port" "$name" "$deadline"; then
+    started=$SECONDS rc=0
+    vllm_wait "$run_dir" "$port" "$name" "$deadline" || rc=$?
+    if ((rc == 0)); then
       common_log "vLLM ready on port $port"
       vllm_record_weights "$run_dir" "$model"
       return 0
+    elif ((rc == 2)); then
+      common_warn "vLLM exited during its start-up (after $((SECONDS - started))s); last lines of $log:"
+    else
+      common_warn "vLLM did not become healthy within ${deadline}s (BATON_VLLM_START_S); last lines of $log:"
     fi
-    common_warn "vLLM did not become healthy within ${deadline}s (BATON_VLLM_START_S); last lines of $log:"
     tail -n 15 "$log" >&2
     procs_stop "$run_dir" vllm 10
   done
@@ -162,6 +167,12 @@ vllm_fingerprint() {
     --base-url "http://127.0.0.1:$1/v1" --model "$2"
 }
 
+# vllm_reloadable <model_dir>: whether vLLM reloads <model_dir> in place exactly (a tied output head must be
+# in its files: a promoted policy's is, a base model's is not; rollout_engine/checkpoint.py). Needs BATON_APP_PY.
+vllm_reloadable() {
+  PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m coordinator reloadable --model "$1"
+}
+
 # vllm_reload <port> <model_dir>: load <model_dir>'s weights into the running
 # server without a restart (needs VLLM_SERVER_DEV_MODE=1, which vllm_start sets),
 # then drop the prefix cache computed with the old weights.
@@ -191,9 +202,12 @@ vllm_wake() {
 # serves the same outputs (the update did not move the weights at served precision).
 # shellcheck disable=SC2034 # VLLM_SERVED_HOW is this function's result, read by the caller
 vllm_serve_new() {
-  local run_dir=$1 port=$2 name=$3 model=$4 before after start=$SECONDS
+  local run_dir=$1 port=$2 name=$3 model=$4 before after start=$SECONDS why
   before=$(vllm_fingerprint "$port" "$name") || before=""
-  if vllm_reload "$port" "$model"; then
+  if ! why=$(vllm_reloadable "$model" 2>&1); then
+    common_warn "${why:-$model cannot be reloaded in place}; restarting vLLM on it (an in-place reload would keep" \
+      "the old output head)"
+  elif vllm_reload "$port" "$model"; then
     after=$(vllm_fingerprint "$port" "$name") || after=""
     if [[ -n $after && $after != "$before" ]]; then
       common_log "vLLM reloaded $model in place in $((SECONDS - start))s (served outputs changed)"

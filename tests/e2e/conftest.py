@@ -96,3 +96,28 @@ def run_update(log: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
+
+
+@pytest.fixture(scope="session")
+def train_journal(vllm_server: VllmServer, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log path holding one real train rollout (iteration 0) of the default model: the update tests train on
+    copies of it (test_update.py, test_update_paths.py)."""
+    from tests.e2e.rollout_cli import rollout_cmd, run_rollout
+
+    log = tmp_path_factory.mktemp("update") / "log"
+    out = run_rollout(
+        rollout_cmd(
+            "rollout_train",
+            data_dir,
+            log,
+            vllm_server.base_url,
+            "iteration=0",
+            # 192 episodes at the base model's ~6% success: P(fewer than 2 to train on) < 0.1%, and
+            # several tasks with a success and a failure (DPO's pairs)
+            "env_config.train_tasks_rollout_size=48",
+            "env_config.n_samples_per_task=4",
+            "policy_config.max_new_tokens=24",
+        )
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return log

@@ -25,30 +25,16 @@ import pytest
 
 from tests.conftest import REPO, default_sigint
 from tests.e2e.conftest import processes_mentioning, run_update
-from tests.e2e.rollout_cli import rollout_cmd, run_rollout
 from tests.waits import UPDATE_S, communicate_waiting, run_waiting
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def journal_log(vllm_server, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A log path holding one real train rollout (iteration 0) of the default model."""
-    log = tmp_path_factory.mktemp("update") / "log"
-    out = run_rollout(
-        rollout_cmd(
-            "rollout_train",
-            data_dir,
-            log,
-            vllm_server.base_url,
-            "iteration=0",
-            # 192 episodes at the base model's ~6% success: P(fewer than 2 to train on) < 0.1%
-            "env_config.train_tasks_rollout_size=48",
-            "env_config.n_samples_per_task=4",
-            "policy_config.max_new_tokens=24",
-        )
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+@pytest.fixture
+def journal_log(train_journal: Path, tmp_path: Path) -> Path:
+    """A copy of the session's real train rollout (each test trains and promotes on its own log path)."""
+    log = tmp_path / "log"
+    shutil.copytree(train_journal, log)
     return log
 
 

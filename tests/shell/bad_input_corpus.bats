@@ -54,6 +54,12 @@ model() {
 @test "cli: --on-rank-failure retry" { bad --on-rank-failure retry --rl-phase update --on-rank-failure retry; }
 @test "cli: --node-addr with a bang" { bad --node-addr 'host!' --rl-phase update --node-addr 'host!'; }
 @test "cli: --dashboard-port with a letter" { bad --dashboard-port 8o80 --rl-phase update --dashboard-port 8o80; }
+@test "cli: --keep-best-margin negative" { bad --keep-best-margin -1 --rl-phase both --eval-interval 1 --keep-best --keep-best-margin -1; }
+@test "cli: --keep-best-margin over 100" { bad --keep-best-margin 150 --rl-phase both --eval-interval 1 --keep-best --keep-best-margin 150; }
+@test "cli: --keep-best-margin in percent" { bad --keep-best-margin 2% --rl-phase both --eval-interval 1 --keep-best --keep-best-margin 2%; }
+@test "cli: --keep-best-margin without --keep-best" { bad --keep-best-margin 2 --rl-phase both --eval-interval 1 --keep-best-margin 2; }
+@test "cli: --keep-best with --rl-phase update" { bad --keep-best update --rl-phase update --keep-best; }
+@test "cli: --keep-best with --debug-mode" { bad --keep-best --debug-mode --rl-phase both --eval-interval 1 --keep-best --debug-mode; }
 @test "cli: --node-file given twice" { bad --node-file /b --rl-phase update --node-file /a --node-file /b; }
 @test "cli: --log-path relative with .." { bad --log-path ../exp --log-path ../exp --rl-phase update; }
 @test "cli: --log-path equal to --data-path" { bad --log-path "$DATA" --log-path "$DATA" --rl-phase update; }

@@ -71,6 +71,15 @@ setup() {
   [ ! -e "$LOG" ]
 }
 
+@test "--keep-best --keep-best-margin 2.5: --dry-run prints the decision's command" {
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
+    --dry-run --keep-best --keep-best-margin 2.5
+  [[ $output == *"[keep-best (after each held-out rollout; a worse policy: python -m training ... phase=revert)] env PYTHONPATH=$ROOT "*"-m coordinator keep-best --log-path $LOG --iteration 1 --margin 2.5 --base-model $DATA/models/SmolLM2-135M-Instruct"* ]]
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 --dry-run
+  [[ $output != *keep-best* ]]
+  [ ! -e "$LOG" ]
+}
+
 @test "--dry-run passes this node's rank and the ranks' weights to the rollouts and the update" {
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
     --dry-run --num-nodes 2 --rank-weights 2,1 --worker 1

@@ -11,6 +11,7 @@ setup() {
   source "$ROOT/scripts/lib/procs.sh"
   source "$ROOT/scripts/lib/vllm.sh"
   PY=$(envs_python app)
+  export BATON_APP_PY=$PY
   RUN="$BATS_TEST_TMPDIR/run"
   MODEL="$BATS_TEST_TMPDIR/models/m"
   BG=()
@@ -180,4 +181,41 @@ served_how() {
   [ "$(cat "$EVENTS")" = "$(printf '%s\n' 'reload /p/v1' stop 'start /p/v1')" ]
   grep -q "in-place reload left the served outputs unchanged; restarting vLLM on /p/v1 to make sure" "$BATS_TEST_TMPDIR/err"
   grep -q "gives the same greedy outputs as the old one" "$BATS_TEST_TMPDIR/err"
+}
+
+# tied_model <dir> <tensor names...>: a model folder whose config ties the head to the embeddings and whose
+# model.safetensors holds <tensor names> (headers only, one float each).
+tied_model() {
+  "$PY" - "$@" <<'PY'
+import json, struct, sys
+from pathlib import Path
+folder = Path(sys.argv[1]); folder.mkdir(parents=True)
+(folder / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+header = {name: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]} for i, name in enumerate(sys.argv[2:])}
+blob = json.dumps(header).encode()
+(folder / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(4 * len(header)))
+PY
+}
+
+@test "vllm_serve_new: a tied-head model without its head in its files is served by a restart, not a reload" {
+  tied_model "$BATS_TEST_TMPDIR/base" model.embed_tokens.weight model.norm.weight
+  tied_model "$BATS_TEST_TMPDIR/v1" model.embed_tokens.weight model.norm.weight lm_head.weight
+  stub_serving old new
+  [ "$(served_how "$RUN" 8999 policy "$BATS_TEST_TMPDIR/base")" = restart ]
+  [ "$(cat "$EVENTS")" = "$(printf '%s\n' stop "start $BATS_TEST_TMPDIR/base")" ]
+  grep -q "ties its output head to model.embed_tokens.weight and holds no lm_head.weight; restarting vLLM" \
+    "$BATS_TEST_TMPDIR/err"
+  stub_serving old new
+  [ "$(served_how "$RUN" 8999 policy "$BATS_TEST_TMPDIR/v1")" = reload ]
+}
+
+@test "vllm_start: a server that exits during its start-up is said to have exited (not timed out), 3 attempts, then exit 1" {
+  vllm_choose() { VLLM_KV_GIB=1; }
+  vllm_args() { printf '%s\n' -c 'import sys; print("boom: cannot load the model"); sys.exit(1)'; }
+  BATON_SERVE_PY=$PY
+  run -1 vllm_start "$RUN" "$MODEL" "$(free_port)" policy 600
+  [[ $(grep -c "vLLM exited during its start-up" <<<"$output") == 3 ]]
+  [[ $output == *"boom: cannot load the model"* ]]
+  [[ $output != *"did not become healthy"* ]]
+  [[ $output == *"vLLM failed to start 3 times; see $RUN/logs/vllm.log"* ]]
 }

@@ -78,6 +78,7 @@ CASES = [
         "-1",
     ),
     Case("override-server_size-not-an-integer", "override", ["env_config.server_size=abc"], "server_size", "abc"),
+    Case("override-revert-set-by-run.sh", "override", ["revert.to_version=3"], "revert.to_version", "3"),
     Case("override-seed-not-an-integer", "override", ["seed=ten"], "seed", "ten"),
     Case("override-algorithm.cutoff_len-zero", "override", ["algorithm.cutoff_len=0"], "algorithm.cutoff_len", "0"),
     Case(
@@ -117,6 +118,27 @@ CASES = [
         ["policy_config.base_url=http://h:1/v1"],
         "policy_config.base_url",
         "http://h:1/v1",
+    ),
+    Case(
+        "override-data.demonstrations-missing",
+        "override",
+        ["data.demonstrations=/nonexistent/demos"],
+        "data.demonstrations",
+        "/nonexistent/demos",
+    ),
+    Case(
+        "override-data.demonstrations-relative",
+        "override",
+        ["data.demonstrations=[demos]"],
+        "data.demonstrations",
+        "'demos'",
+    ),
+    Case(
+        "override-demonstration_samples-negative",
+        "override",
+        ["data.demonstration_samples=-5"],
+        "data.demonstration_samples",
+        "-5",
     ),
     Case("override-malformed-syntax", "override", ["env_config.server_size=[1"], "env_config.server_size", "[1"),
     # model folders: the base model run.sh composes with (BATON_BASE_MODEL), and its config.json (serving)
@@ -173,6 +195,10 @@ CASES = [
     Case("trajectory-turns-not-objects", "trajectory", _traj(turns=["hi"]), "turns", "hi"),
     Case("trajectory-turn-unknown-field", "trajectory", _traj(turns=[{"index": 0, "bogus": 1}]), "bogus", ":2"),
     Case("trajectory-lacks-task_id", "trajectory", _traj(task_id=_DROP), "task_id", "rank_0.jsonl:2"),
+    # demonstrations (data.demonstrations), as run.sh composes the update config with them
+    Case("demonstration-line-not-json", "demonstration", '{"episode_id": "t1#0", ', "demonstrations.jsonl:2", "t1#0"),
+    Case("demonstration-line-an-array", "demonstration", "[1, 2]", "demonstrations.jsonl:2", "list"),
+    Case("demonstration-lacks-status", "demonstration", _traj(status=_DROP), "data.demonstrations", "'status'"),
     Case("trajectory-manifest-not-json", "manifest", "{complete: yes", "manifest.json", "complete: yes"),
     Case("trajectory-two-ranks-no-manifest", "two_ranks", None, "manifest.json", "2 ranks"),
     # the node file (--node-file), as run.sh reads it: `python -m coordinator node-env`
@@ -293,6 +319,12 @@ def _run(case: Case, tmp: Path) -> tuple[Path, Callable[[], int]]:
         _model(data / "model", case.bad)
         argv = ["serving", "--device", "cpu", "--model", str(data / "model"), "--cpuinfo", str(tmp / "none")]
         return tmp, lambda: _cli([*argv, "--record", str(log / "serving.json")])
+    if case.surface == "demonstration":
+        _model(data / "model", json.dumps(MODEL_CONFIG))
+        (data / "demos").mkdir()
+        (data / "demos" / "demonstrations.jsonl").write_text(_GOOD_TRAJ + "\n" + case.bad + "\n")
+        demos = f"data.demonstrations={data / 'demos'}"
+        return tmp, lambda: _cli([*compose, "--base-model", str(data / "model"), "--", demos])
     if case.surface == "task":
         path = data / "tasks.jsonl"
         if case.bad is not None:

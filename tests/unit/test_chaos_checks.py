@@ -52,11 +52,13 @@ def journal(log: Path, ids: list[str], planned: int | None, split: str = "train"
     return path
 
 
-def policy(log: Path, version: int, iteration: int, parent: int | None, done: str | None = None) -> None:
+def policy(
+    log: Path, version: int, iteration: int, parent: int | None, done: str | None = None, **extra: object
+) -> None:
     directory = log / "policy" / f"v{version:04d}"
     directory.mkdir(parents=True)
     (directory / "baton_policy.json").write_text(
-        json.dumps({"version": version, "iteration": iteration, "parent": parent})
+        json.dumps({"version": version, "iteration": iteration, "parent": parent, **extra})
     )
     current = log / "policy" / "current"
     current.unlink(missing_ok=True)
@@ -102,6 +104,18 @@ def test_a_pruned_chain_starts_at_its_oldest_kept_version(tmp_path: Path) -> Non
     for version in (4, 5):
         policy(tmp_path, version, iteration=version + 1, parent=version - 1)
     assert check_policy_chain(tmp_path) == []
+
+
+def test_a_keep_best_revert_is_a_version_of_the_chain_but_not_its_iterations_promotion(tmp_path: Path) -> None:
+    policy(tmp_path, 1, iteration=1, parent=None, reverted_to=None)
+    policy(tmp_path, 2, iteration=2, parent=1)
+    policy(tmp_path, 3, iteration=3, parent=2, done="promoted v4", reverted_to=1)  # the revert, before the update
+    policy(tmp_path, 4, iteration=3, parent=3)
+    assert check_policy_chain(tmp_path) == []
+    policy(tmp_path, 5, iteration=3, parent=4, done="promoted v4", reverted_to=7)
+    problems = check_policy_chain(tmp_path)
+    assert "v0005: reverted_to 7, expected an earlier version (0: the base model)" in problems
+    assert "iterations reverted twice: [3]" in problems
 
 
 def test_broken_chains_are_named(tmp_path: Path) -> None:

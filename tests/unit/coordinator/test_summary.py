@@ -7,7 +7,7 @@ from pathlib import Path
 
 from coordinator.overrides import override_key
 from coordinator.plot import format_table, save_plot
-from coordinator.summary import iteration_records, summarize
+from coordinator.summary import iteration_records, summarize, summary_line
 
 
 def write_metrics(log: Path, rows: list[dict]) -> None:
@@ -94,6 +94,14 @@ def test_a_record_written_before_reply_statistics_gets_them_from_its_rollouts(tm
     assert (first["eval_mean_response_tokens"], first["eval_invalid_action_rate"]) == (32.0, 0.1)
     assert first["train_mean_response_tokens"] is None and first["train_success_rate"] == 0.2
     assert second["eval_mean_response_tokens"] is None  # the record's own value wins over a later rollout line
+
+
+def test_a_keep_best_revert_is_in_its_iterations_record_and_line(tmp_path: Path) -> None:
+    write_metrics(tmp_path, [{"kind": "revert", "iteration": 2, "policy_version": 2, "reverted_to": 0}])
+    record = summarize(tmp_path, 2, 1)
+    assert (record["reverted_version"], record["reverted_to"]) == (2, 0)
+    assert "; reverted to base as v2 (--keep-best); no phase timed" in summary_line(record)
+    assert summarize(tmp_path, 1, None)["reverted_version"] is None
 
 
 def test_serving_dtype_comes_from_the_masters_serving_record(tmp_path: Path) -> None:

@@ -95,3 +95,25 @@ def test_concurrent_promotions_never_share_a_version_or_delete_each_others_stagi
     iterations = {json.loads((root / f"v{v:04d}" / "baton_policy.json").read_text())["iteration"] for v in got}
     assert iterations == {0, 1, 2, 3}
     assert not list(root.glob(".staging-*"))
+
+
+def test_a_revert_promotes_the_best_weights_once_and_best_is_never_pruned(tmp_path: Path) -> None:
+    root, base = tmp_path / "policy", tmp_path / "base"
+    fake_output(base, "w0")
+    for i in (1, 2):
+        promote(fake_output(tmp_path / f"out{i}", f"w{i}"), root, i, root / "current" if i > 1 else base, keep_last=1)
+    why = {"replaced": 2, "replaced_success_rate": 0.1, "best_success_rate": 0.3, "margin_points": 0.0}
+    assert promotion.revert(base, root, 3, 0, why, keep_last=1) == 3
+    record = json.loads((root / "current" / "baton_policy.json").read_text())
+    assert (record["version"], record["iteration"], record["parent"], record["reverted_to"]) == (3, 3, 2, 0)
+    assert record["why"] == why and (root / "v0003" / "model.safetensors").read_text() == "w0"
+    assert (base / "model.safetensors").read_text() == "w0"  # the source is untouched
+    # a resumed run reverts the same iteration again: the version it made, not a copy
+    assert promotion.revert(base, root, 3, 0, why, keep_last=1) == 3 and promotion.versions(root) == [3]
+    # policy/best is kept by pruning like current
+    promotion.mark_best(root, 3)
+    promote(fake_output(tmp_path / "out4", "w4"), root, 4, root / "current", keep_last=1)
+    promote(fake_output(tmp_path / "out5", "w5"), root, 5, root / "current", keep_last=1)
+    assert promotion.versions(root) == [3, 5] and os.readlink(root / "best") == "v0003"
+    promotion.mark_best(root, None)
+    assert not (root / "best").is_symlink()

@@ -1,0 +1,128 @@
+"""Every update path trains for real, is promoted, and is then served by vLLM with changed outputs.
+
+On copies of one real train rollout of the default model (the session's `train_journal`), the update phase
+(`python -m training`, train environment) runs two optimizer steps of each path, three paths covering every
+axis (CI time: one training each instead of six):
+
+- KTO (successful steps desirable, failed ones undesirable) under DeepSpeed ZeRO-2;
+- DPO (a success and a failure of the same task) under DeepSpeed ZeRO-3;
+- LoRA (RFT), merged into the base weights, trained by a 2-process torchrun on this one machine.
+
+Each promoted policy is loaded into one running vLLM in place (`vllm_reload`, as the loop serves a new
+policy), and its greedy outputs must differ from the base model's. Last, a fresh vLLM started on one
+promoted policy must serve exactly what the in-place reload served (the tied output head: a promoted policy
+carries `lm_head.safetensors`; rollout_engine/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollout_engine.checkpoint import HEAD, tensor_files
+from tests.conftest import REPO
+from tests.e2e.conftest import VllmServer, run_update, start_vllm, stop_vllm, vllm_shell
+
+pytestmark = pytest.mark.e2e
+
+SMALL = [
+    "algorithm.max_steps=2",
+    "algorithm.per_device_train_batch_size=2",
+    "algorithm.gradient_accumulation_steps=1",
+    "algorithm.learning_rate=1e-4",
+    "algorithm.warmup_steps=0",
+    "algorithm.cutoff_len=512",
+]
+PATHS = {
+    "kto-zero2": ["algorithm=kto", "launch.deepspeed=zero2"],
+    "dpo-zero3": ["algorithm=dpo", "launch.deepspeed=zero3"],
+    # LoRA's B starts at zero: a larger step so that two of them move the greedy outputs
+    "lora-2proc": ["algorithm.finetuning_type=lora", "algorithm.learning_rate=1e-3", "launch.nproc_per_node=2"],
+}
+#: what each path's generated LLaMA-Factory recipe must say
+RECIPE = {
+    "kto-zero2": {"stage": "kto", "finetuning_type": "full", "deepspeed": "zero2.json"},
+    "dpo-zero3": {"stage": "dpo", "finetuning_type": "full", "deepspeed": "zero3.json"},
+    "lora-2proc": {"stage": "sft", "finetuning_type": "lora", "deepspeed": None},
+}
+#: each path's served outputs once reloaded: {path: (policy folder, fingerprint)}
+SERVED: dict[str, tuple[Path, list]] = {}
+
+
+def fingerprint(server: VllmServer) -> list:
+    """The greedy tokens and logprobs of the product's fixed probe (`coordinator fingerprint`)."""
+    cmd = [sys.executable, "-m", "coordinator", "fingerprint", "--base-url", server.base_url, "--model", server.model]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmServer, list]]:
+    """A vLLM of this module's own (its weights are replaced), and the base model's fingerprint on it."""
+    server = start_vllm(tmp_path_factory.mktemp("vllm-paths"), model_dir)
+    try:
+        yield server, fingerprint(server)
+    finally:
+        stop_vllm(server)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_update_path_trains_promotes_and_serves_changed_outputs(
+    path: str, train_journal: Path, model_dir: Path, served: tuple[VllmServer, list], tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    shutil.copytree(train_journal / "trajectories", log / "trajectories")
+    out = run_update(log, f"model_path={model_dir}", *SMALL, *PATHS[path])
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+
+    run_dir = log / "training" / "iter_0000"
+    recipe = yaml.safe_load((run_dir / "train_config.yaml").read_text())
+    want = RECIPE[path]
+    assert (recipe["stage"], recipe["finetuning_type"]) == (want["stage"], want["finetuning_type"])
+    assert (Path(recipe["deepspeed"]).name if "deepspeed" in recipe else None) == want["deepspeed"]
+    metrics = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    training = next(m for m in metrics if m.get("kind") == "training")
+    assert training["steps"] == 2 and len(training["losses"]) == 2, training
+    if path.startswith("dpo"):  # pairs: a chosen and a rejected reply of one task
+        rows = json.loads((run_dir / "data" / "train.json").read_text())
+        assert rows and all(row["chosen"]["value"] != row["rejected"]["value"] for row in rows)
+    if path.startswith("kto"):  # both kinds of example
+        tags = {row["kto_tag"] for row in json.loads((run_dir / "data" / "train.json").read_text())}
+        assert tags == {True, False}
+    if path.startswith("lora"):
+        assert (run_dir / "merged" / "model.safetensors").exists(), "the LoRA is merged before promotion"
+
+    policy = log / "policy" / "v0001"
+    record = json.loads((policy / "baton_policy.json").read_text())
+    assert record["version"] == 1 and record["finetuning_type"] == want["finetuning_type"]
+    assert HEAD in tensor_files(policy), "a promoted policy carries its tied output head (an exact reload)"
+
+    server, base = served
+    reload = vllm_shell(f'vllm_reload {server.port} "{policy}"')
+    assert reload.returncode == 0, reload.stderr
+    now = fingerprint(server)
+    assert now != base, f"{path}: the promoted policy serves the base model's greedy outputs"
+    SERVED[path] = (policy, now)
+
+
+def test_a_reloaded_policy_serves_what_a_fresh_server_serves(tmp_path: Path) -> None:
+    """The in-place reload must serve the promoted weights exactly, output head included."""
+    # a training output without the head (ZeRO-2 saves it, the others do not): promotion wrote it
+    path = next((p for p in ("dpo-zero3", "lora-2proc") if p in SERVED), None)
+    if path is None:
+        pytest.skip("neither the DPO nor the LoRA path promoted a policy above")
+    policy, reloaded = SERVED[path]
+    server = start_vllm(tmp_path / "fresh", policy)
+    try:
+        fresh = fingerprint(server)
+    finally:
+        stop_vllm(server)
+    assert fresh == reloaded, f"{path}: reloaded in place {reloaded} != served by a fresh start {fresh}"
