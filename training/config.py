@@ -168,7 +168,8 @@ class LaunchConfig:
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
-    master_port: int = 29500
+    #: torchrun's rendezvous port; 0 = a free one on this machine (one node only: several need the master's)
+    master_port: int = 0
     #: this node's address (run.sh --node-addr): gloo and NCCL use the interface that holds it,
     #: unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set; "" = theirs (the host name's address)
     node_addr: str = ""
@@ -185,6 +186,8 @@ class LaunchConfig:
             raise ConfigError(
                 f"launch.deepspeed must be one of {', '.join(DEEPSPEED_PRESETS)} (got {self.deepspeed!r})"
             )
+        if not 0 <= self.master_port <= 65535:
+            raise ConfigError(f"launch.master_port must be a TCP port, 0..65535 (got {self.master_port})")
 
 
 @dataclass

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psutil
 
+from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
 from training.config import LaunchConfig
 from training.groups import (
@@ -101,6 +102,11 @@ def launch_env(cfg: LaunchConfig, device: Device) -> dict[str, str]:
         )
     elif cfg.node_addr:
         log.warning("no network interface holds launch.node_addr=%s; gloo/NCCL choose their own", cfg.node_addr)
+    if cfg.nnodes > 1 and not cfg.master_port:
+        raise ConfigError(
+            f"launch.master_port must be node 0's torchrun port when launch.nnodes={cfg.nnodes} (got 0, which "
+            "means a free port on this machine); set launch.master_port=P on every node (run.sh does)"
+        )
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     env |= {
@@ -109,11 +115,18 @@ def launch_env(cfg: LaunchConfig, device: Device) -> dict[str, str]:
         "NNODES": str(cfg.nnodes),
         "NODE_RANK": str(cfg.node_rank),
         "MASTER_ADDR": cfg.master_addr,
-        "MASTER_PORT": str(cfg.master_port),
+        "MASTER_PORT": str(cfg.master_port or free_port()),
         "DISABLE_VERSION_CHECK": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
     return env
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (one node: two trainings on one machine must not share 29500)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def cli_command() -> list[str]:

@@ -107,3 +107,18 @@ def test_the_time_limit_stops_the_workers(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert json.loads(out)["timed_out"] is True
     assert not survived
+
+
+def test_one_node_takes_a_free_torchrun_port_and_several_need_the_masters() -> None:
+    """Two trainings on one machine never share 29500 (EADDRINUSE); several nodes must agree on node 0's port."""
+    from rollout_engine.errors import ConfigError
+    from training.config import LaunchConfig
+    from training.launch import launch_env
+    from training.recipe import Device
+
+    cpu = Device("cpu", 1)
+    ports = {int(launch_env(LaunchConfig(), cpu)["MASTER_PORT"]) for _ in range(5)}
+    assert all(0 < port <= 65535 for port in ports) and 29500 not in ports
+    assert launch_env(LaunchConfig(master_port=29611), cpu)["MASTER_PORT"] == "29611"
+    with pytest.raises(ConfigError, match=r"launch\.master_port must be node 0.s torchrun port when launch\.nnodes=2"):
+        launch_env(LaunchConfig(nnodes=2), cpu)
