@@ -378,6 +378,22 @@ def print_table(table: dict[str, dict[str, int]]) -> None:
         print(f"| {kind} | {' | '.join(str(t[c]) for c in cols)} |")
 
 
+def report(rows: list, module: str, argv: list[str] | None, log_path: Path, started: float, out: Path | None) -> None:
+    """Print the soak's table; with `out`, write the rounds, the table, the command and the machine as JSON."""
+    table = summarize(rows)
+    print_table(table)
+    result = {
+        "command": " ".join([Path(sys.executable).name, "-m", module, *(argv or sys.argv[1:])]),
+        "log_path": str(log_path),
+        "cpu": cpu(),
+        "wall_s": round(time.monotonic() - started, 1),
+        "rounds": [asdict(r) for r in rows],
+        "table": table,
+    }
+    if out:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def cpu() -> dict[str, object]:
     """The CPU model and its vector flags (what a timing depends on)."""
     text = Path("/proc/cpuinfo").read_text()
@@ -459,18 +475,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for problem in row.problems:
                 log(f"  problem: {problem}")
-    table = summarize(rows)
-    print_table(table)
-    result = {
-        "command": " ".join([Path(sys.executable).name, "-m", "bench.chaos", *(argv or sys.argv[1:])]),
-        "log_path": str(log_path),
-        "cpu": cpu(),
-        "wall_s": round(time.monotonic() - started, 1),
-        "rounds": [asdict(r) for r in rows],
-        "table": table,
-    }
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    report(rows, "bench.chaos", argv, log_path, started, args.out)
     return 0 if all(r.recovered and not r.problems for r in rows) else 1
 
 

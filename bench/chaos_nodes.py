@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import signal
@@ -44,10 +43,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.chaos import REPO, SETTINGS, cpu, draw, free_port, log, print_table, summarize
+from bench.chaos import REPO, SETTINGS, draw, free_port, log, report
 from bench.chaos_checks import check_log, start_time
 
 #: what a node's clean-up may take once it noticed (procs_stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
@@ -468,18 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  problem: {problem}")
     finally:
         chaos.stop_all()
-    table = summarize(rows)
-    print_table(table)
-    result = {
-        "command": " ".join([Path(sys.executable).name, "-m", "bench.chaos_nodes", *(argv or sys.argv[1:])]),
-        "log_path": str(log_path),
-        "cpu": cpu(),
-        "wall_s": round(time.monotonic() - started, 1),
-        "rounds": [asdict(r) for r in rows],
-        "table": table,
-    }
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    report(rows, "bench.chaos_nodes", argv, log_path, started, args.out)
     return 0 if all(r.recovered and not r.problems and not r.hangs for r in rows) else 1
 
 
