@@ -147,15 +147,19 @@ def promotion_lock(policy_root: Path) -> FileLock:
 
 def promoted_from(policy_root: Path, iteration: int, output_dir: Path) -> int | None:
     """The version already promoted from this iteration's `output_dir`, if any."""
+    return _newest_record(policy_root, iteration=iteration, source_checkpoint=str(output_dir))
+
+
+def _newest_record(policy_root: Path, **fields: object) -> int | None:
+    """The newest version whose baton_policy.json has every one of `fields` (unreadable records skipped)."""
     import json
 
     for version in reversed(versions(policy_root)):
-        record = policy_root / f"v{version:04d}" / "baton_policy.json"
         try:
-            data = json.loads(record.read_text())
+            data = json.loads((policy_root / f"v{version:04d}" / "baton_policy.json").read_text())
         except (FileNotFoundError, ValueError):
             continue
-        if data.get("iteration") == iteration and data.get("source_checkpoint") == str(output_dir):
+        if all(data.get(key) == value for key, value in fields.items()):
             return version
     return None
 
@@ -201,16 +205,7 @@ def _flip_link(policy_root: Path, name: str, target: str) -> None:
 
 def reverted_from(policy_root: Path, iteration: int, reverted_to: int) -> int | None:
     """The version an earlier revert of this iteration to `reverted_to` promoted, if any."""
-    import json
-
-    for version in reversed(versions(policy_root)):
-        try:
-            data = json.loads((policy_root / f"v{version:04d}" / "baton_policy.json").read_text())
-        except (FileNotFoundError, ValueError):
-            continue
-        if data.get("iteration") == iteration and data.get("reverted_to") == reverted_to:
-            return version
-    return None
+    return _newest_record(policy_root, iteration=iteration, reverted_to=reverted_to)
 
 
 def revert(source: Path, policy_root: Path, iteration: int, reverted_to: int, why: dict, keep_last: int) -> int:

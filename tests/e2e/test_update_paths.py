@@ -117,8 +117,7 @@ def test_a_reloaded_policy_serves_what_a_fresh_server_serves(tmp_path: Path) -> 
     """The in-place reload must serve the promoted weights exactly, output head included."""
     # a training output without the head (ZeRO-2 saves it, the others do not): promotion wrote it
     path = next((p for p in ("dpo-zero3", "lora-2proc") if p in SERVED), None)
-    if path is None:
-        pytest.skip("neither the DPO nor the LoRA path promoted a policy above")
+    assert path is not None, "neither the DPO nor the LoRA path promoted a policy above (their failures say why)"
     policy, reloaded = SERVED[path]
     server = start_vllm(tmp_path / "fresh", policy)
     try:
