@@ -31,6 +31,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import append_line, parse_jsonl, save_json
@@ -58,16 +59,19 @@ def parse_journal(data: bytes, path: Path) -> list[Trajectory]:
         logger.warning("journal %s: skipping torn lines %s (writes cut short by a crash)", path, read.torn)
     trajectories = []
     for number, row in zip(read.numbers, read.rows, strict=True):
-        try:
-            trajectories.append(Trajectory.from_json(row))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-            if not isinstance(row, dict):
-                why = f"a JSON {type(row).__name__}, not an object"
-            raise ConfigError(
-                f"journal {path}:{number} is not a baton.trajectory/1 line ({why}); move the file aside or fix the line"
-            ) from None
+        trajectories.append(trajectory_of(row, f"journal {path}:{number}", "move the file aside or fix the line"))
     return trajectories
+
+
+def trajectory_of(row: Any, where: str, fix: str) -> Trajectory:
+    """`Trajectory.from_json(row)`, or one ConfigError: `<where> is not a baton.trajectory/1 line (<why>); <fix>`."""
+    try:
+        return Trajectory.from_json(row)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        if not isinstance(row, dict):
+            why = f"a JSON {type(row).__name__}, not an object"
+        raise ConfigError(f"{where} is not a baton.trajectory/1 line ({why}); {fix}") from None
 
 
 def drop_torn_tail(path: Path) -> None:

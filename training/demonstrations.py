@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import read_jsonl
+from rollout_engine.journal import trajectory_of
 from rollout_engine.types import DEMONSTRATIONS_FILE, Failure, Message, Trajectory
 from training import config as config_mod
 from training.config import UpdateConfig
@@ -91,15 +92,7 @@ def load_demonstrations(paths: list[str]) -> list[Trajectory]:
 
 
 def _trajectory(row: Any, file: Path, number: int) -> Trajectory:
-    try:
-        trajectory = Trajectory.from_json(row)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-        if not isinstance(row, dict):
-            why = f"a JSON {type(row).__name__}, not an object"
-        raise ConfigError(
-            f"data.demonstrations: {file}:{number} is not a baton.trajectory/1 line ({why}); fix the line or {FIX}"
-        ) from None
+    trajectory = trajectory_of(row, f"data.demonstrations: {file}:{number}", f"fix the line or {FIX}")
     for turn in trajectory.turns:
         turn.images = [p if Path(p).is_absolute() else str(file.parent / p) for p in turn.images]
     return trajectory
