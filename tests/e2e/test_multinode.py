@@ -347,7 +347,8 @@ def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(
     rollout += ["env_config.train_tasks_rollout_size=24", "env_config.n_samples_per_task=4", *shared(vllm_server)]
     update = ["--rl-phase", "update", "--max-iterations", "1", "algorithm.max_steps=1", "algorithm.learning_rate=1e-4"]
     update += ["algorithm.per_device_train_batch_size=1", "algorithm.gradient_accumulation_steps=1"]
-    update += ["algorithm.cutoff_len=512"]
+    # every success (not only the shortest per task): 3 processes need at least 3 rows from 96 episodes
+    update += ["algorithm.cutoff_len=512", "algorithm.selection.shortest_per_task=0"]
     poll = {"BATON_UPDATE_POLL_S": "2"}
     ranks = ("0", "1", "2")
 
