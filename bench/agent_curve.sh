@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# An agent that learns: warm start on demonstrations, then RL on its own
+# successes, against a control that goes on training on the demonstrations
+# alone for the same number of optimizer steps; held-out success per policy.
+#
+#   bash bench/agent_curve.sh --env miniwob|textworld [--iterations N] [--data-path DIR] [--log-path DIR] [overrides...]
+#
+# RL arm (<log>/rl): run.sh --rl-phase both for 1 + N iterations; iteration 1
+# trains on demonstration steps only (the warm start), the next N on the
+# policy's own successes (RFT). Control arm (<log>/control): N iterations from
+# the warm-started policy, each trained on as many demonstration steps as an RL
+# iteration's own steps. Both evaluate every policy on two held-out sets,
+# greedy. Reruns skip what is done. Outside CI: about 90 minutes (miniwob, N=5)
+# on 2 cores. Record the table and the plot in docs/benchmarks.md (section 3d).
+set -Eeuo pipefail
+[[ -n ${BATON_TRACE:-} ]] && set -x
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+# shellcheck source=scripts/lib/common.sh
+source "$ROOT/scripts/lib/common.sh"
+# shellcheck source=scripts/lib/envs.sh
+source "$ROOT/scripts/lib/envs.sh"
+
+# Per environment: the episode settings, the warm start's demonstration steps,
+# and the steps each later iteration trains on (own successes or demonstrations).
+AGENT_WARM=128 AGENT_STEP_ROWS=32
+declare -a AGENT_ENV=()
+
+agent_settings() {
+  local env=$1 data=$2
+  case "$env" in
+    miniwob)
+      AGENT_ENV=(env=miniwob env.max_steps=5 env_config.server_size=4 policy_config.max_new_tokens=32)
+      AGENT_WARM=128 AGENT_STEP_ROWS=32
+      ;;
+    textworld)
+      AGENT_ENV=(env=textworld env.max_steps=6 "env.games_dir=$data/textworld/games" env_config.server_size=8
+        policy_config.max_new_tokens=24)
+      AGENT_WARM=-1 AGENT_STEP_ROWS=16
+      ;;
+    *) common_die 2 "--env must be miniwob or textworld (got '$env')" ;;
+  esac
+}
+
+# agent_run <log> <overrides...>: run.sh --rl-phase both on <log>, resuming a run already there.
+agent_run() {
+  local log=$1 data=$2
+  shift 2
+  local -a resume=()
+  [[ ! -e $log/metrics.jsonl ]] || resume=(--resume)
+  bash "$ROOT/scripts/run.sh" --data-path "$data" --log-path "$log" --rl-phase both --eval-interval 1 --final-eval \
+    "${resume[@]}" "${AGENT_ENV[@]}" env_config.max_vllm_sessions=16 env_config.train_tasks_rollout_size=30 \
+    env_config.n_samples_per_task=2 env_config.test_greedy=true env_config.test_tasks_rollout_size=-1 \
+    algorithm.learning_rate=1e-4 algorithm.warmup_steps=0 algorithm.num_train_epochs=1 \
+    algorithm.per_device_train_batch_size=2 algorithm.gradient_accumulation_steps=4 algorithm.cutoff_len=1024 \
+    "data.demonstrations=$data/demos" "$@"
+}
+
+main() {
+  local env="" iterations=5 data="" log=""
+  local -a extra=()
+  while (($#)); do
+    case "$1" in
+      --env | --iterations | --data-path | --log-path)
+        [[ $# -ge 2 ]] || common_die 2 "$1 needs a value"
+        case "$1" in
+          --env) env=$2 ;;
+          --iterations) iterations=$2 ;;
+          --data-path) data=$2 ;;
+          --log-path) log=$2 ;;
+        esac
+        shift 2
+        ;;
+      -h | --help)
+        sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        return 0
+        ;;
+      *) extra+=("$1") && shift ;;
+    esac
+  done
+  [[ -n $env ]] || common_die 2 "--env is required: miniwob or textworld"
+  [[ $iterations =~ ^[1-9][0-9]*$ ]] || common_die 2 "--iterations must be a positive integer (got '$iterations')"
+  data=${data:-$(common_baton_home)/bench-data-$env}
+  log=${log:-$(common_baton_home)/bench-logs/agent-$env}
+  agent_settings "$env" "$data"
+  envs_export
+  mkdir -p "$data" "$log"
+
+  PYTHONPATH="$ROOT" "$BATON_TRAIN_PY" -m training.default_model --data-path "$data" ||
+    common_die 1 "preparing the default model failed (messages above)"
+  if [[ ! -s $data/tasks/test.jsonl ]]; then
+    PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve tasks --env "$env" --out "$data/tasks"
+  fi
+  if [[ ! -s $data/demos/demonstrations.jsonl ]]; then
+    common_log "demonstrations: the $env expert on the train tasks"
+    PYTHONPATH="$ROOT" "$BATON_APP_PY" -m rollout_engine.demonstrations --env "$env" --tasks "$data/tasks/train.jsonl" \
+      --out "$data/demos" "${AGENT_ENV[@]:1}"
+  fi
+
+  common_log "RL arm: warm start (iteration 1), then $iterations iterations of RFT on own successes: $log/rl"
+  agent_run "$log/rl" "$data" --max-iterations $((iterations + 1)) \
+    "data.demonstration_samples=$AGENT_WARM" data.demonstration_last_iteration=1 \
+    "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "${extra[@]}"
+
+  [[ -d $log/rl/policy/v0001 ]] || common_die 1 "the RL arm has no warm-started policy ($log/rl/policy/v0001)"
+  common_log "control arm: $iterations iterations on demonstrations alone from the warm start: $log/control"
+  BATON_BASE_MODEL=$log/rl/policy/v0001 agent_run "$log/control" "$data" --max-iterations "$iterations" \
+    "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
+    algorithm.selection.seed=1 "${extra[@]}"
+
+  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve report --rl "$log/rl" --control "$log/control" \
+    --out "$log/agent-$env.png" --title "$env: warm start, then RL on own successes vs demonstrations only"
+}
+
+# One line: bash parses it whole, so an edit of this file while it runs (git pull) cannot run stray bytes.
+main "$@"; exit

@@ -1,0 +1,80 @@
+"""bench/agent_curve.py: disjoint held-out sets, the Wilson interval, and the per-policy table of both arms."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.agent_curve import Sizes, build_split_tasks, evaluations, held_set, report, wilson
+
+
+def _log(path: Path, records: list[dict], journals: dict[int, list[tuple[str, bool]]]) -> Path:
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"kind": "iteration", **r}) + "\n" for r in records))
+    for iteration, episodes in journals.items():
+        folder = path / "trajectories" / "test" / f"iter_{iteration:04d}"
+        folder.mkdir(parents=True)
+        lines = [{"episode_id": f"{task}#0", "task_id": task, "success": ok} for task, ok in episodes]
+        (folder / "rank_0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_held_out_sets_share_no_page_with_train_or_each_other() -> None:
+    train, held = build_split_tasks("miniwob", Sizes(train=30, held=10))
+    assert len(train) == 180 and len(held) == 120
+    pages = {(r["metadata"]["miniwob_task"], r["metadata"]["seed"]) for r in train}
+    held_pages = {(r["metadata"]["miniwob_task"], r["metadata"]["seed"]) for r in held}
+    assert not pages & held_pages and len(held_pages) == 120
+    assert [held_set(r["task_id"]) for r in held].count("A") == 60
+    assert held_set(train[0]["task_id"]) == ""
+
+
+def test_wilson_interval_brackets_the_rate() -> None:
+    low, high = wilson(49, 60)
+    assert low == pytest.approx(0.7008, abs=1e-3) and high == pytest.approx(0.8944, abs=1e-3)
+    assert wilson(0, 60)[0] == 0.0 and wilson(0, 60)[1] == pytest.approx(0.0602, abs=1e-3)
+
+
+def test_evaluations_count_steps_before_each_policy_and_split_the_held_out_sets(tmp_path: Path) -> None:
+    log = _log(
+        tmp_path / "rl",
+        [
+            {"iteration": 1, "served_version": None, "eval_success_rate": 0.0, "training_steps": 16},
+            {"iteration": 2, "served_version": 1, "eval_success_rate": 0.75, "training_steps": 4},
+            {"iteration": 3, "served_version": 2, "eval_success_rate": None, "training_steps": 4},
+        ],
+        {
+            1: [("mw-heldA-x-0000", False), ("mw-heldB-x-0000", False)],
+            2: [("mw-heldA-x-0000", True), ("mw-heldA-x-0001", True), ("mw-heldB-x-0000", False)],
+        },
+    )
+    rows = evaluations(log, "RL", 0, "base model")
+    assert [(r.label, r.steps) for r in rows] == [("base model", 0), ("RL v1", 16)]
+    assert rows[1].successes == {"A": 2, "B": 0} and rows[1].episodes == {"A": 2, "B": 1}
+    assert rows[1].rate == pytest.approx(2 / 3)
+
+
+def test_report_puts_the_control_after_the_warm_start(tmp_path: Path) -> None:
+    rl = _log(
+        tmp_path / "rl",
+        [
+            {"iteration": 1, "served_version": None, "eval_success_rate": 0.0, "training_steps": 16},
+            {"iteration": 2, "served_version": 1, "eval_success_rate": 0.5, "training_steps": 4},
+        ],
+        {1: [("mw-heldA-x-0000", False)], 2: [("mw-heldA-x-0000", True), ("mw-heldB-x-0000", False)]},
+    )
+    control = _log(
+        tmp_path / "control",
+        [
+            {"iteration": 1, "served_version": None, "eval_success_rate": 0.5, "training_steps": 4},
+            {"iteration": 2, "served_version": 1, "eval_success_rate": 1.0},
+        ],
+        {1: [("mw-heldA-x-0000", True), ("mw-heldB-x-0000", False)], 2: [("mw-heldA-x-0000", True)]},
+    )
+    out = tmp_path / "curve.png"
+    text = report(rl, control, out, "t")
+    assert "| warm start (RL v1) | 16 | **50.0 %** (9-91) | 1/1 | 0/1 | - |" in text
+    assert "| control v1 | 20 | **100.0 %** (21-100) | 1/1 | - | - |" in text
+    assert out.read_bytes()[:4] == b"\x89PNG"
