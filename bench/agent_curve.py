@@ -3,7 +3,7 @@
     PYTHONPATH=. $BATON_APP_PY -m bench.agent_curve tasks --env miniwob --out /abs/data/tasks
     PYTHONPATH=. $BATON_APP_PY -m bench.agent_curve report --rl /abs/logs/rl --control /abs/logs/control --out c.png
 
-`bench/agent_curve.sh` runs both and the two arms between them. `tasks` writes
+`bench/agent_curve.sh` runs both and the arms between them. `tasks` writes
 `train.jsonl` (one seed) and `test.jsonl`: two held-out sets drawn from two
 other seeds, task ids `<env>-heldA-...` and `<env>-heldB-...`, none sharing a
 page (MiniWoB++) or game (TextWorld) with the train tasks; it refuses to
@@ -199,17 +199,25 @@ def save_plot(arms: dict[str, list[Evaluation]], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-def report(rl: Path, control: Path | None, out: Path | None, title: str) -> str:
+#: arms that start from the RL arm's warm start: (option and log folder, label in tables and plots)
+BRANCHES = {
+    "control": "control: demonstrations only",
+    "mixed": "mixed: own successes + demonstrations",
+}
+
+
+def report(rl: Path, branches: dict[str, Path], out: Path | None, title: str) -> str:
+    """Tables of the RL arm and of each arm branched from its warm start (`BRANCHES` keys), and the plot."""
     rl_rows = evaluations(rl, "RL", 0, "base model")
     if rl_rows and len(rl_rows) > 1:
         rl_rows[1].label = "warm start (RL v1)"
     arms = {"RL on own successes": rl_rows}
     text = f"RL arm ({rl}):\n\n{markdown(rl_rows)}\n"
-    if control is not None:
-        warm_steps = rl_rows[1].steps if len(rl_rows) > 1 else 0
-        control_rows = evaluations(control, "control", warm_steps, "warm start (control's start)")
-        arms["control: demonstrations only"] = [*rl_rows[:1], *control_rows]
-        text += f"\ncontrol arm ({control}):\n\n{markdown(control_rows)}\n"
+    warm_steps = rl_rows[1].steps if len(rl_rows) > 1 else 0
+    for name, path in branches.items():
+        rows = evaluations(path, name, warm_steps, f"warm start ({name}'s start)")
+        arms[BRANCHES[name]] = [*rl_rows[:1], *rows]
+        text += f"\n{name} arm ({path}):\n\n{markdown(rows)}\n"
     if out is not None:
         save_plot(arms, out, title)
         text += f"\nplot: {out}\n"
@@ -224,7 +232,8 @@ def main() -> None:
     tasks.add_argument("--out", required=True, help="the tasks folder (D/tasks)")
     rep = sub.add_parser("report", help="the table of both arms and the plot")
     rep.add_argument("--rl", required=True, help="log path of the RL arm (warm start as iteration 1)")
-    rep.add_argument("--control", default="", help="log path of the control arm")
+    for name, label in BRANCHES.items():
+        rep.add_argument(f"--{name}", default="", help=f"log path of the {label} arm")
     rep.add_argument("--out", default="", help="write the PNG here")
     rep.add_argument("--title", default="warm start, then RL vs demonstrations only")
     args = parser.parse_args()
@@ -236,8 +245,8 @@ def main() -> None:
         save_jsonl(out / "test.jsonl", held)
         print(f"{out}: {len(train)} train tasks, {len(held)} held-out tasks (sets {', '.join(HELD_SEEDS)})")
     else:
-        control = Path(args.control) if args.control else None
-        print(report(Path(args.rl), control, Path(args.out) if args.out else None, args.title), end="")
+        branches = {name: Path(getattr(args, name)) for name in BRANCHES if getattr(args, name)}
+        print(report(Path(args.rl), branches, Path(args.out) if args.out else None, args.title), end="")
 
 
 if __name__ == "__main__":

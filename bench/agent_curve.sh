@@ -3,14 +3,19 @@
 # successes, against a control that goes on training on the demonstrations
 # alone for the same number of optimizer steps; held-out success per policy.
 #
-#   bash bench/agent_curve.sh --env miniwob|textworld [--iterations N] [--data-path DIR] [--log-path DIR] [overrides...]
+#   bash bench/agent_curve.sh --env miniwob|textworld [--iterations N] [--arm rl|control|mixed|both]
+#                             [--data-path DIR] [--log-path DIR] [overrides...]
 #
 # RL arm (<log>/rl): run.sh --rl-phase both for 1 + N iterations; iteration 1
 # trains on demonstration steps only (the warm start), the next N on the
 # policy's own successes (RFT). Control arm (<log>/control): N iterations from
 # the warm-started policy, each trained on as many demonstration steps as an RL
 # iteration's own steps. Both evaluate every policy on two held-out sets,
-# greedy. Reruns skip what is done. Outside CI: about 90 minutes (miniwob, N=5)
+# greedy. The control arm samples only a token train rollout (it trains on
+# none of it). --arm mixed (not in "both"): N iterations from the warm start on
+# half own successes, half demonstration steps. --arm control or mixed runs
+# beside --arm rl (another BATON_VLLM_PORT) once the warm start is promoted.
+# Reruns skip what is done. Outside CI: about 90 minutes (miniwob, N=5)
 # on 2 cores. Record the table and the plot in docs/benchmarks.md (section 3d).
 set -Eeuo pipefail
 [[ -n ${BATON_TRACE:-} ]] && set -x
@@ -57,22 +62,23 @@ agent_run() {
 }
 
 main() {
-  local env="" iterations=5 data="" log=""
+  local env="" iterations=5 data="" log="" arm=both
   local -a extra=()
   while (($#)); do
     case "$1" in
-      --env | --iterations | --data-path | --log-path)
+      --env | --iterations | --arm | --data-path | --log-path)
         [[ $# -ge 2 ]] || common_die 2 "$1 needs a value"
         case "$1" in
           --env) env=$2 ;;
           --iterations) iterations=$2 ;;
+          --arm) arm=$2 ;;
           --data-path) data=$2 ;;
           --log-path) log=$2 ;;
         esac
         shift 2
         ;;
       -h | --help)
-        sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         return 0
         ;;
       *) extra+=("$1") && shift ;;
@@ -80,6 +86,7 @@ main() {
   done
   [[ -n $env ]] || common_die 2 "--env is required: miniwob or textworld"
   [[ $iterations =~ ^[1-9][0-9]*$ ]] || common_die 2 "--iterations must be a positive integer (got '$iterations')"
+  [[ $arm =~ ^(rl|control|mixed|both)$ ]] || common_die 2 "--arm must be rl, control, mixed or both (got '$arm')"
   data=${data:-$(common_baton_home)/bench-data-$env}
   log=${log:-$(common_baton_home)/bench-logs/agent-$env}
   agent_settings "$env" "$data"
@@ -97,18 +104,33 @@ main() {
       --out "$data/demos" "${AGENT_ENV[@]:1}"
   fi
 
-  common_log "RL arm: warm start (iteration 1), then $iterations iterations of RFT on own successes: $log/rl"
-  agent_run "$log/rl" "$data" --max-iterations $((iterations + 1)) \
-    "data.demonstration_samples=$AGENT_WARM" data.demonstration_last_iteration=1 \
-    "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "${extra[@]}"
+  if [[ $arm != control ]]; then
+    common_log "RL arm: warm start (iteration 1), then $iterations iterations of RFT on own successes: $log/rl"
+    agent_run "$log/rl" "$data" --max-iterations $((iterations + 1)) \
+      "data.demonstration_samples=$AGENT_WARM" data.demonstration_last_iteration=1 \
+      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "${extra[@]}"
+  fi
+  [[ $arm != rl ]] || return 0
 
   [[ -d $log/rl/policy/v0001 ]] || common_die 1 "the RL arm has no warm-started policy ($log/rl/policy/v0001)"
-  common_log "control arm: $iterations iterations on demonstrations alone from the warm start: $log/control"
-  BATON_BASE_MODEL=$log/rl/policy/v0001 agent_run "$log/control" "$data" --max-iterations "$iterations" \
-    "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
-    algorithm.selection.seed=1 "${extra[@]}"
+  if [[ $arm == mixed ]]; then
+    common_log "mixed arm: $iterations iterations on own successes + demonstrations from the warm start: $log/mixed"
+    BATON_BASE_MODEL=$log/rl/policy/v0001 agent_run "$log/mixed" "$data" --max-iterations "$iterations" \
+      "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
+      "algorithm.selection.positive_samples_to_train=$((AGENT_STEP_ROWS / 2))" algorithm.selection.seed=2 "${extra[@]}"
+  else
+    common_log "control arm: $iterations iterations on demonstrations alone from the warm start: $log/control"
+    BATON_BASE_MODEL=$log/rl/policy/v0001 agent_run "$log/control" "$data" --max-iterations "$iterations" \
+      "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
+      algorithm.selection.seed=1 env_config.train_tasks_rollout_size=2 env_config.n_samples_per_task=1 "${extra[@]}"
+  fi
 
-  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve report --rl "$log/rl" --control "$log/control" \
+  local -a branches=()
+  local name
+  for name in control mixed; do
+    [[ ! -e $log/$name/metrics.jsonl ]] || branches+=("--$name" "$log/$name")
+  done
+  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve report --rl "$log/rl" "${branches[@]}" \
     --out "$log/agent-$env.png" --title "$env: warm start, then RL on own successes vs demonstrations only"
 }
 

@@ -74,7 +74,8 @@ def test_report_puts_the_control_after_the_warm_start(tmp_path: Path) -> None:
         {1: [("mw-heldA-x-0000", True), ("mw-heldB-x-0000", False)], 2: [("mw-heldA-x-0000", True)]},
     )
     out = tmp_path / "curve.png"
-    text = report(rl, control, out, "t")
+    text = report(rl, {"control": control, "mixed": control}, out, "t")
     assert "| warm start (RL v1) | 16 | **50.0 %** (9-91) | 1/1 | 0/1 | - |" in text
     assert "| control v1 | 20 | **100.0 %** (21-100) | 1/1 | - | - |" in text
+    assert "| mixed v1 | 20 | **100.0 %** (21-100) | 1/1 | - | - |" in text
     assert out.read_bytes()[:4] == b"\x89PNG"
