@@ -10,7 +10,8 @@
 # trains on demonstration steps only (the warm start), the next N on the
 # policy's own successes (RFT). Control arm (<log>/control): N iterations from
 # the warm-started policy, each trained on as many demonstration steps as an RL
-# iteration's own steps. Both evaluate every policy on two held-out sets,
+# iteration's own steps (the RL arm keeps every policy: the others branch from
+# its v0001). Both evaluate every policy on two held-out sets,
 # greedy. The control arm samples only a token train rollout (it trains on
 # none of it). --arm mixed (not in "both"): N iterations from the warm start on
 # half own successes, half demonstration steps. --arm control or mixed runs
@@ -104,11 +105,11 @@ main() {
       --out "$data/demos" "${AGENT_ENV[@]:1}"
   fi
 
-  if [[ $arm != control ]]; then
+  if [[ $arm == rl || $arm == both ]]; then
     common_log "RL arm: warm start (iteration 1), then $iterations iterations of RFT on own successes: $log/rl"
     agent_run "$log/rl" "$data" --max-iterations $((iterations + 1)) \
       "data.demonstration_samples=$AGENT_WARM" data.demonstration_last_iteration=1 \
-      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "${extra[@]}"
+      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" promotion.keep_last=1000 "${extra[@]}"
   fi
   [[ $arm != rl ]] || return 0
 
