@@ -25,7 +25,9 @@ def free_port() -> int:
 
 
 #: one optimizer step of RFT on whatever succeeded, with the rollout size that makes a success near certain:
-#: 24 tasks x 4 samples at the base model's ~8% success (P(fewer than 2 successes) < 1%)
+#: 24 tasks x 4 samples at the base model's ~8% success (P(fewer than 2 successes) < 1%). Every success, not
+#: only the shortest per task: the token-fidelity check drops replies that re-tokenize differently (runs of
+#: newlines), and a CI run kept the 2 shortest of 5 successes, both dropped, leaving nothing for 2 processes.
 ONE_STEP_LOOP = [
     "env_config.train_tasks_rollout_size=24",
     "env_config.n_samples_per_task=4",
@@ -34,6 +36,7 @@ ONE_STEP_LOOP = [
     "algorithm.per_device_train_batch_size=1",
     "algorithm.gradient_accumulation_steps=1",
     "algorithm.cutoff_len=512",
+    "algorithm.selection.shortest_per_task=0",
 ]
 
 
