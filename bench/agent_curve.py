@@ -1,7 +1,7 @@
 """Warm start + RL vs a demonstrations-only control on an agent environment: task files, table and plot.
 
     PYTHONPATH=. $BATON_APP_PY -m bench.agent_curve tasks --env miniwob --out /abs/data/tasks
-    PYTHONPATH=. $BATON_APP_PY -m bench.agent_curve report --rl /abs/logs/rl --control /abs/logs/control --out c.png
+    PYTHONPATH=. $BATON_APP_PY -m bench.agent_curve report --rl L/rl --control L/control [--mixed L/mixed] --out c.png
 
 `bench/agent_curve.sh` runs both and the arms between them. `tasks` writes
 `train.jsonl` (one seed) and `test.jsonl`: two held-out sets drawn from two
@@ -11,8 +11,8 @@ write if one does. `report` reads the arms' iteration records
 (coordinator.summary) and held-out journals and prints, per evaluated policy,
 held-out success pooled with a 95 % Wilson interval, each held-out set's
 success on its own (the evaluation-noise check), the invalid-action share and
-the optimizer steps that led to it; the PNG draws held-out success of both
-arms with the interval as a band.
+the optimizer steps that led to it; the PNG draws held-out success of every
+arm with the interval as a band.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.summary import iteration_records
-from rollout_engine.files import read_jsonl, save_jsonl
+from rollout_engine.files import save_jsonl
+from training.journal import load_trajectories
 
 #: MiniWoB++ families the page solvers cover and a 135M model can read in 5 steps
 MINIWOB_FAMILIES = ("click-test", "click-button", "click-tab", "focus-text", "enter-text", "login-user")
@@ -117,18 +118,13 @@ class Evaluation:
 
 
 def held_out_counts(log_path: Path, iteration: int) -> tuple[dict[str, int], dict[str, int]]:
-    """(successes, episodes) per held-out set of one iteration's test journals (last line per episode wins)."""
-    episodes: dict[str, dict[str, Any]] = {}
-    for journal in sorted((log_path / "trajectories" / "test" / f"iter_{iteration:04d}").glob("rank_*.jsonl")):
-        for row in read_jsonl(journal).rows:
-            if isinstance(row, dict) and "episode_id" in row:
-                episodes[row["episode_id"]] = row
+    """(successes, episodes) per held-out set of one iteration's test rollout (as the update reads journals)."""
     successes: dict[str, int] = {}
     counts: dict[str, int] = {}
-    for row in episodes.values():
-        name = held_set(str(row.get("task_id", ""))) or "-"
+    for traj in load_trajectories(log_path, "test", [iteration]):
+        name = held_set(traj.task_id) or "-"
         counts[name] = counts.get(name, 0) + 1
-        successes[name] = successes.get(name, 0) + bool(row.get("success"))
+        successes[name] = successes.get(name, 0) + bool(traj.success)
     return successes, counts
 
 
@@ -230,7 +226,7 @@ def main() -> None:
     tasks = sub.add_parser("tasks", help="write train.jsonl and test.jsonl (held-out sets A and B)")
     tasks.add_argument("--env", choices=sorted(SIZES), required=True)
     tasks.add_argument("--out", required=True, help="the tasks folder (D/tasks)")
-    rep = sub.add_parser("report", help="the table of both arms and the plot")
+    rep = sub.add_parser("report", help="the table of each arm and the plot")
     rep.add_argument("--rl", required=True, help="log path of the RL arm (warm start as iteration 1)")
     for name, label in BRANCHES.items():
         rep.add_argument(f"--{name}", default="", help=f"log path of the {label} arm")

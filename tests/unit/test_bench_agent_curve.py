@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.agent_curve import Sizes, build_split_tasks, evaluations, held_set, report, wilson
+from rollout_engine.types import Trajectory
 
 
 def _log(path: Path, records: list[dict], journals: dict[int, list[tuple[str, bool]]]) -> Path:
@@ -16,7 +17,10 @@ def _log(path: Path, records: list[dict], journals: dict[int, list[tuple[str, bo
     for iteration, episodes in journals.items():
         folder = path / "trajectories" / "test" / f"iter_{iteration:04d}"
         folder.mkdir(parents=True)
-        lines = [{"episode_id": f"{task}#0", "task_id": task, "success": ok} for task, ok in episodes]
+        lines = [
+            Trajectory(f"{task}#0", task, 0, "test", iteration, 0, "miniwob", "x", 1, success=ok).to_json()
+            for task, ok in episodes
+        ]
         (folder / "rank_0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
