@@ -30,7 +30,7 @@ declare -A STAGE_RESULT=() STAGE_TIME=()
 # shellcheck disable=SC2329 # called through test_stage
 test_lint() {
   local -a scripts
-  mapfile -t scripts < <(cd "$ROOT" && ls scripts/*.sh scripts/lib/*.sh scripts/slurm/*.sbatch bench/*.sh .ci/run)
+  mapfile -t scripts < <(cd "$ROOT" && ls scripts/*.sh scripts/lib/*.sh scripts/slurm/*.sbatch bench/*.sh bench/gpu/*.sh .ci/run)
   (cd "$ROOT" && shellcheck -x "${scripts[@]}") &&
     (cd "$ROOT" && shellcheck -x -s bash tests/shell/*.bats tests/shell/*.bash) &&
     (cd "$ROOT" && ruff check . && ruff format --check coordinator rollout_engine training tests bench)
