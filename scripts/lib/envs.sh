@@ -21,13 +21,18 @@ envs_device() {
   fi
 }
 
-# envs_gpu_count: print the number of local NVIDIA GPUs (0 without any).
+# envs_gpu_count: print the number of NVIDIA GPUs this process may use (0 without any): those
+# `nvidia-smi -L` lists, or fewer when CUDA_VISIBLE_DEVICES names fewer (torch, and so the trainer, counts
+# the same way; Slurm sets it for a job given part of a node, and nvidia-smi may still list them all).
 envs_gpu_count() {
-  if [[ $(envs_device) == cuda ]]; then
-    nvidia-smi -L 2>/dev/null | grep -c '^GPU '
-  else
-    printf '0\n'
+  local listed visible
+  [[ $(envs_device) == cuda ]] || { printf '0\n' && return 0; }
+  listed=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') || listed=0
+  if [[ -v CUDA_VISIBLE_DEVICES ]]; then
+    visible=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c '[^[:space:]]') || visible=0
+    ((visible >= listed)) || listed=$visible
   fi
+  printf '%s\n' "$listed"
 }
 
 # envs_recipe_name <env>: print the recipe name for <env> on this machine.

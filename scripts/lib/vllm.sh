@@ -10,9 +10,15 @@
 # BATON_VLLM_DTYPE forces one), say so once, and record the choice in
 # <run_dir>/serving.json (when given). Sets VLLM_DTYPE and VLLM_KV_GIB; the KV cache holds
 # VLLM_MAX_SESSIONS (default 32) requests of the full model length at once,
-# unless VLLM_CPU_KVCACHE_SPACE is set. Needs BATON_APP_PY.
+# unless VLLM_CPU_KVCACHE_SPACE is set. On a GPU node with no GPU usable (CUDA_VISIBLE_DEVICES
+# empty), exit 2. Needs BATON_APP_PY.
 vllm_choose() {
   local run_dir=$1 model=$2 out reason
+  if [[ $(envs_device) == cuda ]] && (($(envs_gpu_count) < 1)); then
+    printf "[baton] error: no GPU to serve on: nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES ('%s') names none;%s\n" \
+      "${CUDA_VISIBLE_DEVICES-}" " give the job a GPU, or set BATON_DEVICE=cpu" >&2
+    return 2
+  fi
   out=$(PYTHONPATH="$(common_repo_root)" "$BATON_APP_PY" -m coordinator serving --device "$(envs_device)" \
     --model "$model" --sessions "${VLLM_MAX_SESSIONS:-32}" --max-model-len "${VLLM_MAX_MODEL_LEN:-2048}" \
     --record "${run_dir:+$run_dir/serving.json}") || return
@@ -175,11 +181,13 @@ vllm_reloadable() {
 
 # vllm_reload <port> <model_dir>: load <model_dir>'s weights into the running
 # server without a restart (needs VLLM_SERVER_DEV_MODE=1, which vllm_start sets),
-# then drop the prefix cache computed with the old weights.
+# then drop the prefix cache computed with the old weights. Fails when vLLM says
+# the cache was not dropped ({"success":false}: blocks still held by requests).
 vllm_reload() {
-  local port=$1 model=$2 body
+  local port=$1 model=$2 body reset
   body=$(printf '{"method":"reload_weights","kwargs":{"weights_path":"%s"}}' "$model")
-  vllm_post "$port" /collective_rpc "$body" >/dev/null && vllm_post "$port" /reset_prefix_cache >/dev/null
+  vllm_post "$port" /collective_rpc "$body" >/dev/null && reset=$(vllm_post "$port" /reset_prefix_cache) &&
+    [[ $reset == *'"success":true'* ]]
 }
 
 # vllm_sleep <port>: free the accelerator's memory for a colocated training

@@ -10,7 +10,7 @@ setup() {
   source "$ROOT/scripts/lib/sysdeps.sh"
   FAKEBIN="$BATS_TEST_TMPDIR/bin"
   mkdir -p "$FAKEBIN"
-  unset BATON_DEVICE BATON_PYTHON
+  unset BATON_DEVICE BATON_PYTHON CUDA_VISIBLE_DEVICES
 }
 
 fake_nvidia_smi() {
@@ -39,6 +39,22 @@ fake_nvidia_smi() {
   [ "$output" = cpu ]
   PATH="$FAKEBIN:$PATH" run -0 envs_gpu_count
   [ "$output" = 0 ]
+}
+
+@test "envs_gpu_count: CUDA_VISIBLE_DEVICES narrows the GPUs nvidia-smi lists (as torch counts them)" {
+  # shellcheck disable=SC2016 # $i is the fake's own variable
+  fake_nvidia_smi 'for i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; done'
+  PATH="$FAKEBIN:$PATH" CUDA_VISIBLE_DEVICES=0,1 run -0 envs_gpu_count
+  [ "$output" = 2 ]
+  PATH="$FAKEBIN:$PATH" CUDA_VISIBLE_DEVICES=GPU-3 run -0 envs_gpu_count
+  [ "$output" = 1 ]
+  PATH="$FAKEBIN:$PATH" CUDA_VISIBLE_DEVICES='' run -0 envs_gpu_count
+  [ "$output" = 0 ]
+  # more names than GPUs: only the listed ones exist
+  PATH="$FAKEBIN:$PATH" CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7,8,9 run -0 envs_gpu_count
+  [ "$output" = 8 ]
+  PATH="$FAKEBIN:$PATH" run -0 envs_gpu_count
+  [ "$output" = 8 ]
 }
 
 @test "envs_device: BATON_DEVICE overrides detection; a bad value is exit 2 naming it" {

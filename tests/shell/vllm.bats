@@ -40,10 +40,10 @@ answers() {
   return 1
 }
 
-# serve <port> <served_name>: start the fake server as this run's recorded vLLM; sets PGID.
+# serve <port> <served_name> [fake_vllm flags...]: start the fake server as this run's recorded vLLM; sets PGID.
 serve() {
   PGID=$(procs_start "$RUN" vllm "$RUN/vllm.log" "$PY" "$BATS_TEST_DIRNAME/fake_vllm.py" \
-    --port "$1" --served-model-name "$2" --model "$MODEL")
+    --port "$1" --served-model-name "$2" --model "$MODEL" "${@:3}")
   answers "$1"
 }
 
@@ -218,4 +218,23 @@ PY
   [[ $output == *"boom: cannot load the model"* ]]
   [[ $output != *"did not become healthy"* ]]
   [[ $output == *"vLLM failed to start 3 times; see $RUN/logs/vllm.log"* ]]
+}
+
+@test "vllm_reload: reloads, then resets the prefix cache; fails when vLLM says the cache was not reset" {
+  port=$(free_port)
+  serve "$port" policy
+  run -0 vllm_reload "$port" /p/v1
+  [ -z "$output" ]
+  procs_stop "$RUN" vllm 2
+  port=$(free_port)
+  serve "$port" policy --prefix-cache-held
+  run -1 vllm_reload "$port" /p/v1
+}
+
+@test "vllm_choose: a GPU node whose job may use none of its GPUs is exit 2, naming CUDA_VISIBLE_DEVICES" {
+  mkdir -p "$BATS_TEST_TMPDIR/bin"
+  printf '#!/bin/sh\necho "GPU 0: NVIDIA H100 (UUID: GPU-0)"\n' >"$BATS_TEST_TMPDIR/bin/nvidia-smi"
+  chmod +x "$BATS_TEST_TMPDIR/bin/nvidia-smi"
+  PATH="$BATS_TEST_TMPDIR/bin:$PATH" CUDA_VISIBLE_DEVICES='' run -2 vllm_choose "" "$MODEL"
+  [ "$output" = "[baton] error: no GPU to serve on: nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES ('') names none; give the job a GPU, or set BATON_DEVICE=cpu" ]
 }

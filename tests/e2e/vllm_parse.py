@@ -1,0 +1,74 @@
+"""Run vLLM's own server entry point on command lines, up to the engine's start, and save what it parsed.
+
+    <serve python> tests/e2e/vllm_parse.py COMMANDS.json PARSED.json
+
+COMMANDS.json holds a list of interpreter argument lists as Baton builds them (`vllm_args`: `-m <module>
+<server args...>`). Each module is run as `python -m` runs it (runpy, as `__main__`), so vLLM's entry point
+builds its parser, parses, and validates the arguments exactly as at a real start; only `run_server`, which
+would build the engine, is replaced by a stop that records the parsed namespace and the engine arguments vLLM
+builds from it (`AsyncEngineArgs.from_cli_args`). PARSED.json gets one object per command line,
+{"args": {...}, "engine": {...}} (the namespace's SERVER_FIELDS and ENGINE_FIELDS, the engine arguments'
+ENGINE_FIELDS), or {"error": "..."} when vLLM refused it.
+Runs in the serve environment (it imports vLLM); vLLM logs to stdout, so the results go to a file.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+#: the server's settings Baton chooses (scripts/lib/vllm.sh vllm_args), as vLLM names them
+SERVER_FIELDS = ("host", "port")
+#: the engine's settings Baton chooses per machine
+ENGINE_FIELDS = (
+    "model",
+    "served_model_name",
+    "max_model_len",
+    "dtype",
+    "generation_config",
+    "data_parallel_size",
+    "gpu_memory_utilization",
+    "enable_sleep_mode",
+    "enforce_eager",
+)
+
+
+def parse(argv: list[str]) -> dict:
+    """Run `python <argv>` (`-m <module> ...`) until vLLM would start its engine; return what it parsed."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.api_server import entry
+
+    if argv[:1] != ["-m"] or len(argv) < 2:
+        return {"error": f"not a `-m <module>` command line: {argv[:2]}"}
+    seen: dict = {}
+
+    async def stop_before_the_engine(args, **_kwargs) -> None:
+        engine = AsyncEngineArgs.from_cli_args(args)
+        seen["args"] = {name: getattr(args, name) for name in SERVER_FIELDS + ENGINE_FIELDS}
+        seen["engine"] = {name: getattr(engine, name) for name in ENGINE_FIELDS}
+
+    real = entry.run_server
+    entry.run_server = stop_before_the_engine
+    sys.argv = [argv[1], *argv[2:]]
+    try:
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    except SystemExit as exc:  # argparse refused the command line (its message is on stderr)
+        return {"error": f"vLLM's parser exited {exc.code}"}
+    except (ValueError, TypeError) as exc:  # validate_parsed_serve_args refused it
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        entry.run_server = real
+    return seen or {"error": f"{argv[1]} returned without starting the server"}
+
+
+def main() -> None:
+    commands = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    results = [parse(argv) for argv in commands]
+    out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
