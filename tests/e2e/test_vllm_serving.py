@@ -3,12 +3,15 @@ answers the official openai client, and leaves no process behind when stopped.""
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.request
 from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
+from tests.conftest import env_python
 from tests.e2e.conftest import start_vllm, stop_vllm, vllm_shell
 
 pytestmark = pytest.mark.e2e
@@ -74,3 +77,33 @@ def test_a_server_this_run_did_not_start_is_never_reused(vllm_server, tmp_path: 
     assert out.returncode == 1
     assert f"port {vllm_server.port} is held by a server that this run did not start" in out.stderr
     assert not (tmp_path / "pids").exists(), "nothing may be started when the port is taken"
+
+
+def _sleeping(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/is_sleeping", timeout=30) as answer:
+        return json.load(answer)["is_sleeping"]
+
+
+def test_the_update_sequence_of_a_gpu_node_is_accepted(vllm_server, tmp_path: Path) -> None:
+    """What the loop sends around an update on a GPU node, in its order: `vllm_sleep` before training, `vllm_wake`
+    after, then `vllm_reload` of the promoted weights (here the same weights) and its prefix-cache reset.
+    BATON_DEVICE=cuda makes vllm.sh send sleep and wake (on CPU it skips them). vLLM's CPU worker accepts both
+    without freeing anything ("sleep mode is not supported on CPU, ignore it"), but the server still keeps and
+    reports the state, so this proves the requests and their order, not the memory they free on a GPU."""
+    app = env_python("app")
+    port, name = vllm_server.port, vllm_server.model
+    before = vllm_shell(f"BATON_APP_PY={app} vllm_fingerprint {port} {name}")
+    assert before.returncode == 0, before.stderr
+    try:
+        asleep = vllm_shell(f"BATON_DEVICE=cuda vllm_sleep {port}")
+        assert asleep.returncode == 0, asleep.stderr
+        assert _sleeping(port)
+    finally:
+        awake = vllm_shell(f"BATON_DEVICE=cuda vllm_wake {port}")
+    assert awake.returncode == 0, awake.stderr
+    assert not _sleeping(port)
+    reload = vllm_shell(f'vllm_reload {port} "{vllm_server.model_path}"')
+    assert reload.returncode == 0, reload.stderr
+    after = vllm_shell(f"BATON_APP_PY={app} vllm_fingerprint {port} {name}")
+    assert after.returncode == 0, after.stderr
+    assert after.stdout == before.stdout
