@@ -7,7 +7,7 @@ PEP 658 metadata files for these wheels, so pip reads each wheel's METADATA thro
 (`--use-feature=fast-deps`) instead of downloading it: the CUDA torch and vLLM wheels alone are over 1 GB.
 A counting proxy between pip and the registry measures what crossed the network.
 
-Measured 2026-11-26 on a 2-core machine: 23 s, 69 MB of index pages from pypi.org and 11 MB of wheel
+Measured 2026-11-26 on a shared 2-core machine: 23-33 s, 69 MB of index pages from pypi.org and 11 MB of wheel
 fragments from files.pythonhosted.org.
 
 One wheel needs glibc 2.31: llguidance 1.7.6 ships no manylinux_2_28 wheel for x86_64 (only manylinux_2_31),
