@@ -6,7 +6,8 @@
     tokenizer_module, template = load_template(args)
 
 Every hyperparameter of `AlgorithmConfig` maps to the LLaMA-Factory key of the
-same name; `llamafactory_overrides` is merged last. The DeepSpeed preset is a
+same name, except `gradient_checkpointing`, which becomes LLaMA-Factory's
+`disable_gradient_checkpointing` (its negation); `llamafactory_overrides` is merged last. The DeepSpeed preset is a
 file under configs/deepspeed/ (`auto`: none on CPU, ZeRO-1 on GPU). bf16
 `null` means bf16 on GPU and fp32 on CPU. `parse_recipe` / `load_template` read
 a recipe back the way `llamafactory-cli train` does (token fidelity and
@@ -45,7 +46,6 @@ HYPERPARAMETERS = (
     "max_steps",
     "weight_decay",
     "max_grad_norm",
-    "gradient_checkpointing",
     "save_only_model",
     "logging_steps",
     "dataloader_num_workers",
@@ -122,6 +122,8 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
         "bf16": alg.bf16 if alg.bf16 is not None else device.kind == "cuda",
     }
     recipe |= {key: getattr(alg, key) for key in HYPERPARAMETERS if getattr(alg, key) is not None}
+    # LLaMA-Factory checkpoints activations unless told not to, and ignores HF's `gradient_checkpointing`
+    recipe["disable_gradient_checkpointing"] = not alg.gradient_checkpointing
     if alg.stage != "sft":  # LLaMA-Factory refuses mask_history outside sft (kto/dpo train the reply only)
         recipe.pop("mask_history")
     if alg.finetuning_type == "lora":

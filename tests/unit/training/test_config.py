@@ -77,6 +77,16 @@ def test_recipe_cpu_defaults_and_deepspeed_presets(tmp_path: Path) -> None:
         assert deepspeed_file(preset, Device("cpu", 1)).is_file()
 
 
+@pytest.mark.parametrize(("setting", "disabled"), [("false", True), ("true", False)])
+def test_recipe_honours_gradient_checkpointing_both_ways(tmp_path: Path, setting: str, disabled: bool) -> None:
+    """LLaMA-Factory checkpoints unless `disable_gradient_checkpointing: true`; HF's own key would do nothing."""
+    from training.dataset import DatasetFiles
+
+    cfg = load(tmp_path, f"algorithm.gradient_checkpointing={setting}")
+    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1))
+    assert recipe["disable_gradient_checkpointing"] is disabled and "gradient_checkpointing" not in recipe
+
+
 def test_check_deepspeed_names_the_preset_and_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
