@@ -49,7 +49,15 @@ def main() -> None:
 
 
 def run(dict_cfg) -> int:
-    """validate -> log config -> run; returns the exit code."""
+    """validate -> log config -> run, with this node's GPUs hidden from this process (the trainer's processes
+    use them; validate imports LLaMA-Factory, which initialises CUDA where it sees a GPU); returns the exit code."""
+    from training.launch import hidden_gpus
+
+    with hidden_gpus() as device:
+        return _run(dict_cfg, device)
+
+
+def _run(dict_cfg, device) -> int:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -64,7 +72,7 @@ def run(dict_cfg) -> int:
         return 2
     log.info(describe_config(cfg))
     try:
-        run_update(cfg)
+        run_update(cfg, device)
     except NothingToTrain as exc:
         log.error("nothing to train on:\n%s", exc)
         return 3

@@ -1,7 +1,7 @@
 """Run `llamafactory-cli train <yaml>` under torchrun, in a tracked process group.
 
-    device = detect_device()
-    result = run_training(recipe_path, log_file, launch_cfg, device)
+    with hidden_gpus() as device:   # this process never initialises CUDA; the trainer gets the GPUs
+        result = run_training(recipe_path, log_file, launch_cfg, device)
 
 The command runs in its own session (its process group id is its pid; that
 group and those of torchrun's workers, which start sessions of their own, are
@@ -27,6 +27,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,7 @@ from training.recipe import Device
 
 log = logging.getLogger(__name__)
 _POLL_S = 1.0
+VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass
@@ -60,11 +63,30 @@ class TrainResult:
 
 
 def detect_device() -> Device:
-    """Local GPUs via torch (imported here: the train environment has it)."""
+    """Local GPUs via torch (imported here: the train environment has it). `device_count` asks NVML and
+    initialises no CUDA; `is_available` would start the CUDA runtime, which reads CUDA_VISIBLE_DEVICES once."""
     import torch
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return Device("cuda", count) if count else Device("cpu", 1)
+    count = torch.cuda.device_count()
+    return Device("cuda", count, os.environ.get(VISIBLE)) if count else Device("cpu", 1)
+
+
+@contextmanager
+def hidden_gpus() -> Iterator[Device]:
+    """This node's device, with its GPUs hidden from this process while the block runs
+    (CUDA_VISIBLE_DEVICES="", restored after). The update's own process only selects, checks and launches:
+    CUDA initialised here would hold a context (about 500 MiB) on a GPU for the whole training, and
+    LLaMA-Factory, imported here, initialises CUDA when it sees a GPU. The trainer gets the node's GPUs back
+    (launch_env). Hide them before anything imports LLaMA-Factory."""
+    device = detect_device()
+    os.environ[VISIBLE] = ""
+    try:
+        yield device
+    finally:
+        if device.visible is None:
+            os.environ.pop(VISIBLE, None)
+        else:
+            os.environ[VISIBLE] = device.visible
 
 
 def interface_of(addr: str) -> str | None:
@@ -109,6 +131,11 @@ def launch_env(cfg: LaunchConfig, device: Device) -> dict[str, str]:
         )
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env.pop(VISIBLE, None)  # hidden from this process (hidden_gpus): the node's own value, or none
+    if device.visible is not None:
+        env[VISIBLE] = device.visible
+    elif device.kind == "cpu":
+        env[VISIBLE] = ""  # a CPU job (the LoRA merge) takes no GPU memory on a GPU node
     env |= {
         "FORCE_TORCHRUN": "1",
         "NPROC_PER_NODE": str(cfg.nproc_per_node or device.count),

@@ -10,8 +10,9 @@ same name, except `gradient_checkpointing`, which becomes LLaMA-Factory's
 `disable_gradient_checkpointing` (its negation); `llamafactory_overrides` is merged last. The DeepSpeed preset is a
 file under configs/deepspeed/ (`auto`: none on CPU, ZeRO-1 on GPU). bf16
 `null` means bf16 on GPU and fp32 on CPU. `parse_recipe` / `load_template` read
-a recipe back the way `llamafactory-cli train` does (token fidelity and
-`phase=check` use them); `check_deepspeed` checks the preset's file and package.
+a recipe back the way `llamafactory-cli train` does, as one CPU process (token
+fidelity and `phase=check` use them; a value LLaMA-Factory refuses is a
+`ConfigError` naming the setting, its value and the fix); `check_deepspeed` checks the preset's file and package.
 `tracker_env` is the environment that points LLaMA-Factory's `report_to` trackers
 (the chosen `tracker`) into the iteration's training folder.
 """
@@ -19,10 +20,12 @@ a recipe back the way `llamafactory-cli train` does (token fidelity and
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
 from training.config import AlgorithmConfig, UpdateConfig
 from training.dataset import DatasetFiles
@@ -67,6 +70,8 @@ class Device:
 
     kind: str
     count: int
+    #: CUDA_VISIBLE_DEVICES as the node set it (None: unset); the trainer's processes get it back
+    visible: str | None = None
 
 
 def deepspeed_file(preset: str, device: Device) -> Path | None:
@@ -156,13 +161,63 @@ def tracker_env(cfg: UpdateConfig, run_dir: Path) -> dict[str, str]:
 
 
 def parse_recipe(recipe: dict) -> RecipeArgs:
-    """LLaMA-Factory's own argument parser and checks on `recipe`, in this process (train environment):
-    raises what it raises on a bad key or value (ValueError, TypeError, AssertionError)."""
+    """LLaMA-Factory's own argument parser and checks on `recipe`, in this process (train environment), read
+    as one process on the CPU: the update's own process only reads the YAML, and a process that sees several
+    GPUs is one that would drive them all (LLaMA-Factory refuses that: "Please launch distributed training
+    with llamafactory-cli or torchrun"), while one that picks a GPU takes a CUDA context on it. A key or value
+    LLaMA-Factory refuses (ValueError, TypeError, AssertionError) raises ConfigError (`rejection`)."""
     from llamafactory.hparams import get_train_args
 
-    args = {key: value for key, value in recipe.items() if key not in ONE_PROCESS_DROPPED}
-    model_args, data_args, training_args, finetuning_args, _ = get_train_args(args)
+    args = {key: value for key, value in recipe.items() if key not in ONE_PROCESS_DROPPED} | {"use_cpu": True}
+    try:
+        model_args, data_args, training_args, finetuning_args, _ = get_train_args(args)
+    except (ValueError, TypeError, AssertionError) as exc:
+        raise ConfigError(rejection(exc, recipe)) from exc
     return RecipeArgs(model_args, data_args, training_args, finetuning_args)
+
+
+#: recipe keys written from a setting of another name (the rest: algorithm.<key>, or an override)
+SETTING_OF = {
+    "model_name_or_path": "model_path",
+    "template": "template",
+    "default_system": "default_system",
+    "deepspeed": "launch.deepspeed",
+    "disable_gradient_checkpointing": "algorithm.gradient_checkpointing",
+}
+
+
+def setting_of(key: str) -> str:
+    """The Baton setting that writes recipe key `key` (an unknown key can only come from the overrides)."""
+    if key in SETTING_OF:
+        return SETTING_OF[key]
+    if key in {f.name for f in fields(AlgorithmConfig)}:
+        return f"algorithm.{key}"
+    return f"algorithm.llamafactory_overrides.{key}"
+
+
+def rejection(exc: BaseException, recipe: dict) -> str:
+    """LLaMA-Factory's refusal of `recipe` as a Baton error: its words, then the setting and value it names
+    (the first recipe key its message names, else the first string value it quotes) and the fix."""
+    said = f"{type(exc).__name__}: {exc}"
+
+    def names(word: str) -> bool:
+        return re.search(rf"(?<![\w/]){re.escape(word)}(?![\w/])", said) is not None
+
+    key = next((k for k in sorted(recipe, key=len, reverse=True) if names(k)), None)
+    if key is None:
+        key = next((k for k, v in recipe.items() if isinstance(v, str) and len(v) > 1 and names(v)), None)
+    text = f"LLaMA-Factory rejects the training YAML of this config: {said}\n"
+    if key is None:
+        return text + (
+            "  fix the algorithm.* field or algorithm.llamafactory_overrides key with the value it names (or "
+            "model_path when it names the model); docs/update.md, step 4, maps the fields to the YAML"
+        )
+    setting = setting_of(key)
+    return text + (
+        f"  field: {setting}={recipe[key]!r} (LLaMA-Factory's `{key}`)\n"
+        f"  fix: set {setting} to a value LLaMA-Factory accepts (or remove algorithm.llamafactory_overrides.{key} "
+        "when it is set there); docs/update.md, step 4, maps the fields to the YAML"
+    )
 
 
 def load_template(args: RecipeArgs) -> tuple[dict, Any]:

@@ -37,7 +37,7 @@ from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
 from training.demonstrations import add_demonstrations, demonstrations_for
 from training.journal import iteration_dir, load_trajectories
-from training.launch import detect_device, run_group, run_training
+from training.launch import run_group, run_training
 from training.metrics import parse_training
 from training.promotion import promote, revert
 from training.recipe import (
@@ -46,6 +46,7 @@ from training.recipe import (
     check_deepspeed,
     load_template,
     parse_recipe,
+    rejection,
     save_recipe,
     tracker_env,
 )
@@ -88,15 +89,15 @@ class RunPaths:
         return self.train_log if node_rank == 0 else self.run_dir / f"train.rank_{node_rank}.log"
 
 
-def run_update(cfg: UpdateConfig) -> None:
-    """Run the phases `cfg.phase` names."""
+def run_update(cfg: UpdateConfig, device: Device) -> None:
+    """Run the phases `cfg.phase` names on this node's `device` (training.launch.hidden_gpus)."""
     paths = RunPaths.of(cfg)
     if cfg.phase == "check":
-        check(cfg, paths)
+        check(cfg, paths, device)
     if cfg.phase in ("prepare", "all"):
-        prepare(cfg, paths)
+        prepare(cfg, paths, device)
     if cfg.phase in ("train", "all"):
-        train(cfg, paths)
+        train(cfg, paths, device)
     if cfg.phase in ("promote", "all") and cfg.launch.node_rank == 0:
         promote_policy(cfg, paths)
     if cfg.phase == "revert":
@@ -108,24 +109,22 @@ def recipe_of(cfg: UpdateConfig, paths: RunPaths, files: DatasetFiles, device: D
     return build_recipe(cfg, files, config_mod.model_path(cfg).resolve(), paths.output, device)
 
 
-def check(cfg: UpdateConfig, paths: RunPaths) -> None:
+def check(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
     """phase=check: LLaMA-Factory reads the YAML this node's update would write (its template, argument
     parser and tokenizer) and the DeepSpeed preset is there; writes nothing, launches nothing. The GPU
-    stays untouched (use_cpu): vLLM may be measuring its free memory beside this check."""
+    stays untouched (parse_recipe reads as one CPU process): vLLM may be measuring its free memory beside
+    this check."""
     if importlib.util.find_spec("llamafactory") is None:
         raise ConfigError("phase=check needs LLaMA-Factory: run it with the train environment's $BATON_TRAIN_PY")
-    device = detect_device()
     files = DatasetFiles(paths.data, train_rows=1, val_rows=int(cfg.data.val_split_ratio > 0))
     recipe = recipe_of(cfg, paths, files, device)
     problems = check_deepspeed(cfg.launch.deepspeed, device)
     try:
-        load_template(parse_recipe(recipe | ({"use_cpu": True} if device.kind == "cuda" else {})))
-    except (ValueError, TypeError, AssertionError, OSError) as exc:
-        problems.append(
-            f"LLaMA-Factory rejects the training YAML of this config: {type(exc).__name__}: {exc}\n  fix the "
-            "algorithm.* field or algorithm.llamafactory_overrides key with the value it names (or model_path when "
-            "it names the model); docs/update.md, step 4, maps the fields to the YAML"
-        )
+        load_template(parse_recipe(recipe))
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    except OSError as exc:  # the tokenizer's files
+        problems.append(rejection(exc, recipe))
     if problems:
         raise ConfigError(problems)
     log.info(
@@ -136,9 +135,8 @@ def check(cfg: UpdateConfig, paths: RunPaths) -> None:
     )
 
 
-def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
+def prepare(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
     """Select samples, write and check the dataset (in a staging folder), then the YAML."""
-    device = detect_device()
     selection = select(cfg)
     check_batch(cfg, len(selection.samples), selection.describe(), device)
     staging = paths.run_dir / ".data-staging"
@@ -180,6 +178,7 @@ def prepare(cfg: UpdateConfig, paths: RunPaths) -> None:
 def check_tokens(cfg: UpdateConfig, files: DatasetFiles, recipe: dict, selection: Selection) -> None:
     """Token fidelity on each split; drop (or fail on) replies LLaMA-Factory would re-tokenize."""
     if cfg.data.fidelity_samples == 0:
+        parse_recipe(recipe)  # still: a setting LLaMA-Factory refuses stops here (exit 2), not in the trainer
         return
     from training.fidelity import check_fidelity
 
@@ -252,7 +251,7 @@ def check_batch(cfg: UpdateConfig, samples: int, described: str, device: Device)
         )
 
 
-def train(cfg: UpdateConfig, paths: RunPaths) -> None:
+def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
     """Run llamafactory-cli on the prepared YAML; metrics to <log>/metrics.jsonl."""
     if not paths.recipe.exists() and not cfg.launch.dataset_sha256:
         raise ConfigError(f"{paths.recipe} does not exist; run phase=prepare first")
@@ -263,7 +262,7 @@ def train(cfg: UpdateConfig, paths: RunPaths) -> None:
         for tracked in (paths.tensorboard, paths.wandb):  # a retried training's curves replace the last try's
             shutil.rmtree(tracked, ignore_errors=True)
     node_log = paths.node_log(cfg.launch.node_rank)
-    result = run_training(paths.recipe, node_log, cfg.launch, detect_device(), tracker_env(cfg, paths.run_dir))
+    result = run_training(paths.recipe, node_log, cfg.launch, device, tracker_env(cfg, paths.run_dir))
     if result.returncode != 0 or result.timed_out:
         why = f"timed out after {cfg.launch.timeout_s:.0f} s" if result.timed_out else f"exit {result.returncode}"
         if not result.timed_out and killed_by_sigkill(result.returncode, node_log):

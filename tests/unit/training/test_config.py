@@ -87,6 +87,21 @@ def test_recipe_honours_gradient_checkpointing_both_ways(tmp_path: Path, setting
     assert recipe["disable_gradient_checkpointing"] is disabled and "gradient_checkpointing" not in recipe
 
 
+def test_a_refusal_of_llamafactory_names_the_setting_its_value_and_the_fix() -> None:
+    """LLaMA-Factory's messages name a key (HfArgumentParser) or a value (transformers' enums); the error
+    names the Baton setting behind it."""
+    from training.recipe import rejection
+
+    recipe = {"save_strategy": "no", "lr_scheduler_type": "bogus", "no_such_key": 1, "deepspeed": "/z.json"}
+    bad_value = rejection(ValueError("bogus is not a valid SchedulerType, please select one of ['linear']"), recipe)
+    assert "  field: algorithm.lr_scheduler_type='bogus' (LLaMA-Factory's `lr_scheduler_type`)" in bad_value
+    assert "  fix: set algorithm.lr_scheduler_type to a value LLaMA-Factory accepts" in bad_value
+    unknown = rejection(ValueError("Some keys are not used by the HfArgumentParser: ['no_such_key']"), recipe)
+    assert "field: algorithm.llamafactory_overrides.no_such_key=1" in unknown
+    unnamed = rejection(ValueError("Please launch distributed training with `llamafactory-cli` or `torchrun`."), recipe)
+    assert "field:" not in unnamed and "fix the algorithm.* field or algorithm.llamafactory_overrides key" in unnamed
+
+
 def test_check_deepspeed_names_the_preset_and_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
@@ -116,7 +131,7 @@ def test_phase_check_needs_llamafactory(tmp_path: Path, monkeypatch: pytest.Monk
     validate(cfg)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"phase=check needs LLaMA-Factory: run it with the train environment's"):
-        run_update(cfg)
+        run_update(cfg, Device("cpu", 1))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # nothing written
 
 

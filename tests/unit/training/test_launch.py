@@ -122,3 +122,18 @@ def test_one_node_takes_a_free_torchrun_port_and_several_need_the_masters() -> N
     assert launch_env(LaunchConfig(master_port=29611), cpu)["MASTER_PORT"] == "29611"
     with pytest.raises(ConfigError, match=r"launch\.master_port must be node 0.s torchrun port when launch\.nnodes=2"):
         launch_env(LaunchConfig(nnodes=2), cpu)
+
+
+def test_the_trainer_gets_the_gpus_the_update_process_hid_from_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The update's own process runs with CUDA_VISIBLE_DEVICES="" (training.launch.hidden_gpus); the trainer
+    gets the node's value back (unset: every GPU), and a CPU job (the LoRA merge) none."""
+    from training.config import LaunchConfig
+    from training.launch import launch_env
+    from training.recipe import Device
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert "CUDA_VISIBLE_DEVICES" not in launch_env(LaunchConfig(), Device("cuda", 2, None))
+    assert launch_env(LaunchConfig(), Device("cuda", 2, "2,3"))["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert launch_env(LaunchConfig(), Device("cuda", 2, "2,3"))["NPROC_PER_NODE"] == "2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert launch_env(LaunchConfig(), Device("cpu", 1))["CUDA_VISIBLE_DEVICES"] == ""

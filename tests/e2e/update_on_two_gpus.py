@@ -1,0 +1,114 @@
+"""Run in the train environment: `python -m training` on a node with 0 or 2 GPUs, in this process; print JSON.
+
+python tests/e2e/update_on_two_gpus.py <model_dir> <log_path> <gpus: 0|2> [override ...]
+
+Writes a train journal of iteration 0 whose token ids are the model's own chat template's (what vLLM reports).
+With 2 GPUs it makes torch answer as it does on a node with 2 GPUs: `device_count()` is 2, and 0 once
+CUDA_VISIBLE_DEVICES is "" (torch reads that variable before it initialises CUDA). This machine has no GPU, so
+initialising CUDA (`_lazy_init`, `set_device`) is recorded and raises. Then it runs the entry point's `run`, as
+`python -m training` does after Hydra, and prints `RESULT {"exit": N, "log": "...", "cuda_initialised": [...],
+"visible_after": ...}` (an exception out of `run` is exit 1, as the interpreter makes it).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import AutoTokenizer
+
+from rollout_engine.journal import Journal
+from rollout_engine.types import Trajectory, Turn
+from training.__main__ import CONFIG_DIR, run
+from training.config import register_configs
+
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+def write_journal(model: str, log_path: Path, tasks: int = 6) -> None:
+    """One success and one failure per task, single-turn, with the ids the model's chat template gives."""
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    journal = Journal(log_path / "trajectories" / "train" / "iter_0000" / "rank_0.jsonl", resume=False)
+    for task in range(tasks):
+        messages = [{"role": "user", "content": f"What is {task} + 3? Answer with the number only."}]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        for sample, (reply, success) in enumerate(((str(task + 3), True), (str(task + 4), False))):
+            turn = Turn(
+                index=0,
+                messages=messages,
+                response=reply,
+                prompt_token_ids=tokenizer.encode(prompt, add_special_tokens=False),
+                completion_token_ids=[*tokenizer.encode(reply, add_special_tokens=False), end],
+                finish_reason="stop",
+            )
+            journal.append(
+                Trajectory(
+                    episode_id=f"t{task}#{sample}",
+                    task_id=f"t{task}",
+                    sample_index=sample,
+                    split="train",
+                    iteration=0,
+                    rank=0,
+                    env="reasoning_gym",
+                    family="chain_sum",
+                    difficulty=1,
+                    reward=float(success),
+                    success=success,
+                    turns=[turn],
+                )
+            )
+    journal.seal(planned=2 * tasks)
+
+
+def act_as_two_gpus() -> list[str]:
+    """Patch torch.cuda as above; returns the list that collects each attempt to initialise CUDA."""
+    initialised: list[str] = []
+
+    def count() -> int:
+        return 0 if os.environ.get(VISIBLE) == "" else 2
+
+    def initialise(*args, **kwargs) -> None:
+        where = "".join(traceback.format_stack(limit=6)[:-1])
+        initialised.append(where)
+        raise RuntimeError(f"CUDA initialised in the update's own process:\n{where}")
+
+    torch.cuda.device_count = count
+    torch.cuda.is_available = lambda: count() > 0
+    torch.cuda._lazy_init = initialise
+    torch.cuda.set_device = initialise
+    return initialised
+
+
+def main(model: str, log_path: str, gpus: str, overrides: list[str]) -> None:
+    write_journal(model, Path(log_path))
+    initialised = act_as_two_gpus() if gpus == "2" else []
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("update", overrides=[f"log_path={log_path}", "iteration=0", f"model_path={model}", *overrides])
+    out = io.StringIO()
+    logging.getLogger("training").addHandler(logging.StreamHandler(out))
+    logging.getLogger("training").setLevel(logging.INFO)
+    try:
+        code = run(cfg)
+    except Exception:  # what the interpreter does with it: print it, exit 1
+        out.write(traceback.format_exc())
+        code = 1
+    result = {
+        "exit": code,
+        "log": out.getvalue(),
+        "cuda_initialised": initialised,
+        "visible_after": os.environ.get(VISIBLE),
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
