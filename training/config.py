@@ -21,6 +21,7 @@ from rollout_engine.errors import ConfigError
 STAGES = ("sft", "kto", "dpo")
 FINETUNING_TYPES = ("full", "lora")
 PHASES = ("prepare", "train", "promote", "all", "check", "revert")
+PROMOTION_DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEEPSPEED_PRESETS = ("auto", "none", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
 
 
@@ -198,6 +199,13 @@ class PromotionConfig:
     keep_last: int = 3
     #: also keep the optimizer/scheduler state (HF Trainer files) under v<NNNN>/optimizer/
     keep_optimizer: bool = False
+    #: dtype of the served weights: auto = the model the update trained from (the base model's), or one of
+    #: bfloat16, float16, float32; wider trainer weights are kept in v<NNNN>/fp32/ and trained on next
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in PROMOTION_DTYPES:
+            raise ConfigError(f"promotion.dtype must be one of {', '.join(PROMOTION_DTYPES)} (got {self.dtype!r})")
 
 
 @dataclass

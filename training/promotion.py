@@ -43,6 +43,7 @@ from filelock import FileLock
 
 from rollout_engine.checkpoint import HEAD, HEAD_FILE, missing_tied_head, tensor_files
 from rollout_engine.files import fsync_dir, save_bytes, save_json, shared_lock
+from training.precision import FULL_PRECISION, keep_full_precision, weights_dtype
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,9 @@ class PolicyRecord:
     reverted_to: int | None = None
     #: a revert: why, e.g. {"replaced": 4, "replaced_success_rate": 0.125, "best_success_rate": 0.2, ...}
     why: dict | None = None
+    #: the served weights' dtype; `fp32/` beside them holds the trainer's full-precision ones (training.precision)
+    dtype: str | None = None
+    full_precision: bool = False
 
 
 def versions(policy_root: Path) -> list[int]:
@@ -125,8 +129,10 @@ def promote(
     keep_last: int,
     finetuning_type: str = "full",
     keep_optimizer: bool = False,
+    dtype: str | None = None,
 ) -> int:
-    """Make `output_dir` the current policy; return its version."""
+    """Make `output_dir` the current policy, its weights cast to `dtype` when they are wider (None: as they are;
+    the trainer's own kept in fp32/); return its version."""
     policy_root.mkdir(parents=True, exist_ok=True)
     with promotion_lock(policy_root):
         done = promoted_from(policy_root, iteration, output_dir)
@@ -136,7 +142,7 @@ def promote(
             log.info("iteration %d was already promoted as policy v%04d; not promoting a copy", iteration, done)
             return done
         return _promote_locked(
-            output_dir, policy_root, iteration, parent_model, keep_last, finetuning_type, keep_optimizer
+            output_dir, policy_root, iteration, parent_model, keep_last, finetuning_type, keep_optimizer, dtype
         )
 
 
@@ -172,6 +178,7 @@ def _promote_locked(
     keep_last: int,
     finetuning_type: str,
     keep_optimizer: bool,
+    dtype: str | None,
 ) -> int:
     def record(version: int) -> PolicyRecord:
         return PolicyRecord(
@@ -185,7 +192,7 @@ def _promote_locked(
             optimizer_state=keep_optimizer,
         )
 
-    version = _publish(policy_root, output_dir, record, keep_last, keep_optimizer=keep_optimizer)
+    version = _publish(policy_root, output_dir, record, keep_last, keep_optimizer=keep_optimizer, dtype=dtype)
     log.info("promoted %s as policy v%04d (current)", output_dir, version)
     return version
 
@@ -253,10 +260,12 @@ def _publish(
     keep_last: int,
     keep_optimizer: bool,
     drop_own: bool = False,
+    dtype: str | None = None,
 ) -> int:
-    """Under the promotion lock: stage `source`'s model files as the next version (its tied head written,
-    `record(version)` as baton_policy.json; with `drop_own` the source's own record and optimizer left out),
-    rename it into place, flip `current`, prune. Returns the version."""
+    """Under the promotion lock: stage `source`'s model files as the next version (cast to `dtype` with the
+    originals in fp32/, its tied head written, `record(version)` as baton_policy.json, every file readable by
+    the other users of a shared path; with `drop_own` the source's own record and optimizer left out), rename
+    it into place, flip `current`, prune. Returns the version."""
     _remove_stale_staging(policy_root)
     version = max([0, *versions(policy_root)]) + 1
     staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
@@ -264,8 +273,12 @@ def _publish(
     if drop_own:
         shutil.rmtree(staging / "optimizer", ignore_errors=True)
         (staging / "baton_policy.json").unlink(missing_ok=True)
+    full_precision = keep_full_precision(staging, dtype) if dtype else (staging / FULL_PRECISION).is_dir()
     write_tied_head(staging)
-    save_json(staging / "baton_policy.json", asdict(record(version)))
+    staged = record(version)
+    staged.dtype, staged.full_precision = weights_dtype(staging), full_precision
+    save_json(staging / "baton_policy.json", asdict(staged))
+    share(staging)
     final = policy_root / f"v{version:04d}"
     os.rename(staging, final)
     fsync_dir(policy_root)
@@ -325,6 +338,16 @@ def _gather(output_dir: Path, staging: Path, keep_optimizer: bool) -> None:
         shutil.rmtree(path)
     for name in DROP:
         (staging / name).unlink(missing_ok=True)
+
+
+def share(folder: Path) -> None:
+    """Make every file readable and every folder listable by the other users of a shared log path, as every
+    file rollout_engine.files writes is (0644): a trainer may save its weights 0600."""
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_file() and not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o644)
+        elif path.is_dir() and not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o755)
 
 
 def _remove_stale_staging(policy_root: Path) -> None:

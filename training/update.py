@@ -39,6 +39,7 @@ from training.demonstrations import add_demonstrations, demonstrations_for
 from training.journal import iteration_dir, load_trajectories
 from training.launch import run_group, run_training
 from training.metrics import parse_training
+from training.precision import training_weights, weights_dtype
 from training.promotion import promote, revert
 from training.recipe import (
     Device,
@@ -105,8 +106,9 @@ def run_update(cfg: UpdateConfig, device: Device) -> None:
 
 
 def recipe_of(cfg: UpdateConfig, paths: RunPaths, files: DatasetFiles, device: Device) -> dict:
-    """The LLaMA-Factory YAML of this update (what prepare writes and phase=check asks about)."""
-    return build_recipe(cfg, files, config_mod.model_path(cfg).resolve(), paths.output, device)
+    """The LLaMA-Factory YAML of this update (what prepare writes and phase=check asks about), training from
+    the model's full-precision weights when it is a policy version that kept them (training.precision)."""
+    return build_recipe(cfg, files, training_weights(config_mod.model_path(cfg).resolve()), paths.output, device)
 
 
 def check(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
@@ -335,14 +337,16 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
     source = paths.output
     if cfg.algorithm.finetuning_type == "lora":
         source = merge_lora(cfg, paths)
+    parent = config_mod.model_path(cfg).resolve()
     version = promote(
         source,
         Path(cfg.log_path) / "policy",
         cfg.iteration,
-        config_mod.model_path(cfg).resolve(),
+        parent,
         cfg.promotion.keep_last,
         cfg.algorithm.finetuning_type,
         cfg.promotion.keep_optimizer,
+        weights_dtype(parent) if cfg.promotion.dtype == "auto" else cfg.promotion.dtype,
     )
     append_shared_jsonl(
         Path(cfg.log_path) / "metrics.jsonl",
@@ -382,12 +386,13 @@ def merge_lora(cfg: UpdateConfig, paths: RunPaths) -> Path:
     from training.launch import cli_command, launch_env
 
     export = {
-        "model_name_or_path": str(config_mod.model_path(cfg).resolve()),
+        "model_name_or_path": str(training_weights(config_mod.model_path(cfg).resolve())),
         "adapter_name_or_path": str(paths.output),
         "template": cfg.template,
         "finetuning_type": "lora",
         "export_dir": str(paths.merged),
         "trust_remote_code": True,
+        "infer_dtype": "float32",  # merged at full precision: promotion serves the base dtype and keeps this
     }
     export_yaml = paths.run_dir / "merge_config.yaml"
     save_recipe(export_yaml, export)

@@ -19,9 +19,9 @@ SMALL = ["phase=prepare", "algorithm.per_device_train_batch_size=1", "algorithm.
 
 
 def prepare(model_dir: Path, log_path: Path, gpus: int, *overrides: str) -> dict:
-    """tests/e2e/update_on_two_gpus.py's RESULT."""
+    """tests/e2e/update_in_process.py's RESULT."""
     out = subprocess.run(
-        [env_python("train"), "tests/e2e/update_on_two_gpus.py", str(model_dir), str(log_path), str(gpus), *overrides],
+        [env_python("train"), "tests/e2e/update_in_process.py", str(model_dir), str(log_path), str(gpus), *overrides],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,

@@ -117,3 +117,46 @@ def test_a_revert_promotes_the_best_weights_once_and_best_is_never_pruned(tmp_pa
     assert promotion.versions(root) == [3, 5] and os.readlink(root / "best") == "v0003"
     promotion.mark_best(root, None)
     assert not (root / "best").is_symlink()
+
+
+def safetensors_file(path: Path, dtype: str) -> Path:
+    """A real safetensors file of one 2x2 tensor (the format: a little-endian header length, JSON, the data)."""
+    width = {"F32": 4, "BF16": 2}[dtype]
+    header = json.dumps({"w": {"dtype": dtype, "shape": [2, 2], "data_offsets": [0, 4 * width]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(4 * width))
+    return path
+
+
+def test_promoted_files_are_readable_by_other_users_of_the_log_path(tmp_path: Path) -> None:
+    out = fake_output(tmp_path / "out", "w")
+    (out / "model.safetensors").chmod(0o600)  # how a trainer may save its weights
+    promote(out, tmp_path / "policy", 0, tmp_path, keep_last=3)
+    version = tmp_path / "policy" / "v0001"
+    assert [p.name for p in version.rglob("*") if p.stat().st_mode & 0o044 != 0o044] == []
+
+
+def test_a_float32_setting_serves_float32_weights_as_the_trainer_saved_them(tmp_path: Path) -> None:
+    """promotion.dtype=float32: nothing is cast and no second copy is kept; the next update trains from them."""
+    from training.precision import training_weights, weights_dtype
+
+    out = fake_output(tmp_path / "out", "w")
+    safetensors_file(out / "model.safetensors", "F32")
+    promote(out, tmp_path / "policy", 0, tmp_path, keep_last=3, dtype="float32")
+    version = tmp_path / "policy" / "v0001"
+    assert weights_dtype(version) == "float32" and not (version / "fp32").exists()
+    assert training_weights(version) == version
+    record = json.loads((version / "baton_policy.json").read_text())
+    assert (record["dtype"], record["full_precision"]) == ("float32", False)
+
+
+def test_the_next_update_trains_from_a_versions_fp32_copy_which_goes_with_the_version(tmp_path: Path) -> None:
+    from training.precision import training_weights
+
+    root = tmp_path / "policy"
+    for i in (1, 2):
+        out = fake_output(tmp_path / f"out{i}", f"w{i}")
+        (out / "fp32").mkdir()  # what promotion keeps beside bf16 weights (training.precision)
+        (out / "fp32" / "config.json").write_text("{}")
+        promote(out, root, i, root / "current" if i > 1 else tmp_path, keep_last=1)
+    assert training_weights(root / "v0002") == root / "v0002" / "fp32"
+    assert promotion.versions(root) == [2] and not (root / "v0001").exists()

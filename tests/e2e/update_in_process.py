@@ -1,8 +1,9 @@
 """Run in the train environment: `python -m training` on a node with 0 or 2 GPUs, in this process; print JSON.
 
-python tests/e2e/update_on_two_gpus.py <model_dir> <log_path> <gpus: 0|2> [override ...]
+python tests/e2e/update_in_process.py <model_dir> <log_path> <gpus: 0|2> [override ...]
 
-Writes a train journal of iteration 0 whose token ids are the model's own chat template's (what vLLM reports).
+Writes a train journal of iteration 0 (unless the log path has journals) whose token ids are the model's own chat
+template's (what vLLM reports).
 With 2 GPUs it makes torch answer as it does on a node with 2 GPUs: `device_count()` is 2, and 0 once
 CUDA_VISIBLE_DEVICES is "" (torch reads that variable before it initialises CUDA). This machine has no GPU, so
 initialising CUDA (`_lazy_init`, `set_device`) is recorded and raises. Then it runs the entry point's `run`, as
@@ -88,11 +89,14 @@ def act_as_two_gpus() -> list[str]:
 
 
 def main(model: str, log_path: str, gpus: str, overrides: list[str]) -> None:
-    write_journal(model, Path(log_path))
+    if not (Path(log_path) / "trajectories").exists():
+        write_journal(model, Path(log_path))
     initialised = act_as_two_gpus() if gpus == "2" else []
     register_configs()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("update", overrides=[f"log_path={log_path}", "iteration=0", f"model_path={model}", *overrides])
+        given = {override.split("=", 1)[0] for override in overrides}
+        defaults = [f"{k}={v}" for k, v in (("iteration", 0), ("model_path", model)) if k not in given]
+        cfg = compose("update", overrides=[f"log_path={log_path}", *defaults, *overrides])
     out = io.StringIO()
     logging.getLogger("training").addHandler(logging.StreamHandler(out))
     logging.getLogger("training").setLevel(logging.INFO)

@@ -1,0 +1,80 @@
+"""Promotion keeps the base model's dtype and the trainer's fp32 weights, and the next update trains from those
+(a real one-step LLaMA-Factory training on the CPU, which trains and saves in fp32; train environment subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, env_python
+from tests.e2e.test_update_devices import SMALL, prepare
+
+pytestmark = pytest.mark.e2e
+
+#: a train-environment script: does the next update's starting point hold the trainer's fp32 weights exactly,
+#: and do they differ from the served bf16 rounding (an update at lr 1e-6 is below bf16's resolution)?
+COMPARE = """
+import json, sys
+from safetensors.torch import load_file
+trained, full, served, base = (load_file(p) for p in sys.argv[1:5])
+print(json.dumps({
+    "full_is_trained": all(full[k].equal(trained[k]) for k in trained),
+    "trained_moved": any(not trained[k].equal(base[k].float()) for k in base),
+    "served_is_rounding": all(served[k].equal(trained[k].bfloat16()) for k in trained),
+    "rounding_loses_the_update": any(not served[k].float().equal(trained[k]) for k in trained),
+}))
+"""
+
+
+def header_dtypes(path: Path) -> set[str]:
+    """The dtypes a safetensors file's header names."""
+    raw = path.read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    return {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
+
+
+def test_promotion_serves_the_base_dtype_and_the_next_update_trains_from_fp32(model_dir: Path, tmp_path: Path) -> None:
+    log_path = tmp_path / "log"
+    first = prepare(model_dir, log_path, 0, *SMALL[1:], "phase=all", "algorithm.max_steps=1")
+    assert first["exit"] == 0, first["log"][-4000:]
+    version = log_path / "policy" / "v0001"
+    assert header_dtypes(model_dir / "model.safetensors") == {"BF16"}
+    assert header_dtypes(version / "model.safetensors") == {"BF16"}
+    assert json.loads((version / "config.json").read_text())["dtype"] == "bfloat16"
+    assert header_dtypes(version / "fp32" / "model.safetensors") == {"F32"}
+    record = json.loads((version / "baton_policy.json").read_text())
+    assert (record["dtype"], record["full_precision"]) == ("bfloat16", True)
+    unreadable = [p for p in version.rglob("*") if p.is_file() and p.stat().st_mode & 0o044 != 0o044]
+    assert unreadable == []
+
+    second = prepare(model_dir, log_path, 0, *SMALL, "iteration=1", f"model_path={version}")
+    assert second["exit"] == 0, second["log"][-4000:]
+    recipe = (log_path / "training" / "iter_0001" / "train_config.yaml").read_text()
+    assert f"model_name_or_path: {version / 'fp32'}\n" in recipe
+
+    trained = log_path / "training" / "iter_0000" / "output" / "model.safetensors"
+    files = [
+        trained,
+        version / "fp32" / "model.safetensors",
+        version / "model.safetensors",
+        model_dir / "model.safetensors",
+    ]
+    out = subprocess.run(
+        [env_python("train"), "-c", COMPARE, *map(str, files)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert json.loads(out.stdout) == {
+        "full_is_trained": True,
+        "trained_moved": True,
+        "served_is_rounding": True,
+        "rounding_loses_the_update": True,
+    }

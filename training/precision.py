@@ -1,0 +1,107 @@
+"""The dtype of a policy's weights: served in the base model's, trained on from full precision.
+
+    dtype = weights_dtype(model_dir)              # "bfloat16", "float32", ... (safetensors headers; no torch)
+    keep_full_precision(staging, "bfloat16")      # staging/fp32/ = the trainer's fp32 files; staging/ cast
+    source = training_weights(policy_version)     # policy_version/fp32 when it has one
+
+A trainer without DeepSpeed (and the LoRA merge, told so) saves fp32 weights:
+2.4 times the size of a bf16 base, and a dtype that changes under the server.
+So a promoted version is cast to the dtype of the model it was trained from
+(the base model's, version after version; `promotion.dtype` may name another),
+and the trainer's own fp32 files are kept, hard-linked, in `v<NNNN>/fp32/`:
+an update at the default learning rates (1e-6, 5e-7) moves a weight far less
+than bf16's resolution (8 bits of mantissa: about 0.4% of its size), so the
+next update must start from those, not from their bf16 rounding
+(`training_weights`). vLLM serves `v<NNNN>/` and reads only its top level.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from rollout_engine.files import save_bytes, save_json
+
+FULL_PRECISION = "fp32"
+#: safetensors' names of floating dtypes -> torch's, and their widths in bytes
+FLOATS = {"F64": ("float64", 8), "F32": ("float32", 4), "BF16": ("bfloat16", 2), "F16": ("float16", 2)}
+WIDTH = {name: width for name, width in FLOATS.values()}
+
+
+def weights_dtype(model_dir: Path) -> str | None:
+    """The dtype of most floating tensors in the folder's top-level *.safetensors (None: no readable weights)."""
+    counts: dict[str, int] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        try:
+            header = _header(path)
+        except (OSError, ValueError, struct.error):  # not a safetensors file: nothing to count
+            continue
+        for entry in header.values():
+            if entry["dtype"] in FLOATS:
+                name = FLOATS[entry["dtype"]][0]
+                counts[name] = counts.get(name, 0) + 1
+    return max(counts, key=lambda name: counts[name]) if counts else None
+
+
+def _header(path: Path) -> dict:
+    """A safetensors file's tensor table: an 8-byte little-endian length, then that much JSON."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return header
+
+
+def training_weights(model: Path) -> Path:
+    """The folder an update trains from: a policy version's full-precision copy when it has one."""
+    full = model / FULL_PRECISION
+    return full if (full / "config.json").is_file() else model
+
+
+def keep_full_precision(staging: Path, dtype: str) -> bool:
+    """Cast the staged weights to `dtype` when they are wider, keeping the originals (hard links to the trainer's
+    files) as a complete HF folder in staging/fp32/. Returns whether it cast. Train environment (torch)."""
+    current = weights_dtype(staging)
+    if current is None or WIDTH[current] <= WIDTH[dtype]:
+        return False
+    full = staging / FULL_PRECISION
+    full.mkdir()
+    for path in staging.iterdir():
+        if path.is_file():
+            full.joinpath(path.name).hardlink_to(path)
+    for path in sorted(staging.glob("*.safetensors")):
+        _cast_file(path, dtype)  # a new file replaces the link: the trainer's output and fp32/ keep theirs
+    _set_config_dtype(staging, dtype)
+    return True
+
+
+def _cast_file(path: Path, dtype: str) -> None:
+    import torch
+    from safetensors.torch import load_file, save
+
+    target = getattr(torch, dtype)
+    tensors = {
+        name: tensor.to(target) if tensor.is_floating_point() else tensor for name, tensor in load_file(path).items()
+    }
+    save_bytes(path, save(tensors, metadata={"format": "pt"}))
+
+
+def _set_config_dtype(model_dir: Path, dtype: str) -> None:
+    """config.json names the new dtype (vLLM's `--dtype auto` and transformers read it); a sharded index's
+    total size is the sum of the cast files' tensors."""
+    config = json.loads((model_dir / "config.json").read_text())
+    for key in ("dtype", "torch_dtype"):
+        if key in config or key == "dtype":
+            config[key] = dtype
+    save_json(model_dir / "config.json", config)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        sizes = [_tensor_bytes(path) for path in model_dir.glob("*.safetensors")]
+        data.setdefault("metadata", {})["total_size"] = sum(sizes)
+        save_json(index, data)
+
+
+def _tensor_bytes(path: Path) -> int:
+    return sum(end - start for start, end in (entry["data_offsets"] for entry in _header(path).values()))
