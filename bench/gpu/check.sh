@@ -10,7 +10,7 @@
 # /tmp/site once per machine (GPU_CHECK_NO_INSTALL=1: use python3's own packages, e.g. a rehearsal
 # on a CPU machine with the train environment first on PATH). Results: $OUT (default /tmp/gpu-check): cases.jsonl, table.md,
 # logs.tgz. Cases: check rft_auto rft_none rft_zero2 rft_zero3 lora lora_auto dpo kto
-# prepare_2gpu check_2gpu rft_fp32 rft_nockpt quickstart; --parallel runs N cases at a time (the machine
+# prepare_2gpu check_2gpu rft_fp32 rft_ckpt quickstart; --parallel runs N cases at a time (the machine
 # has many cores and the model is small: start-up is CPU-bound; the table says how many ran at once).
 set -Eeuo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
@@ -47,7 +47,7 @@ case_args() {
     rft_fp32) echo "launch.deepspeed=none promotion.dtype=float32" ;;
     rft_zero2) echo "launch.deepspeed=zero2" ;;
     rft_zero3) echo "launch.deepspeed=zero3" ;;
-    rft_nockpt) echo "launch.deepspeed=none algorithm.gradient_checkpointing=false" ;;
+    rft_ckpt) echo "launch.deepspeed=none algorithm.gradient_checkpointing=true" ;;
     lora) echo "algorithm.finetuning_type=lora launch.deepspeed=none" ;;
     lora_auto) echo "algorithm.finetuning_type=lora" ;;
     dpo) echo "algorithm=dpo launch.deepspeed=none" ;;

@@ -10,10 +10,16 @@ import os
 import runpy
 import sys
 
-import torch
 
-real_bf16 = torch.cuda.is_bf16_supported()
-torch.cuda.device_count = lambda: int(os.environ.get("FAKE_GPUS", "2"))
-torch.cuda.is_bf16_supported = lambda *a, **k: real_bf16
-sys.argv = ["training", *sys.argv[1:]]
-runpy.run_module("training", run_name="__main__", alter_sys=True)
+def main() -> None:
+    import torch  # the train environment's, not the app environment's
+
+    real_bf16 = torch.cuda.is_bf16_supported()
+    torch.cuda.device_count = lambda: int(os.environ.get("FAKE_GPUS", "2"))
+    torch.cuda.is_bf16_supported = lambda *a, **k: real_bf16
+    sys.argv = ["training", *sys.argv[1:]]
+    runpy.run_module("training", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

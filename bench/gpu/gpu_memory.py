@@ -10,8 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pynvml
-
 
 def cmdline(pid: int) -> str:
     try:
@@ -21,6 +19,8 @@ def cmdline(pid: int) -> str:
 
 
 def main(out: Path) -> None:
+    import pynvml  # nvidia-ml-py, on GPU machines only
+
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     with out.open("a", buffering=1) as fh:

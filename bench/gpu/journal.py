@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 
 def episodes(tokenizer, tasks: int) -> list[dict]:
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -46,6 +44,8 @@ def episodes(tokenizer, tasks: int) -> list[dict]:
 
 
 def main(model: Path, log_path: Path, tasks: int) -> None:
+    from transformers import AutoTokenizer  # the train environment's, not the app environment's
+
     folder = log_path / "trajectories" / "train" / "iter_0000"
     folder.mkdir(parents=True, exist_ok=True)
     lines = episodes(AutoTokenizer.from_pretrained(model), tasks)

@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
-
 
 def main(src: Path, dst: Path) -> None:
+    import torch  # the train environment's (or a GPU machine's), not the app environment's
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     started = time.time()
     dst.mkdir(parents=True, exist_ok=True)
     cfg = AutoConfig.from_pretrained(src)
