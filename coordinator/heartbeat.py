@@ -162,11 +162,13 @@ def run_heartbeat(
 class PeerWatch:
     """The other ranks, watched beside each node (`mode`: the run's on_rank_failure).
 
-    abort: a failure flag, an eviction, or a rank that was seen beating and then fell silent for
-    dead_after_s ends this node (a rank not beating yet may still be joining: the barriers judge that one);
-    once the master has written finished.json (it ran the last step and exited), RunFinished instead.
+    abort: a failure flag, an eviction, or a rank whose heartbeat has not changed for dead_after_s since
+    this watch saw it register (or saw it beat) ends this node: one that died within a beat of joining too
+    (a rank not registered yet may still be joining: the barriers judge that one); once the master has
+    written finished.json (it ran the last step and exited), RunFinished instead.
     continue: a worker watches only the master (its loss ends the run); the master evicts a worker that
-    failed or fell silent (its current registration: a restarted rank is a member again) and goes on.
+    failed or fell silent (its current registration: a restarted rank is a member again, judged from when
+    it registered again) and goes on.
     """
 
     def __init__(self, cluster: Cluster, ranks: list[int], dead_after_s: float, mode: str = "abort") -> None:
@@ -200,9 +202,9 @@ class PeerWatch:
         """Why `rank` is out of the run, if it is: its failure flag, its eviction, or its silence."""
         nodes = self.cluster.nodes()
         node = nodes.get(rank)
-        if node is not None and self.registered.get(rank) not in (None, (node.host, node.pid)):
-            self.watcher.forget(rank)  # a restarted rank: judge its new heartbeat from now on
-        if node is not None:
+        if node is not None and self.registered.get(rank) != (node.host, node.pid):
+            # first seen registered, or registered again (restarted): judge its heartbeat from now on this clock
+            self.watcher.forget(rank)
             self.registered[rank] = (node.host, node.pid)
         continuing = self.mode == "continue"
         failure = self.cluster.failures().get(rank)
@@ -213,7 +215,7 @@ class PeerWatch:
         eviction = self.cluster.evicted(rank)
         if eviction is not None:
             return None if continuing else f"evicted: {eviction.reason}"
-        if rank in self.watcher.dead() and self.watcher.last_beat(rank) is not None and self.watcher.changed(rank):
+        if rank in self.watcher.dead() and (node is not None or self.watcher.changed(rank)):
             return f"dead: no heartbeat change seen for {self.watcher.silent_s(rank):.0f} s"
         if continuing and rank in self.watcher.dead() and node is None:  # abort mode leaves this to the barriers
             return f"never joined: no registration or heartbeat in {self.watcher.silent_s(rank):.0f} s"
