@@ -183,18 +183,18 @@ def test_continue_mode_the_master_evicts_a_silent_or_failed_worker_and_goes_on(t
     assert cluster.members(3) == [0, 2]
     cluster.fail(FailureRecord(2, 1, "train_rollout", "rollout exit 1", 1, "node2", 102))
     assert watch() is None and cluster.members(3) == [0]
-    assert Cluster(tmp_path, "r1", rank=2, me=("node2", 102)).standing().exit_code == 5  # it learns it was evicted
+    assert Cluster(tmp_path, "r1", rank=2, me=("node2", 102, 0)).standing().exit_code == 5  # it learns it was evicted
     # rank 1 restarts: a new registration; the old eviction and the old failure flag are not its own
     cluster.register(NodeRecord(1, "node1", "a", 201, None, 0.0))
     assert cluster.members(3) == [0, 1]
-    assert Cluster(tmp_path, "r1", rank=1, me=("node1", 201)).standing() is None
+    assert Cluster(tmp_path, "r1", rank=1, me=("node1", 201, 0)).standing() is None
     assert watch() is None and cluster.evicted(1) is None
     beat(cluster, 1, 3)
     clock.now += 5
     beat(cluster, 1, 4)
     assert watch() is None and cluster.members(3) == [0, 1]  # judged afresh: not evicted for the old silence
     # the old incarnation of rank 1, alive after a partition, learns that it was replaced
-    assert "registered again" in str(Cluster(tmp_path, "r1", rank=1, me=("node1", 101)).standing())
+    assert "registered again" in str(Cluster(tmp_path, "r1", rank=1, me=("node1", 101, 0)).standing())
 
 
 def test_continue_mode_a_worker_watches_only_the_master(tmp_path: Path) -> None:
@@ -327,3 +327,31 @@ def test_abort_mode_a_rank_that_dies_within_a_beat_of_joining_stops_the_others(t
     assert ended is not None, "nothing ended after 3600 s of silence"
     assert 30 <= clock.now - start <= 35
     assert ended.exit_code == 3 and str(ended).startswith("rank 1: dead: no heartbeat change")
+
+
+def test_continue_mode_a_worker_restarted_with_the_same_host_and_pid_is_a_new_incarnation(tmp_path: Path) -> None:
+    """A container restarted with the same host name and pid (another start time) registers anew: its
+    predecessor's failure flag and eviction are not its own, and it is judged afresh (issue 24, bug 5)."""
+    from coordinator.cluster import FailureRecord, NodeRecord
+    from coordinator.heartbeat import PeerWatch
+
+    clock = FakeClock()
+    cluster = Cluster(tmp_path, "r1", rank=0)
+    cluster.register(NodeRecord(1, "node1", "a", 1, None, 0.0, started=500))
+    watch = PeerWatch(cluster, [0, 1], dead_after_s=30, mode="continue")
+    watch.watcher = LivenessWatcher(cluster, watch.ranks, 30, clock=clock)
+    cluster.fail(FailureRecord(1, 2, "train_rollout", "rollout exit 1", 1, "node1", 1, started=500))
+    assert watch() is None
+    eviction = cluster.evictions()[1]
+    assert (eviction.node_host, eviction.node_pid, eviction.node_started) == ("node1", 1, 500)
+    cluster.register(NodeRecord(1, "node1", "a", 1, None, 0.0, started=900))  # the container restarted
+    assert cluster.members(2) == [0, 1]
+    assert Cluster(tmp_path, "r1", rank=1, me=("node1", 1, 900)).standing() is None
+    for seq in (1, 2, 3):
+        beat(cluster, 1, seq)
+        assert watch() is None
+        clock.now += 5
+    assert cluster.evicted(1) is None and cluster.members(2) == [0, 1]
+    assert cluster.members(2, planned={1: ("node1", 1, 500)}) == [0]  # a step planned with the old one
+    assert cluster.members(2, planned={1: ("node1", 1, 900)}) == [0, 1]
+    assert "registered again" in str(Cluster(tmp_path, "r1", rank=1, me=("node1", 1, 500)).standing())
