@@ -69,6 +69,13 @@ class RunStopped(ClusterError):
         super().__init__(f"run stopped: {reason}")
 
 
+class RunNotRunning(ClusterError):
+    """The run that run.json names is not running (it finished, was stopped, or its master is gone): there is
+    nothing to ask to stop."""
+
+    exit_code = 4
+
+
 class Evicted(ClusterError):
     """The master declared this node's rank dead: it must stop even though it runs."""
 

@@ -136,6 +136,46 @@ class MasterWatch:
         return f"{run_json} names {who}: watching its heartbeat to tell whether it runs"
 
 
+def not_running(
+    log_path: str | Path,
+    *,
+    poll_s: float = 0.2,
+    on_wait: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> str | None:
+    """Why the run that run.json names is not running, or None when it runs (its master seen beating).
+
+    A run that finished, was asked to stop or whose master wrote its failure flag is over at once; a master
+    that ran on this host and exited with its heartbeat too is gone at once; otherwise the master's heartbeat
+    is watched on this clock for up to that run's dead_after_s (`on_wait` is told so once).
+    """
+    watch = MasterWatch(log_path, clock=clock)
+    state = watch.poll()
+    if state == "absent" or watch.record is None:
+        return f"{cluster_dir(log_path) / 'run.json'} names no run"
+    master = f"its master {watch.record.master.host} (pid {watch.record.master.pid})"
+    cluster = Cluster(Path(log_path), watch.record.run_id)
+    if cluster.finished() is not None:
+        return f"{master} ran its last step (finished.json)"
+    if cluster.stop_request() is not None:
+        return "it was asked to stop already (stop.json)"
+    failure = cluster.failures().get(0)
+    if failure is not None:
+        return f"{master} failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
+    told = False
+    while state == "watching" and not watch.gone_here():
+        if on_wait is not None and not told:
+            on_wait(watch.describe(state))
+            told = True
+        time.sleep(poll_s)
+        state = watch.poll()
+    if state == "alive":
+        return None
+    if state == "watching":  # gone_here
+        return f"{master} and its heartbeat have exited on this host"
+    return f"the heartbeat of {master} has not changed for {watch.record.dead_after_s:g} s"
+
+
 def pid_running(pid: int) -> bool:
     """A process with this pid exists on this host (it may be another one if the pid was reused)."""
     try:

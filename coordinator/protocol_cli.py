@@ -17,8 +17,9 @@
 start-run and join print the run id on stdout; progress and errors go to stderr.
 Exit codes: 0 done; 2 bad input (one message naming the field, the value and
 the fix); 3 a rank failed or is dead (`rank R: reason`); 4 the run was stopped
-or superseded; 5 this rank was evicted; 6 the run finished (the master ran the
-last step and exited: a silent master is no death then); 1 a timeout or anything else.
+or superseded (`stop --if-running`: the run is not running); 5 this rank was
+evicted; 6 the run finished (the master ran the last step and exited: a silent
+master is no death then); 1 a timeout or anything else.
 `add_subcommands(subparsers)` lets another entry point carry these subcommands.
 """
 
@@ -47,12 +48,13 @@ from coordinator.cluster import (
     FinishRecord,
     Incarnation,
     RunFinished,
+    RunNotRunning,
     RunRecord,
     StopRequest,
     load_run,
 )
 from coordinator.heartbeat import LivenessWatcher, PeerWatch, run_heartbeat
-from coordinator.membership import default_addr, join_run, pid_running, pid_started, start_run
+from coordinator.membership import default_addr, join_run, not_running, pid_running, pid_started, start_run
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
 
@@ -302,7 +304,15 @@ def cmd_fail(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    """Ask the run to stop; with --if-running only a run that runs (exit 4 naming why it does not, asking nothing):
+    run.sh --stop then stops a single-node run of the log path instead of an earlier multi-node run's record."""
     cluster, _ = this_run(args)
+    if args.if_running:
+        why = not_running(args.log_path, on_wait=say)
+        if why is not None:
+            raise RunNotRunning(
+                f"run {cluster.run_id} on {args.log_path} is not running ({why}): not asking it to stop"
+            )
     earlier = cluster.stop_request()
     if earlier is not None:  # the first request's reason is the one every node reports
         say(f"run {cluster.run_id} was already asked to stop: {earlier.reason}")
@@ -472,6 +482,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     fail.add_argument("--pid", type=int, default=None)
     stop = _run_parser(subparsers, "stop", cmd_stop, "ask the whole run to stop", rank_required=False)
     stop.add_argument("--reason", required=True)
+    stop.add_argument("--if-running", action="store_true", help="only a run whose master beats (else exit 4)")
     finish = _run_parser(subparsers, "finish", cmd_finish, "the master: the run ended well", rank_required=False)
     finish.add_argument("--reason", required=True)
     members = _run_parser(subparsers, "members", cmd_members, "who is in the next step (the master's plan)")
@@ -544,7 +555,7 @@ def dispatch(args: argparse.Namespace) -> int:
             say(f"error: {problem}")
         return 2
     except ClusterError as exc:
-        say(f"{'' if isinstance(exc, RunFinished) else 'error: '}{exc}")
+        say(f"{'' if isinstance(exc, (RunFinished, RunNotRunning)) else 'error: '}{exc}")
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

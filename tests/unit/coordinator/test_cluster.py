@@ -206,3 +206,26 @@ def test_a_node_s_start_is_its_pid_s_start_time_on_this_host() -> None:
     with subprocess.Popen(["sleep", "0"]) as gone:
         gone.wait()
     assert pid_started(gone.pid) == 0
+
+
+def test_not_running_tells_a_running_run_from_an_earlier_run_s_record(tmp_path: Path, beaters: Beaters) -> None:
+    """run.sh --stop asks only a running multi-node run to stop (issue 24, bug 6): a master seen beating runs;
+    a run that finished, was asked to stop, or whose master's heartbeat stays frozen does not."""
+    from coordinator.cluster import FinishRecord
+    from coordinator.membership import not_running
+
+    assert not_running(tmp_path / "none") == f"{tmp_path / 'none' / 'cluster' / 'run.json'} names no run"
+    old_run(tmp_path / "frozen", dead_after_s=0.2)
+    lines: list[str] = []
+    why = not_running(tmp_path / "frozen", poll_s=0.02, on_wait=lines.append)
+    assert why == "the heartbeat of its master gone-host (pid 999999) has not changed for 0.2 s"
+    assert len(lines) == 1 and lines[0].endswith("watching its heartbeat to tell whether it runs")
+    record = start_run(tmp_path / "live", 2, [1, 1], me=ME, **QUICK)
+    cluster = Cluster(tmp_path / "live", record.run_id)
+    beaters.start(cluster, 0)
+    assert not_running(tmp_path / "live", poll_s=0.02) is None
+    cluster.finish(FinishRecord("the master ran the run's last step", "node-0", 4242))
+    assert not_running(tmp_path / "live") == "its master node-0 (pid 4242) ran its last step (finished.json)"
+    stopped = start_run(tmp_path / "stopped", 2, [1, 1], me=ME, **QUICK)
+    Cluster(tmp_path / "stopped", stopped.run_id).request_stop(StopRequest("operator", None, "h", 1))
+    assert not_running(tmp_path / "stopped") == "it was asked to stop already (stop.json)"
