@@ -225,6 +225,8 @@ def check_iteration(directory: Path) -> IterationCheck:
             if rows is None:
                 unsealed.append(f"{path.name} (up to its cut)")
             ids += rows or []
+        elif takeover and path.name in manifest.get("superseded", {}):
+            continue  # an interrupted takeover's journal, never read: its dead rank's own journal is the data
         elif own or takeover:
             ids += [row.get("episode_id") for row in read_lines(path)]
             if not sealed(directory, path.name):

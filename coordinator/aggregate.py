@@ -22,7 +22,9 @@ journal up to its cut (the first `cut.lines` lines, verified against the cut's s
 appended later never counts) and every takeover journal `rank_<s>.takeover_<d>.jsonl`. The
 manifest then also has `missing_ranks`, `cut`, `reassigned`, `takeovers`, `duplicates`,
 `missing` and `unexpected`, and `complete` means every planned episode is in the data exactly
-once (docs/formats.md). Without a plan, nothing changes.
+once (docs/formats.md). Without a plan (no rank was lost this time), the ranks' own journals are the
+data; takeover journals left by an interrupted takeover (every node resumed, the dead rank finished its
+own share) are listed under `superseded` with their dead rank and never counted, so each episode counts once.
 """
 
 from __future__ import annotations
@@ -38,7 +40,14 @@ from rollout_engine.errors import ConfigError
 from rollout_engine.files import read_jsonl, save_json
 from rollout_engine.journal import read_journal
 from rollout_engine.metrics import compute_metrics, save_metrics
-from rollout_engine.takeover import DeadRank, TakeoverPlan, load_takeover_plan, read_cut, takeover_journal_name
+from rollout_engine.takeover import (
+    TAKEOVER_JOURNAL,
+    DeadRank,
+    TakeoverPlan,
+    load_takeover_plan,
+    read_cut,
+    takeover_journal_name,
+)
 from rollout_engine.types import Trajectory
 
 PER_RANK_KEYS = ("episodes", "ok_episodes", "success_rate", "wall_s", "tokens_per_s", "complete", "policy_version")
@@ -96,13 +105,35 @@ class Merged:
 
 
 def merge_ranks(directory: Path, manifests: dict[int, dict[str, Any] | None]) -> Merged:
-    """Every rank's whole journal (an episode written twice counts once: the last line wins)."""
+    """Every rank's whole journal (an episode written twice counts once: the last line wins). Takeover journals
+    left by an interrupted takeover (no rank was lost this time: every rank resumed its own share) are
+    `superseded`: named in the manifest with their dead rank and never counted."""
     by_episode: dict[str, Trajectory] = {}
     for rank in manifests:
         for trajectory in read_journal(directory / f"rank_{rank}.jsonl"):
             by_episode[trajectory.episode_id] = trajectory
     planned = sum(m.get("planned", 0) for m in manifests.values() if m)
-    return Merged(list(by_episode.values()), planned, all(_sealed(m) for m in manifests.values()))
+    superseded = _superseded(directory, manifests)
+    extra = {"superseded": superseded} if superseded else {}
+    return Merged(list(by_episode.values()), planned, all(_sealed(m) for m in manifests.values()), extra)
+
+
+def _superseded(directory: Path, manifests: dict[int, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
+    """The takeover journals of `directory`, each with its dead rank, its episodes and why it is not counted."""
+    found = {}
+    for path in sorted(directory.glob("rank_*.takeover_*.jsonl")):
+        match = TAKEOVER_JOURNAL.fullmatch(path.name)
+        if match is None:
+            continue
+        dead = int(match.group(2))
+        if dead not in manifests:
+            reason = f"rank {dead} has no share in this merge"
+        elif _sealed(manifests[dead]):
+            reason = f"rank {dead}'s own journal is sealed complete"
+        else:
+            reason = f"rank {dead}'s own journal is not sealed complete: the iteration is incomplete"
+        found[path.name] = {"rank": dead, "episodes": len(read_journal(path)), "reason": reason}
+    return found
 
 
 @dataclass

@@ -69,6 +69,13 @@ class RunStopped(ClusterError):
         super().__init__(f"run stopped: {reason}")
 
 
+class RunNotRunning(ClusterError):
+    """The run that run.json names is not running (it finished, was stopped, or its master is gone): there is
+    nothing to ask to stop."""
+
+    exit_code = 4
+
+
 class Evicted(ClusterError):
     """The master declared this node's rank dead: it must stop even though it runs."""
 
@@ -137,6 +144,11 @@ class Pinned:
     created: float
 
 
+#: one start of a node's process: (host, pid, start time of that pid on its host in clock ticks since boot; 0 when
+#: unknown). A node restarted with the same host name and pid (a container) is another start: the time differs
+Incarnation = tuple[str, int, int]
+
+
 @dataclass(frozen=True)
 class NodeRecord:
     """A rank's registration in its run."""
@@ -147,6 +159,11 @@ class NodeRecord:
     pid: int
     vllm_port: int | None
     joined: float
+    started: int = 0  # the pid's start time on its host (clock ticks since boot): see Incarnation
+
+    @property
+    def incarnation(self) -> Incarnation:
+        return (self.host, self.pid, self.started)
 
 
 @dataclass(frozen=True)
@@ -161,6 +178,11 @@ class FailureRecord:
     host: str
     pid: int
     time: float = field(default_factory=time.time)
+    started: int = 0  # the pid's start time on its host: the flag is this incarnation's (Incarnation)
+
+    @property
+    def incarnation(self) -> Incarnation:
+        return (self.host, self.pid, self.started)
 
 
 @dataclass(frozen=True)
@@ -186,8 +208,9 @@ class FinishRecord:
 
 @dataclass(frozen=True)
 class Eviction:
-    """The master's verdict that a rank is dead: the incarnation registered then (`node_host`, `node_pid`:
-    its run.sh; "" and 0 for any). A restarted rank registers anew and is no longer evicted."""
+    """The master's verdict that a rank is dead: the incarnation registered then (`node_host`, `node_pid`,
+    `node_started`: its run.sh; "" and 0 for any). A restarted rank registers anew and is no longer evicted,
+    even with the same host name and pid (a container): its start time differs."""
 
     rank: int
     reason: str
@@ -197,12 +220,13 @@ class Eviction:
     time: float = field(default_factory=time.time)
     node_host: str = ""
     node_pid: int = 0
+    node_started: int = 0
 
     def applies_to(self, node: NodeRecord | None) -> bool:
         """Does the verdict cover `node` (the rank's registration), or every incarnation?"""
         if self.node_pid == 0:
             return True
-        return node is not None and (node.host, node.pid) == (self.node_host, self.node_pid)
+        return node is not None and node.incarnation == (self.node_host, self.node_pid, self.node_started)
 
 
 def cluster_dir(log_path: str | Path) -> Path:
@@ -248,8 +272,8 @@ class Cluster:
     log_path: Path
     run_id: str
     rank: int | None = None
-    #: this node's run.sh (host, pid) when known: a registration of its rank by another one replaces it
-    me: tuple[str, int] | None = None
+    #: this node's run.sh (host, pid, start time) when known: a registration of its rank by another one replaces it
+    me: Incarnation | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -316,13 +340,13 @@ class Cluster:
         node = node if node is not None else self.nodes().get(rank)
         return eviction if eviction is not None and eviction.applies_to(node) else None
 
-    def members(self, num_nodes: int, planned: dict[int, tuple[str, int]] | None = None) -> list[int]:
+    def members(self, num_nodes: int, planned: dict[int, Incarnation] | None = None) -> list[int]:
         """The ranks in the run now: the master, and every registered rank whose registration is not evicted
-        (a rank restarted after its eviction is a member again). With `planned` (rank -> the host and pid of
+        (a rank restarted after its eviction is a member again). With `planned` (rank -> the incarnation of
         the registration a step was planned with): those of them whose planned registration is not evicted."""
         nodes, evictions = self.nodes(), self.evictions()
         if planned is not None:
-            nodes = {rank: NodeRecord(rank, host, "", pid, None, 0.0) for rank, (host, pid) in planned.items()}
+            nodes = {rank: planned_node(rank, incarnation) for rank, incarnation in planned.items()}
         return [
             rank
             for rank in range(num_nodes)
@@ -338,11 +362,11 @@ class Cluster:
         """Why this node must stop, if it must: this rank evicted, stop.json, or a newer run in run.json."""
         if self.rank is not None:
             current = self.nodes().get(self.rank)
-            if self.me is not None and current is not None and (current.host, current.pid) != self.me:
+            if self.me is not None and current is not None and current.incarnation != self.me:
                 return Evicted(
                     self.rank, f"rank {self.rank} was registered again, by {current.host} (pid {current.pid})"
                 )
-            mine = NodeRecord(self.rank, self.me[0], "", self.me[1], None, 0) if self.me is not None else current
+            mine = planned_node(self.rank, self.me) if self.me is not None else current
             eviction = self.evicted(self.rank, mine) if mine is not None else self.evictions().get(self.rank)
             if eviction is not None:
                 return Evicted(self.rank, eviction.reason)
@@ -360,6 +384,12 @@ class Cluster:
         ended = self.standing()
         if ended is not None:
             raise ended
+
+
+def planned_node(rank: int, incarnation: Incarnation) -> NodeRecord:
+    """The registration of `rank` by `incarnation`, as far as eviction goes (no address, port or join time)."""
+    host, pid, started = incarnation
+    return NodeRecord(rank, host, "", pid, None, 0.0, started)
 
 
 def _load_ranks(directory: Path, kind: type) -> dict[int, Any]:

@@ -18,6 +18,7 @@ a file that merely appears may be an old one that NFS showed late.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 from rollout_engine.files import save_text
 
 if TYPE_CHECKING:
-    from coordinator.cluster import Cluster, ClusterError
+    from coordinator.cluster import Cluster, ClusterError, Incarnation
 
 
 @dataclass(frozen=True)
@@ -162,11 +163,13 @@ def run_heartbeat(
 class PeerWatch:
     """The other ranks, watched beside each node (`mode`: the run's on_rank_failure).
 
-    abort: a failure flag, an eviction, or a rank that was seen beating and then fell silent for
-    dead_after_s ends this node (a rank not beating yet may still be joining: the barriers judge that one);
-    once the master has written finished.json (it ran the last step and exited), RunFinished instead.
+    abort: a failure flag, an eviction, or a rank whose heartbeat has not changed for dead_after_s since
+    this watch saw it register (or saw it beat) ends this node: one that died within a beat of joining too
+    (a rank not registered yet may still be joining: the barriers judge that one); once the master has
+    written finished.json (it ran the last step and exited), RunFinished instead.
     continue: a worker watches only the master (its loss ends the run); the master evicts a worker that
-    failed or fell silent (its current registration: a restarted rank is a member again) and goes on.
+    failed or fell silent (its current registration: a restarted rank is a member again, judged from when
+    it registered again) and goes on.
     """
 
     def __init__(self, cluster: Cluster, ranks: list[int], dead_after_s: float, mode: str = "abort") -> None:
@@ -175,7 +178,7 @@ class PeerWatch:
         if mode == "continue" and cluster.rank != 0:
             self.ranks = [rank for rank in self.ranks if rank == 0]
         self.watcher = LivenessWatcher(cluster, self.ranks, dead_after_s)
-        self.registered: dict[int, tuple[str, int]] = {}
+        self.registered: dict[int, Incarnation] = {}
         #: called with the rank after each eviction (the heartbeat CLI signals its node: SIGUSR1)
         self.on_evict: Callable[[int], None] | None = None
 
@@ -200,30 +203,28 @@ class PeerWatch:
         """Why `rank` is out of the run, if it is: its failure flag, its eviction, or its silence."""
         nodes = self.cluster.nodes()
         node = nodes.get(rank)
-        if node is not None and self.registered.get(rank) not in (None, (node.host, node.pid)):
-            self.watcher.forget(rank)  # a restarted rank: judge its new heartbeat from now on
-        if node is not None:
-            self.registered[rank] = (node.host, node.pid)
+        if node is not None and self.registered.get(rank) != node.incarnation:
+            # first seen registered, or registered again (restarted): judge its heartbeat from now on this clock
+            self.watcher.forget(rank)
+            self.registered[rank] = node.incarnation
         continuing = self.mode == "continue"
         failure = self.cluster.failures().get(rank)
-        if failure is not None and (
-            not continuing or node is None or (failure.host, failure.pid) == (node.host, node.pid)
-        ):
+        if failure is not None and (not continuing or node is None or failure.incarnation == node.incarnation):
             return f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
         eviction = self.cluster.evicted(rank)
         if eviction is not None:
             return None if continuing else f"evicted: {eviction.reason}"
-        if rank in self.watcher.dead() and self.watcher.last_beat(rank) is not None and self.watcher.changed(rank):
+        if rank in self.watcher.dead() and (node is not None or self.watcher.changed(rank)):
             return f"dead: no heartbeat change seen for {self.watcher.silent_s(rank):.0f} s"
         if continuing and rank in self.watcher.dead() and node is None:  # abort mode leaves this to the barriers
             return f"never joined: no registration or heartbeat in {self.watcher.silent_s(rank):.0f} s"
         return None
 
-    def drop(self, missing: list[int], planned: dict[int, tuple[str, int]] | None = None) -> list[int]:
+    def drop(self, missing: list[int], planned: dict[int, Incarnation] | None = None) -> list[int]:
         """Of the ranks a barrier misses, those out of the run (continue mode): evicted ones (with `planned`,
-        rank -> host and pid: the registration the step was planned with), and on the master the ones it
-        evicts now (failed, or silent once seen beating)."""
-        from coordinator.cluster import NodeRecord
+        rank -> the incarnation the step was planned with), and on the master the ones it evicts now (failed,
+        or silent)."""
+        from coordinator.cluster import planned_node
 
         out = []
         self.watcher.observe()
@@ -234,7 +235,7 @@ class PeerWatch:
                 self.evict(rank, reason)
             node = None
             if planned is not None and rank in planned:
-                node = NodeRecord(rank, planned[rank][0], "", planned[rank][1], None, 0.0)
+                node = planned_node(rank, planned[rank])
             if self.cluster.evicted(rank, node) is not None:
                 out.append(rank)
         return out
@@ -246,8 +247,9 @@ class PeerWatch:
         node = self.cluster.nodes().get(rank)
         if self.cluster.evicted(rank, node) is not None:
             return
-        host, pid = (node.host, node.pid) if node is not None else ("", 0)
-        self.cluster.evict(Eviction(rank, reason, 0, socket.gethostname(), os.getpid(), node_host=host, node_pid=pid))
+        host, pid, started = node.incarnation if node is not None else ("", 0, 0)
+        verdict = Eviction(rank, reason, 0, socket.gethostname(), os.getpid(), node_host=host, node_pid=pid)
+        self.cluster.evict(dataclasses.replace(verdict, node_started=started))
         print(f"[baton] rank {rank} evicted: {reason}; the run goes on without it", file=sys.stderr, flush=True)
         if self.on_evict is not None:
             self.on_evict(rank)

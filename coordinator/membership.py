@@ -26,6 +26,7 @@ from coordinator.cluster import (
     ON_RANK_FAILURE,
     Cluster,
     Endpoint,
+    Incarnation,
     JoinTimeout,
     MasterAlive,
     NodeRecord,
@@ -135,6 +136,46 @@ class MasterWatch:
         return f"{run_json} names {who}: watching its heartbeat to tell whether it runs"
 
 
+def not_running(
+    log_path: str | Path,
+    *,
+    poll_s: float = 0.2,
+    on_wait: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> str | None:
+    """Why the run that run.json names is not running, or None when it runs (its master seen beating).
+
+    A run that finished, was asked to stop or whose master wrote its failure flag is over at once; a master
+    that ran on this host and exited with its heartbeat too is gone at once; otherwise the master's heartbeat
+    is watched on this clock for up to that run's dead_after_s (`on_wait` is told so once).
+    """
+    watch = MasterWatch(log_path, clock=clock)
+    state = watch.poll()
+    if state == "absent" or watch.record is None:
+        return f"{cluster_dir(log_path) / 'run.json'} names no run"
+    master = f"its master {watch.record.master.host} (pid {watch.record.master.pid})"
+    cluster = Cluster(Path(log_path), watch.record.run_id)
+    if cluster.finished() is not None:
+        return f"{master} ran its last step (finished.json)"
+    if cluster.stop_request() is not None:
+        return "it was asked to stop already (stop.json)"
+    failure = cluster.failures().get(0)
+    if failure is not None:
+        return f"{master} failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
+    told = False
+    while state == "watching" and not watch.gone_here():
+        if on_wait is not None and not told:
+            on_wait(watch.describe(state))
+            told = True
+        time.sleep(poll_s)
+        state = watch.poll()
+    if state == "alive":
+        return None
+    if state == "watching":  # gone_here
+        return f"{master} and its heartbeat have exited on this host"
+    return f"the heartbeat of {master} has not changed for {watch.record.dead_after_s:g} s"
+
+
 def pid_running(pid: int) -> bool:
     """A process with this pid exists on this host (it may be another one if the pid was reused)."""
     try:
@@ -146,12 +187,24 @@ def pid_running(pid: int) -> bool:
     return True
 
 
+def pid_started(pid: int) -> int:
+    """When the process `pid` of this host started (clock ticks since boot, field 22 of /proc/<pid>/stat, as
+    scripts/lib/procs.sh reads it); 0 when there is no such process. With the host and pid it names one start
+    of a process: a container restarted with the same host name and pid started later."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[19])  # the fields after the command name, which may hold spaces
+
+
 def start_run(
     log_path: str | Path,
     num_nodes: int,
     rank_weights: list[int],
     *,
     me: Endpoint | None = None,
+    started: int | None = None,
     vllm_port: int | None = None,
     torchrun_port: int | None = None,
     start_iteration: int = 0,
@@ -167,7 +220,8 @@ def start_run(
 
     Refused (ConfigError) when the values disagree with pinned.json; refused (MasterAlive) when
     the master that run.json names still beats, watched for up to `alive_window_s` (default: its
-    dead_after_s). Then run.sh starts the heartbeat of rank 0.
+    dead_after_s). Then run.sh starts the heartbeat of rank 0. `me` (default: this process) registers as rank 0;
+    `started` is its pid's start time (default: read here, pid_started).
     """
     problems = check_nodes(num_nodes, rank_weights) + _check_timing(heartbeat_interval_s, dead_after_s, on_rank_failure)
     if problems:
@@ -198,7 +252,8 @@ def start_run(
         pin = Pinned(num_nodes, list(rank_weights), record.run_id, record.created)
         save_json(cluster_dir(log_path) / "pinned.json", asdict(pin))
     cluster = Cluster(Path(log_path), record.run_id, rank=0)
-    cluster.register(NodeRecord(0, me.host, me.addr, me.pid, vllm_port, record.created))
+    started = pid_started(me.pid) if started is None else started
+    cluster.register(NodeRecord(0, me.host, me.addr, me.pid, vllm_port, record.created, started))
     save_json(cluster.run_dir / "run.json", asdict(record))
     save_json(cluster_dir(log_path) / "run.json", asdict(record))
     return record
@@ -233,6 +288,7 @@ def join_run(
     wait_s: float = 600.0,
     *,
     me: Endpoint | None = None,
+    started: int | None = None,
     vllm_port: int | None = None,
     poll_s: float = 0.2,
     on_wait: Callable[[str], None] | None = None,
@@ -241,7 +297,9 @@ def join_run(
     """Join the run of the live master as `rank`; wait up to `wait_s` for one; register this node.
 
     A run.json left by a master that is gone never counts: the master must be seen beating.
-    `on_wait` gets a line each time what we wait for changes.
+    `on_wait` gets a line each time what we wait for changes. `me` (default: this process) and `started`
+    (its pid's start time, default: read here) name this start of the node: an eviction of an earlier start
+    with the same host name and pid (a restarted container) is not this one's.
     """
     problems = check_nodes(num_nodes, rank_weights)
     if num_nodes >= 2 and not 1 <= rank < num_nodes:
@@ -273,11 +331,12 @@ def join_run(
             f" --rank-weights {_csv(record.rank_weights)}; give every node the same values"
         )
     me = me or Endpoint(socket.gethostname(), default_addr(), os.getpid())
-    cluster = Cluster(Path(log_path), record.run_id, rank=rank, me=(me.host, me.pid))
+    mine = (me.host, me.pid, pid_started(me.pid) if started is None else started)
+    cluster = Cluster(Path(log_path), record.run_id, rank=rank, me=mine)
     if record.on_rank_failure == "continue":
-        _await_eviction(cluster, rank, me, record.dead_after_s * 2 + 10, poll_s, on_wait, clock)
-    _refuse_taken_rank(cluster, rank, me)
-    cluster.register(NodeRecord(rank, me.host, me.addr, me.pid, vllm_port, time.time()))
+        _await_eviction(cluster, rank, mine, record.dead_after_s * 2 + 10, poll_s, on_wait, clock)
+    _refuse_taken_rank(cluster, rank, mine)
+    cluster.register(NodeRecord(rank, me.host, me.addr, me.pid, vllm_port, time.time(), mine[2]))
     cluster.check_standing()  # a stopped or superseded run (an eviction of an earlier incarnation is not ours)
     return record
 
@@ -285,7 +344,7 @@ def join_run(
 def _await_eviction(
     cluster: Cluster,
     rank: int,
-    me: Endpoint,
+    me: Incarnation,
     wait_s: float,
     poll_s: float,
     on_wait: Callable[[str], None] | None,
@@ -296,7 +355,7 @@ def _await_eviction(
     deadline, told = clock() + wait_s, False
     while clock() < deadline:
         other = cluster.nodes().get(rank)
-        if other is None or (other.host, other.pid) == (me.host, me.pid) or cluster.evicted(rank, other) is not None:
+        if other is None or other.incarnation == me or cluster.evicted(rank, other) is not None:
             return
         if on_wait is not None and not told:
             on_wait(
@@ -306,13 +365,13 @@ def _await_eviction(
         time.sleep(poll_s)
 
 
-def _refuse_taken_rank(cluster: Cluster, rank: int, me: Endpoint) -> None:
+def _refuse_taken_rank(cluster: Cluster, rank: int, me: Incarnation) -> None:
     """Two live nodes with one rank are an error; a rank whose registration was evicted may join again
     (it becomes a member at the master's next step: `Cluster.members`)."""
     other = cluster.nodes().get(rank)
     if other is not None and cluster.evicted(rank, other) is not None:
         return
-    if other is not None and (other.host, other.pid) != (me.host, me.pid):
+    if other is not None and other.incarnation != me:
         raise ConfigError(
             f"rank {rank} already joined run {cluster.run_id} from {other.host} (pid {other.pid}): two nodes were"
             " given the same --worker rank, or this node restarted inside a live run; give each node its own rank,"

@@ -17,8 +17,9 @@
 start-run and join print the run id on stdout; progress and errors go to stderr.
 Exit codes: 0 done; 2 bad input (one message naming the field, the value and
 the fix); 3 a rank failed or is dead (`rank R: reason`); 4 the run was stopped
-or superseded; 5 this rank was evicted; 6 the run finished (the master ran the
-last step and exited: a silent master is no death then); 1 a timeout or anything else.
+or superseded (`stop --if-running`: the run is not running); 5 this rank was
+evicted; 6 the run finished (the master ran the last step and exited: a silent
+master is no death then); 1 a timeout or anything else.
 `add_subcommands(subparsers)` lets another entry point carry these subcommands.
 """
 
@@ -45,13 +46,15 @@ from coordinator.cluster import (
     Eviction,
     FailureRecord,
     FinishRecord,
+    Incarnation,
     RunFinished,
+    RunNotRunning,
     RunRecord,
     StopRequest,
     load_run,
 )
 from coordinator.heartbeat import LivenessWatcher, PeerWatch, run_heartbeat
-from coordinator.membership import default_addr, join_run, pid_running, start_run
+from coordinator.membership import default_addr, join_run, not_running, pid_running, pid_started, start_run
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
 
@@ -71,13 +74,21 @@ def say(line: str) -> None:
     print(f"[baton] {line}", file=sys.stderr, flush=True)
 
 
-def planned_nodes(text: str) -> dict[int, tuple[str, int]]:
-    """`1=host:pid,2=host:pid`: the registrations a step was planned with."""
+def planned_nodes(text: str) -> dict[int, Incarnation]:
+    """`1=host:pid:started,2=host:pid:started`: the registrations a step was planned with (`members`' m_<r>)."""
     try:
         pairs = [item.split("=", 1) for item in text.split(",") if item]
-        return {int(rank): (spec.rsplit(":", 1)[0], int(spec.rsplit(":", 1)[1])) for rank, spec in pairs}
+        return {int(rank): incarnation(spec) for rank, spec in pairs}
     except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"must be rank=host:pid,... e.g. 1=node1:4242 (got {text!r})") from None
+        raise argparse.ArgumentTypeError(
+            f"must be rank=host:pid:started,... e.g. 1=node1:4242:81234 (got {text!r})"
+        ) from None
+
+
+def incarnation(spec: str) -> Incarnation:
+    """`host:pid:started` (a registration's incarnation, as `members` prints it)."""
+    host, pid, started = spec.rsplit(":", 2)
+    return (host, int(pid), int(started))
 
 
 def int_list(text: str) -> list[int]:
@@ -170,7 +181,7 @@ class SignalPacer:
 def cmd_heartbeat(args: argparse.Namespace) -> int:
     cluster, record = this_run(args)
     pacer = SignalPacer(args.node_pid)
-    cluster = replace(cluster, me=(socket.gethostname(), pacer.node_pid))
+    cluster = replace(cluster, me=(socket.gethostname(), pacer.node_pid, pid_started(pacer.node_pid)))
     interval = args.interval or record.heartbeat_interval_s
     peers = None
     if args.stop_node:
@@ -286,14 +297,22 @@ def cmd_fail(args: argparse.Namespace) -> int:
     cluster, _ = this_run(args)
     check_phase(args.phase)
     pid = args.pid or os.getppid()
-    cluster.fail(
-        FailureRecord(args.rank, args.iteration, args.phase, args.reason, args.exit_code, socket.gethostname(), pid)
-    )
+    host, started = socket.gethostname(), pid_started(pid)
+    failure = FailureRecord(args.rank, args.iteration, args.phase, args.reason, args.exit_code, host, pid)
+    cluster.fail(replace(failure, started=started))
     return 0
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    """Ask the run to stop; with --if-running only a run that runs (exit 4 naming why it does not, asking nothing):
+    run.sh --stop then stops a single-node run of the log path instead of an earlier multi-node run's record."""
     cluster, _ = this_run(args)
+    if args.if_running:
+        why = not_running(args.log_path, on_wait=say)
+        if why is not None:
+            raise RunNotRunning(
+                f"run {cluster.run_id} on {args.log_path} is not running ({why}): not asking it to stop"
+            )
     earlier = cluster.stop_request()
     if earlier is not None:  # the first request's reason is the one every node reports
         say(f"run {cluster.run_id} was already asked to stop: {earlier.reason}")
@@ -313,7 +332,7 @@ def cmd_finish(args: argparse.Namespace) -> int:
 
 def cmd_members(args: argparse.Namespace) -> int:
     """The master's view of who is in the next step, as key<TAB>value lines for its plan: `members` (csv),
-    `weights` (the run's, 0 for a rank that is out) and `m_<r>` (host:pid of each member's registration).
+    `weights` (the run's, 0 for a rank that is out) and `m_<r>` (host:pid:started of each member's registration).
     Continue mode: the ranks registered and not evicted (`--wait-all S`: first wait up to S s, while they
     join, for every rank to register); abort mode: every rank."""
     cluster, record = this_run(args)
@@ -329,7 +348,7 @@ def cmd_members(args: argparse.Namespace) -> int:
     data["weights"] = ",".join(
         str(w if rank in members else 0) for rank, w in zip(ranks, record.rank_weights, strict=True)
     )
-    data |= {f"m_{rank}": f"{nodes[rank].host}:{nodes[rank].pid}" for rank in members if rank in nodes}
+    data |= {f"m_{rank}": ":".join(map(str, nodes[rank].incarnation)) for rank in members if rank in nodes}
     print_data(data)
     return 0
 
@@ -409,7 +428,9 @@ def last_barriers(cluster: Cluster) -> dict[int, str]:
     return {rank: key[2] for rank, key in latest.items()}
 
 
-PLANNED_HELP = "continue runs: rank=host:pid,... the registrations the step was planned with (of them, the evicted)"
+PLANNED_HELP = (
+    "continue runs: rank=host:pid:started,... the registrations the step was planned with (of them, the evicted)"
+)
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
@@ -461,6 +482,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     fail.add_argument("--pid", type=int, default=None)
     stop = _run_parser(subparsers, "stop", cmd_stop, "ask the whole run to stop", rank_required=False)
     stop.add_argument("--reason", required=True)
+    stop.add_argument("--if-running", action="store_true", help="only a run whose master beats (else exit 4)")
     finish = _run_parser(subparsers, "finish", cmd_finish, "the master: the run ended well", rank_required=False)
     finish.add_argument("--reason", required=True)
     members = _run_parser(subparsers, "members", cmd_members, "who is in the next step (the master's plan)")
@@ -533,7 +555,7 @@ def dispatch(args: argparse.Namespace) -> int:
             say(f"error: {problem}")
         return 2
     except ClusterError as exc:
-        say(f"{'' if isinstance(exc, RunFinished) else 'error: '}{exc}")
+        say(f"{'' if isinstance(exc, (RunFinished, RunNotRunning)) else 'error: '}{exc}")
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

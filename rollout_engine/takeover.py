@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ if TYPE_CHECKING:  # training reads takeovers too and stays free of omegaconf
     from rollout_engine.tasks import EpisodeSpec
 
 TAKEOVER_SCHEMA = "baton.takeover/1"
+#: `rank_<s>.takeover_<d>.jsonl`: survivor s's journal of dead rank d's episodes (takeover_journal_name)
+TAKEOVER_JOURNAL = re.compile(r"rank_(\d+)\.takeover_(\d+)\.jsonl")
 NEWLINE = b"\n"
 
 

@@ -110,17 +110,18 @@ cmd_run() {
   common_log "run finished: $RUN_LOG/metrics.jsonl, $RUN_LOG/plots/success.png"
 }
 
-# cmd_stop: stop the run on --log-path: a multi-node run through its stop
+# cmd_stop: stop the run on --log-path: a running multi-node run through its stop
 # request (each node's heartbeat sees it within an interval and stops its node:
-# exit 0), a single node by SIGTERM to the run.sh that owns it on this host.
+# exit 0), else a single node by SIGTERM to the run.sh that owns it on this host.
 cmd_stop() {
-  local file host pid start group stopped=0
+  local file host pid start group rc stopped=0
   [[ $RUN_LOG == /* && -d $RUN_LOG ]] || cli_bad "--stop needs the --log-path of a run (an existing absolute path; got '$RUN_LOG'); give the --log-path the run was started with"
   for group in "" rollout update; do # --rl-phase both, then a split deployment's runs
     [[ -f $RUN_LOG/${group:+roles/$group/}cluster/run.json ]] || continue
-    loop_py "$BATON_APP_PY" -m coordinator stop --log-path "$RUN_LOG" ${group:+--group "$group"} \
-      --reason "run.sh --stop by $(id -un)@$(hostname)" || common_die 1 "could not ask the run on $RUN_LOG to stop"
-    stopped=1
+    rc=0 # 4: an earlier run's record (it finished, stopped, or its master is gone): a single-node run may be live
+    loop_py "$BATON_APP_PY" -m coordinator stop --if-running --log-path "$RUN_LOG" ${group:+--group "$group"} \
+      --reason "run.sh --stop by $(id -un)@$(hostname)" || rc=$?
+    case $rc in 0) stopped=1 ;; 4) ;; *) common_die 1 "could not ask the run on $RUN_LOG to stop" ;; esac
   done
   if ((stopped)); then
     common_log "every node of the run stops within a heartbeat interval; resume later with --resume"

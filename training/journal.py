@@ -18,6 +18,8 @@ says: the survivors' journals, each dead rank's journal up to its cut (the
 first `cut.lines` lines, checked against the cut's sha256; what it appended
 later is never read) and the takeover journals `rank_<s>.takeover_<d>.jsonl`,
 and only when the manifest says every planned episode is there exactly once.
+Takeover journals the manifest names `superseded` (an interrupted takeover whose
+dead rank, resumed, finished its own share) are never read.
 """
 
 from __future__ import annotations
@@ -31,13 +33,12 @@ from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.journal import read_journal
-from rollout_engine.takeover import read_cut, takeover_journal_name
+from rollout_engine.takeover import TAKEOVER_JOURNAL, read_cut, takeover_journal_name
 from rollout_engine.types import Trajectory
 
 log = logging.getLogger(__name__)
 
 OWN_JOURNAL = re.compile(r"rank_\d+\.jsonl")
-TAKEOVER_JOURNAL = re.compile(r"rank_\d+\.takeover_\d+\.jsonl")
 
 
 def iteration_dir(log_path: str | Path, split: str, iteration: int) -> Path:
@@ -69,7 +70,8 @@ def read_iteration(directory: Path) -> list[Trajectory]:
     if manifest is not None and "missing_ranks" in manifest:
         check_takeover_merged(manifest_path, manifest)
         return read_takeover(directory, manifest)
-    takeovers = [name for name in names if TAKEOVER_JOURNAL.fullmatch(name)]
+    superseded = manifest.get("superseded", {}) if manifest is not None else {}
+    takeovers = [name for name in names if TAKEOVER_JOURNAL.fullmatch(name) and name not in superseded]
     if takeovers:
         raise ConfigError(
             f"{directory} holds takeover journals ({', '.join(takeovers)}) but no manifest.json that merged them: "

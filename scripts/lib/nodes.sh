@@ -50,8 +50,9 @@ nodes_cli() {
 # the heartbeat runs beside this node as a tracked group. Sets NODES_RUN_ID,
 # NODES_MASTER_ADDR and NODES_TORCHRUN_PORT.
 nodes_start() {
-  # shellcheck disable=SC2034 # NODES_ME (this node's registration, host:pid) is read by loop_next
-  NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT="" NODES_ON_FAILURE=abort NODES_ME="$HOSTNAME:$$" NODES_PLANNED="" NODES_JOINED=""
+  NODES_RUN_ID="" NODES_MASTER_ADDR="" NODES_TORCHRUN_PORT="" NODES_ON_FAILURE=abort NODES_PLANNED="" NODES_JOINED=""
+  # shellcheck disable=SC2034 # NODES_ME (this node's registration, host:pid:start time) is read by loop_next
+  NODES_ME="$HOSTNAME:$$:$(procs_start_time $$ || printf '0\n')"
   NODES_BEAT_PID=""
   nodes_multi || return 0
   local rc=0 key value group
@@ -184,7 +185,7 @@ nodes_continue() {
 
 # nodes_members <step> <var> [planned]: the master's view of who is in the step,
 # into the associative array <var>: "members" (csv), "weights" (the run's, 0 for a
-# rank that is out), "m_<r>" (host:pid of each member's registration). With
+# rank that is out), "m_<r>" (host:pid:start time of each member's registration). With
 # [planned] (NODES_PLANNED of a step), those of the step's members not evicted since.
 # On the first step of a continue run it first waits (BATON_JOIN_WAIT_S) for every rank to join.
 nodes_members() {
@@ -200,7 +201,7 @@ nodes_members() {
   while IFS=$'\t' read -r key value; do found["$key"]=$value; done <<<"$out"
 }
 
-# nodes_plan_members <var>: set NODES_PLANNED (rank=host:pid,... of the workers)
+# nodes_plan_members <var>: set NODES_PLANNED (rank=host:pid:start time,... of the workers)
 # from the members array named <var> (a plan's, or nodes_members').
 nodes_plan_members() {
   local -n of=$1

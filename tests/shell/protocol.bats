@@ -207,3 +207,23 @@ seq_of() {
   [[ $stderr == *"was already asked to stop: operator: disk full"* ]]
   grep -q '"reason": "operator: disk full"' "$LOG/cluster/runs/$RUN/stop.json"
 }
+
+@test "continue: a worker restarted with the same host name and pid (a container) joins again after its eviction" {
+  [[ $(id -u) == 0 ]] || skip "needs root: each worker runs as pid 1 of its own PID and UTS namespaces (unshare)"
+  bg bash -c 'trap "" USR1 && exec sleep 300' # the master's node (an eviction signals it: SIGUSR1)
+  local master=$LAST
+  RUN=$("${CLI[@]}" start-run --log-path "$LOG" --num-nodes 2 --rank-weights 1,1 --on-rank-failure continue \
+    --heartbeat-interval 0.1 --dead-after 1 --pid "$master")
+  beat 0 --node-pid "$master" --stop-node 2>"$BATS_TEST_TMPDIR/master.err" # its watch evicts a silent worker
+  # container: pid 1 in a fresh PID namespace, host name node1; it joins and dies without beating
+  local -a worker=(unshare --pid --fork --mount-proc --uts sh -c
+    "hostname node1 && exec $(printf '%q ' "${CLI[@]}") join --log-path '$LOG' --rank 1 --num-nodes 2 --rank-weights 1,1 --pid 1 --wait 10")
+  run -0 --separate-stderr "${worker[@]}"
+  [ "$output" = "$RUN" ]
+  local i
+  for ((i = 0; i < 100; i++)); do [[ -f $LOG/cluster/runs/$RUN/evicted/rank_1.json ]] && break || sleep 0.1; done
+  [[ -f $LOG/cluster/runs/$RUN/evicted/rank_1.json ]]
+  # the container restarts: the same host name and pid, a new process
+  run -0 --separate-stderr "${worker[@]}"
+  [ "$output" = "$RUN" ]
+}

@@ -287,3 +287,18 @@ def test_every_node_s_training_groups_are_recorded_groups(tmp_path: Path) -> Non
     (training / "train.log.pgid").write_text("101 5\n")
     (training / "train.rank_1.log.pgid").write_text("202 6\n")
     assert [(pgid, start) for _, pgid, start in recorded_groups(tmp_path)] == [(101, "5"), (202, "6")]
+
+
+async def test_a_takeover_journal_superseded_after_a_resume_is_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupted takeover, then every node resumed and rank 1 finished its own share: the master's merge
+    names the takeover journal superseded, and its lines are no duplicates."""
+    directory = await two_ranks(tmp_path, monkeypatch, takeover=True)
+    (directory / "manifest.json").unlink()
+    cfg = rollout_config(tmp_path, 1, WEIGHTS, resume=True)
+    assert await run_rollout(cfg, resolved(cfg)) == 0
+    aggregate(tmp_path / "log", "train", 2, 2, wall_s=1.0)
+    check = check_iteration(directory)
+    assert (check.planned, check.lines, check.lost, check.duplicated) == (16, 16, 0, 0)
+    assert check.problems() == []

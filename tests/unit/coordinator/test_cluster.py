@@ -14,6 +14,7 @@ import pytest
 from coordinator.cluster import (
     Cluster,
     Endpoint,
+    Evicted,
     Eviction,
     JoinTimeout,
     MasterAlive,
@@ -169,8 +170,62 @@ def test_join_run_lets_a_rank_whose_registration_was_evicted_join_again(tmp_path
     record = start_run(tmp_path, 2, [1, 1], me=ME, on_rank_failure="continue", **QUICK)
     cluster = Cluster(tmp_path, record.run_id)
     beaters.start(cluster, 0)
-    join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=Endpoint("node-1", "a", 1), poll_s=0.02)
-    cluster.evict(Eviction(1, "dead: no heartbeat change seen for 30 s", 0, "m", 7, node_host="node-1", node_pid=1))
+    join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=Endpoint("node-1", "a", 1), started=11, poll_s=0.02)
+    reason = "dead: no heartbeat change seen for 30 s"
+    cluster.evict(Eviction(1, reason, 0, "m", 7, node_host="node-1", node_pid=1, node_started=11))
     assert cluster.members(2) == [0]
-    join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=Endpoint("node-1", "a", 2), poll_s=0.02)
+    join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=Endpoint("node-1", "a", 2), started=12, poll_s=0.02)
     assert cluster.nodes()[1].pid == 2 and cluster.members(2) == [0, 1]
+
+
+def test_join_run_lets_a_rank_restarted_with_the_same_host_and_pid_join_again(tmp_path: Path, beaters: Beaters) -> None:
+    """A container restarted with the same host name and pid is another start of the node (its start time
+    differs): the eviction of the earlier start is not its own, and it joins (issue 24, bug 5)."""
+    record = start_run(tmp_path, 2, [1, 1], me=ME, on_rank_failure="continue", **QUICK)
+    cluster = Cluster(tmp_path, record.run_id)
+    beaters.start(cluster, 0)
+    node = Endpoint("node-1", "a", 1)
+    join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=node, started=500, poll_s=0.02)
+    reason = "dead: no heartbeat change seen for 30 s"
+    cluster.evict(Eviction(1, reason, 0, "m", 7, node_host="node-1", node_pid=1, node_started=500))
+    with pytest.raises(Evicted):  # the evicted start itself, asking again, is still out
+        join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=node, started=500, poll_s=0.02)
+    assert join_run(tmp_path, 1, 2, [1, 1], wait_s=2, me=node, started=900, poll_s=0.02) == record
+    assert cluster.nodes()[1].incarnation == ("node-1", 1, 900) and cluster.members(2) == [0, 1]
+    assert Cluster(tmp_path, record.run_id, rank=1, me=("node-1", 1, 900)).standing() is None
+
+
+def test_a_node_s_start_is_its_pid_s_start_time_on_this_host() -> None:
+    """The start time of a pid as scripts/lib/procs.sh reads it (field 22 of /proc/<pid>/stat); 0 for no process."""
+    import os
+
+    from coordinator.membership import pid_started
+
+    stat = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()
+    assert pid_started(os.getpid()) == int(stat[19]) > 0
+    with subprocess.Popen(["sleep", "0"]) as gone:
+        gone.wait()
+    assert pid_started(gone.pid) == 0
+
+
+def test_not_running_tells_a_running_run_from_an_earlier_run_s_record(tmp_path: Path, beaters: Beaters) -> None:
+    """run.sh --stop asks only a running multi-node run to stop (issue 24, bug 6): a master seen beating runs;
+    a run that finished, was asked to stop, or whose master's heartbeat stays frozen does not."""
+    from coordinator.cluster import FinishRecord
+    from coordinator.membership import not_running
+
+    assert not_running(tmp_path / "none") == f"{tmp_path / 'none' / 'cluster' / 'run.json'} names no run"
+    old_run(tmp_path / "frozen", dead_after_s=0.2)
+    lines: list[str] = []
+    why = not_running(tmp_path / "frozen", poll_s=0.02, on_wait=lines.append)
+    assert why == "the heartbeat of its master gone-host (pid 999999) has not changed for 0.2 s"
+    assert len(lines) == 1 and lines[0].endswith("watching its heartbeat to tell whether it runs")
+    record = start_run(tmp_path / "live", 2, [1, 1], me=ME, **QUICK)
+    cluster = Cluster(tmp_path / "live", record.run_id)
+    beaters.start(cluster, 0)
+    assert not_running(tmp_path / "live", poll_s=0.02) is None
+    cluster.finish(FinishRecord("the master ran the run's last step", "node-0", 4242))
+    assert not_running(tmp_path / "live") == "its master node-0 (pid 4242) ran its last step (finished.json)"
+    stopped = start_run(tmp_path / "stopped", 2, [1, 1], me=ME, **QUICK)
+    Cluster(tmp_path / "stopped", stopped.run_id).request_stop(StopRequest("operator", None, "h", 1))
+    assert not_running(tmp_path / "stopped") == "it was asked to stop already (stop.json)"

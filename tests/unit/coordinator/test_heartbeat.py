@@ -183,18 +183,18 @@ def test_continue_mode_the_master_evicts_a_silent_or_failed_worker_and_goes_on(t
     assert cluster.members(3) == [0, 2]
     cluster.fail(FailureRecord(2, 1, "train_rollout", "rollout exit 1", 1, "node2", 102))
     assert watch() is None and cluster.members(3) == [0]
-    assert Cluster(tmp_path, "r1", rank=2, me=("node2", 102)).standing().exit_code == 5  # it learns it was evicted
+    assert Cluster(tmp_path, "r1", rank=2, me=("node2", 102, 0)).standing().exit_code == 5  # it learns it was evicted
     # rank 1 restarts: a new registration; the old eviction and the old failure flag are not its own
     cluster.register(NodeRecord(1, "node1", "a", 201, None, 0.0))
     assert cluster.members(3) == [0, 1]
-    assert Cluster(tmp_path, "r1", rank=1, me=("node1", 201)).standing() is None
+    assert Cluster(tmp_path, "r1", rank=1, me=("node1", 201, 0)).standing() is None
     assert watch() is None and cluster.evicted(1) is None
     beat(cluster, 1, 3)
     clock.now += 5
     beat(cluster, 1, 4)
     assert watch() is None and cluster.members(3) == [0, 1]  # judged afresh: not evicted for the old silence
     # the old incarnation of rank 1, alive after a partition, learns that it was replaced
-    assert "registered again" in str(Cluster(tmp_path, "r1", rank=1, me=("node1", 101)).standing())
+    assert "registered again" in str(Cluster(tmp_path, "r1", rank=1, me=("node1", 101, 0)).standing())
 
 
 def test_continue_mode_a_worker_watches_only_the_master(tmp_path: Path) -> None:
@@ -248,3 +248,110 @@ def test_a_beat_never_waits_for_the_disk(tmp_path: Path, monkeypatch) -> None:
     cluster = Cluster(tmp_path, "r1")
     beat(cluster, 1, 5)
     assert read_beats(cluster) == {1: Beat(5, 0.0, "h", 7)}
+
+
+def _evicted_after(watch, cluster: Cluster, clock: FakeClock, rank: int, limit_s: float) -> float | None:
+    """Poll the master's watch once a second of `clock` for up to `limit_s`: the seconds until `rank` was evicted."""
+    start = clock.now
+    while clock.now - start <= limit_s:
+        assert watch() is None
+        if cluster.evicted(rank) is not None:
+            return clock.now - start
+        clock.now += 1
+    return None
+
+
+def test_continue_mode_a_worker_that_dies_within_a_beat_of_joining_is_evicted(tmp_path: Path) -> None:
+    """A worker that registered and then beat once (or never) is evicted dead_after_s after the master saw it
+    join, plus at most a beat: it need not have been seen beating first (issue 24, bug 2)."""
+    from coordinator.cluster import NodeRecord
+    from coordinator.heartbeat import PeerWatch
+
+    for beats in (0, 1):
+        clock = FakeClock()
+        cluster = Cluster(tmp_path / f"beats{beats}", "r1", rank=0)
+        watch = PeerWatch(cluster, [0, 1], dead_after_s=30, mode="continue")
+        watch.watcher = LivenessWatcher(cluster, watch.ranks, 30, clock=clock)
+        clock.now += 20  # the worker joins 20 s after the master's heartbeat began watching
+        cluster.register(NodeRecord(1, "node1", "a", 101, None, 0.0))
+        for seq in range(1, beats + 1):
+            beat(cluster, 1, seq)  # its first beat, then it dies
+        evicted_s = _evicted_after(watch, cluster, clock, 1, limit_s=3600)
+        assert evicted_s is not None, f"beats={beats}: not evicted after 3600 s of silence"
+        assert 30 <= evicted_s <= 35, f"beats={beats}: evicted {evicted_s} s after it joined"
+        assert cluster.evictions()[1].reason.startswith("dead: no heartbeat change"), beats
+
+
+def test_continue_mode_a_worker_that_dies_within_a_beat_of_registering_again_is_evicted(tmp_path: Path) -> None:
+    """A restarted worker (a new registration) whose heartbeat writes one beat over its predecessor's file and
+    dies is evicted dead_after_s (plus at most a beat) after the master saw it register again."""
+    from coordinator.cluster import NodeRecord
+    from coordinator.heartbeat import PeerWatch
+
+    clock = FakeClock()
+    cluster = Cluster(tmp_path, "r1", rank=0)
+    cluster.register(NodeRecord(1, "node1", "a", 101, None, 0.0))
+    watch = PeerWatch(cluster, [0, 1], dead_after_s=30, mode="continue")
+    watch.watcher = LivenessWatcher(cluster, watch.ranks, 30, clock=clock)
+    for seq in (1, 2, 3):
+        beat(cluster, 1, seq)
+        assert watch() is None
+        clock.now += 5
+    assert _evicted_after(watch, cluster, clock, 1, limit_s=60) is not None  # the first incarnation died
+    cluster.register(NodeRecord(1, "node1", "a", 202, None, 0.0))  # restarted: registered again
+    beat(cluster, 1, 4)  # its heartbeat goes on from the last beat once, then it dies
+    evicted_s = _evicted_after(watch, cluster, clock, 1, limit_s=3600)
+    assert evicted_s is not None, "the restarted worker was not evicted after 3600 s of silence"
+    assert 30 <= evicted_s <= 35, f"evicted {evicted_s} s after it registered again"
+    assert cluster.evictions()[1].node_pid == 202
+
+
+def test_abort_mode_a_rank_that_dies_within_a_beat_of_joining_stops_the_others(tmp_path: Path) -> None:
+    """Abort mode: a registered rank whose heartbeat never changed ends the watching node dead_after_s (plus at
+    most a beat) after it was seen to register, naming it; a rank not registered yet is left to the barriers."""
+    from coordinator.cluster import NodeRecord
+    from coordinator.heartbeat import PeerWatch
+
+    clock = FakeClock()
+    cluster = Cluster(tmp_path, "r1", rank=0)
+    watch = PeerWatch(cluster, [0, 1, 2], dead_after_s=30)
+    watch.watcher = LivenessWatcher(cluster, watch.ranks, 30, clock=clock)
+    clock.now += 40  # neither worker registered yet: still joining, not dead
+    assert watch() is None
+    cluster.register(NodeRecord(1, "node1", "a", 101, None, 0.0))
+    beat(cluster, 1, 1)
+    start, ended = clock.now, None
+    while ended is None and clock.now - start <= 3600:
+        clock.now += 1
+        ended = watch()
+    assert ended is not None, "nothing ended after 3600 s of silence"
+    assert 30 <= clock.now - start <= 35
+    assert ended.exit_code == 3 and str(ended).startswith("rank 1: dead: no heartbeat change")
+
+
+def test_continue_mode_a_worker_restarted_with_the_same_host_and_pid_is_a_new_incarnation(tmp_path: Path) -> None:
+    """A container restarted with the same host name and pid (another start time) registers anew: its
+    predecessor's failure flag and eviction are not its own, and it is judged afresh (issue 24, bug 5)."""
+    from coordinator.cluster import FailureRecord, NodeRecord
+    from coordinator.heartbeat import PeerWatch
+
+    clock = FakeClock()
+    cluster = Cluster(tmp_path, "r1", rank=0)
+    cluster.register(NodeRecord(1, "node1", "a", 1, None, 0.0, started=500))
+    watch = PeerWatch(cluster, [0, 1], dead_after_s=30, mode="continue")
+    watch.watcher = LivenessWatcher(cluster, watch.ranks, 30, clock=clock)
+    cluster.fail(FailureRecord(1, 2, "train_rollout", "rollout exit 1", 1, "node1", 1, started=500))
+    assert watch() is None
+    eviction = cluster.evictions()[1]
+    assert (eviction.node_host, eviction.node_pid, eviction.node_started) == ("node1", 1, 500)
+    cluster.register(NodeRecord(1, "node1", "a", 1, None, 0.0, started=900))  # the container restarted
+    assert cluster.members(2) == [0, 1]
+    assert Cluster(tmp_path, "r1", rank=1, me=("node1", 1, 900)).standing() is None
+    for seq in (1, 2, 3):
+        beat(cluster, 1, seq)
+        assert watch() is None
+        clock.now += 5
+    assert cluster.evicted(1) is None and cluster.members(2) == [0, 1]
+    assert cluster.members(2, planned={1: ("node1", 1, 500)}) == [0]  # a step planned with the old one
+    assert cluster.members(2, planned={1: ("node1", 1, 900)}) == [0, 1]
+    assert "registered again" in str(Cluster(tmp_path, "r1", rank=1, me=("node1", 1, 500)).standing())
