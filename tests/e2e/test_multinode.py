@@ -247,6 +247,11 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
     nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
     hold_rollouts_after_next_episode(log, {1: nodes[1]}, generation_s(16, 32))
     kill_node(nodes[1])
+    # what rank 1 journaled before it died (its whole namespace SIGKILLed: nothing writes after), complete
+    # lines only, as the master's cut counts them; at least the episode it was held after
+    text = (log / "trajectories" / "train" / "iter_0001" / "rank_1.jsonl").read_text()
+    journaled = [json.loads(line)["episode_id"] for line in text[: text.rfind("\n") + 1].splitlines()]
+    assert journaled
     # restarted at once (as a fresh machine: in a PID namespace of its own, its run.sh would get the dead one's
     # pid); it registers when the master has evicted the dead one
     restarted = node(data_dir, log, "1", *args, host="node1b")
@@ -260,8 +265,10 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
     assert first["complete"] and first["missing_ranks"] == [1] and first["episodes"] == first["planned"] == 96
     assert first["reassigned"] and not first["duplicates"] and not first["missing"]
     taken = episodes_in(log / "trajectories" / "train" / "iter_0001", "rank_0.takeover_1.jsonl")
-    kept = first["cut"]["1"]["lines"]
-    assert taken and kept >= 1 and len(taken) + kept == 48  # rank 1's share: what it journaled, the rest taken over
+    # rank 1's share of 48: exactly what it journaled stays its own, the master took over the rest
+    cut = first["cut"]["1"]
+    assert (cut["lines"], cut["episodes"], cut["verified"]) == (len(journaled), len(journaled), True)
+    assert len(taken) == 48 - len(journaled) and not {t["episode_id"] for t in taken} & set(journaled)
     assert not (log / "training" / "iter_0001" / "train.rank_1.log").exists()  # iteration 1 trained on the master
     assert os.readlink(log / "policy" / "current") == "v0001"
     # the restarted rank rolled out its share of the final evaluation (debug mode: no version on the rows)

@@ -150,7 +150,9 @@ def assert_nothing_left(log: Path) -> None:
 
 
 def stop_and_time(slurm: SlurmCluster, job: str, *scancel_args: str) -> float:
-    """scancel the job as given, wait for it to end (at most KillWait and a margin), return the seconds it took."""
+    """scancel the job as given, wait for it to end, return the seconds it took (printed, never asserted: a
+    task's own exit code tells its own clean-up from Slurm's SIGKILL after KillWait). The wait's bound,
+    KillWait and a margin, only catches a job that does not end even then."""
     began = time.monotonic()
     slurm.run("scancel", *scancel_args, job)
     wait_until(
@@ -184,7 +186,7 @@ def test_a_two_task_job_rolls_out_one_iteration_each_task_a_rank(
     assert_nothing_left(log)
 
 
-def test_scancel_stops_every_task_by_its_own_clean_up_long_before_killwait(
+def test_scancel_stops_every_task_by_its_own_clean_up_before_killwait(
     data_dir: Path, tmp_path: Path, slurm: SlurmCluster, vllm_server: VllmServer
 ) -> None:
     log, out = tmp_path / "exp", tmp_path / "slurm.out"
@@ -192,8 +194,9 @@ def test_scancel_stops_every_task_by_its_own_clean_up_long_before_killwait(
     took = stop_and_time(slurm, job)
     print(f"job {job} ended {took:.1f} s after scancel (KillWait {KILL_WAIT_S} s)")
     text = out.read_text()
+    # each task's exit is its own: a task still running at KillWait would be SIGKILLed ("Killed"), and
+    # KillWait is long (KILL_WAIT_S) so that the two cannot be confused (docs/slurm.md)
     assert task_exits(text) == {0: "Exited with exit code 143", 1: "Exited with exit code 143"}, text[-3000:]
-    assert took < KILL_WAIT_S, text[-3000:]
     assert "every node of the run stops; continue it with --resume" in text, text[-3000:]
     assert slurm.job(job)["JobState"] == "CANCELLED"
     assert_nothing_left(log)
@@ -206,10 +209,12 @@ def test_the_time_limit_signal_stops_the_run_resumably_and_the_requeued_job_fini
     job = job_held_mid_rollout(slurm, data_dir, log, out, vllm_server, episodes=48)
     # 1. what --signal=B:TERM@120 does two minutes before the time limit: SIGTERM to the batch shell alone
     took = stop_and_time(slurm, job, "--batch", "--signal=TERM")
+    print(f"job {job} ended {took:.1f} s after the time limit's SIGTERM (KillWait {KILL_WAIT_S} s)")
     text = out.read_text()
     assert "[baton-sbatch] SIGTERM (the time limit is near): stopping every node at a resumable point" in text
+    # each task's own exit 143 (not "Killed" at KillWait): run.sh's clean-up ended it
     assert task_exits(text) == {0: "Exited with exit code 143", 1: "Exited with exit code 143"}, text[-3000:]
-    assert took < KILL_WAIT_S and "run.sh's tasks ended: srun exit 143" in text, text[-3000:]
+    assert "run.sh's tasks ended: srun exit 143" in text, text[-3000:]
     assert slurm.job(job)["ExitCode"] == "143:0"
     assert_nothing_left(log)
     kept = sum(len(episodes(log, rank)) for rank in (0, 1))

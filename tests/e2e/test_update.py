@@ -93,7 +93,7 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
     journal_log: Path, data_dir: Path, tmp_path: Path
 ) -> None:
     """`run.sh --rl-phase update` on a log path where a rollout run finished iteration 1's train rollout:
-    Ctrl+C during the training ends run.sh within 30 s and leaves no process of it (torchrun's workers
+    Ctrl+C during the training ends run.sh (exit 130) and leaves no process of it (torchrun's workers
     run in sessions of their own); the next run trains that iteration and promotes it."""
     log = tmp_path / "log"
     shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train/iter_0001")
@@ -117,10 +117,10 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    stopped = time.monotonic()
+    # it stops in seconds (the update gets 15 s to stop its groups, then SIGKILL: docs/cli.md); 120 s only
+    # catches a run.sh that does not stop (its training would go on for 200 steps)
     out = communicate_waiting(proc, waiting_for="run.sh --rl-phase update to stop after Ctrl+C", timeout=120)
     assert proc.returncode == 130, out[-3000:]
-    assert time.monotonic() - stopped < 30, "Ctrl+C must stop the run within 30 s"
     assert processes_mentioning(str(log)) == []
     assert not (log / "policy").exists()
 

@@ -8,6 +8,7 @@
 bats_require_minimum_version 1.5.0
 
 setup() {
+  load hang_bound
   ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
   source "$ROOT/scripts/lib/common.sh"
   source "$ROOT/scripts/lib/procs.sh"
@@ -46,7 +47,8 @@ clock() { date +%s; }
   local pid=$! start=$SECONDS
   waited loop_wait_for "$pid" 0 3 constant
   [ "$OUT" = "124 no progress for 3s (no episode finished; BATON_ROLLOUT_STALL_S)" ]
-  ((SECONDS - start < 30))
+  # returned after its 3 s stall deadline: without it, it would wait for the 300 s sleep
+  hang_bound 60 "$start" "loop_wait_for's return after a 3 s stall"
   kill "$pid"
 }
 
@@ -90,6 +92,7 @@ clock() { date +%s; }
   sleep 0.5
   LOOP_BASE_URL="http://127.0.0.1:$port/v1"
   run ! loop_policy_answers
-  ((SECONDS - start <= 15))
+  # false after its 10 s: without that limit it would wait until the server exits (60 s)
+  hang_bound 45 "$start" "loop_policy_answers' answer from a server that never replies"
   kill "$pid"
 }

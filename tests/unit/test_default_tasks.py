@@ -19,7 +19,7 @@ def _rows(path: Path) -> list[dict]:
 def test_files_are_valid_and_disjoint(tmp_path: Path) -> None:
     out = prepare(tmp_path)
     train, test = _rows(out / "train.jsonl"), _rows(out / "test.jsonl")
-    assert len(train) >= 200 and len(test) >= 40
+    assert (len(train), len(test)) == (320, 80)  # as docs/setup.md says
     ids = [r["task_id"] for r in train + test]
     assert len(ids) == len(set(ids)), "task ids are unique across both files"
     for row in train + test:

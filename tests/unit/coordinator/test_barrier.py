@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -11,9 +12,9 @@ import pytest
 
 from coordinator.barrier import BarrierTimeout, BarrierWait, arrivals, arrive, wait_barrier
 from coordinator.cluster import Cluster, Evicted, Eviction, FailureRecord, RankFailed, RunStopped, StopRequest
-from coordinator.heartbeat import LivenessWatcher
+from coordinator.heartbeat import Beat, LivenessWatcher, write_beat
 from rollout_engine.errors import ConfigError
-from tests.unit.coordinator.fakes import Beaters, old_run
+from tests.unit.coordinator.fakes import old_run
 
 QUICK = {"poll_s": 0.02}
 
@@ -32,12 +33,20 @@ def later(seconds: float, action: Callable[[], object]) -> threading.Thread:
 def test_the_barrier_opens_when_every_rank_has_arrived(tmp_path: Path) -> None:
     for rank in (0, 2):
         arrive(node(tmp_path, rank), 3, "rollout_done", host=f"n{rank}", pid=10 + rank)
-    thread = later(0.1, lambda: arrive(node(tmp_path, 1), 3, "rollout_done"))
-    result = wait_barrier(node(tmp_path, 0), 3, "rollout_done", [0, 1, 2], None, **QUICK)
-    thread.join()
+    looks: list[BarrierWait] = []
+
+    def rank_1_arrives_after_the_first_look(wait: BarrierWait) -> None:  # on_tick with tick_s=0: after every look
+        looks.append(wait)
+        arrive(node(tmp_path, 1), 3, "rollout_done")
+
+    result = wait_barrier(
+        node(tmp_path, 0), 3, "rollout_done", [0, 1, 2], None, on_tick=rank_1_arrives_after_the_first_look, tick_s=0
+    )
+    # it waited while rank 1 was missing, and opened at the next look after rank 1 arrived
+    assert [wait.missing for wait in looks] == [[1]]
     assert sorted(result.arrivals) == [0, 1, 2]
     assert (result.arrivals[2].host, result.arrivals[2].pid, result.arrivals[2].run_id) == ("n2", 12, "run1")
-    assert 0.05 < result.waited_s < 1
+    assert result.waited_s >= looks[0].waited_s  # the whole wait, on the waiter's clock
     assert node(tmp_path, 0).barrier_dir(3, "rollout_done").parts[-4:] == (
         "run1",
         "barriers",
@@ -65,37 +74,55 @@ def test_temp_files_of_a_writer_are_never_counted(tmp_path: Path) -> None:
 
 def test_a_failure_flag_wakes_the_waiter_at_once(tmp_path: Path) -> None:
     failure = FailureRecord(2, 3, "rollout", "rollout exited 1", 1, "n2", 22)
-    thread = later(0.15, lambda: node(tmp_path, 2).fail(failure))
-    started = time.monotonic()
+    looks: list[BarrierWait] = []
+
+    def rank_2_fails_after_the_first_look(wait: BarrierWait) -> None:  # on_tick with tick_s=0: after every look
+        looks.append(wait)
+        node(tmp_path, 2).fail(failure)
+
     with pytest.raises(RankFailed) as caught:
-        wait_barrier(node(tmp_path, 0), 3, "rollout_done", [0, 1, 2], None, **QUICK)
-    thread.join()
-    assert time.monotonic() - started < 0.6
+        # timeout_s only catches a waiter that never sees the flag (it would wait for ever): a hang
+        wait = {"timeout_s": 60, "on_tick": rank_2_fails_after_the_first_look, "tick_s": 0, **QUICK}
+        wait_barrier(node(tmp_path, 0), 3, "rollout_done", [0, 1, 2], None, **wait)
+    assert len(looks) == 1  # stopped at the first look after the flag was written
     assert caught.value.rank == 2
     assert str(caught.value) == "rank 2: failed in rollout of iteration 3: rollout exited 1"
     assert caught.value.exit_code == 3
 
 
-def test_a_rank_whose_heartbeat_stops_is_dead(tmp_path: Path, beaters: Beaters) -> None:
-    cluster = node(tmp_path, 0)
-    stop_rank_1 = beaters.start(cluster, 1)
-    beaters.start(cluster, 0)
-    watcher = LivenessWatcher(cluster, [0, 1], dead_after_s=0.3)
-    thread = later(0.2, stop_rank_1.set)
-    started = time.monotonic()
-    with pytest.raises(RankFailed, match=r"rank 1: dead: no heartbeat change seen for \d s"):
-        wait_barrier(cluster, 0, "start", [0, 1], watcher, **QUICK)
-    thread.join()
-    assert 0.45 < time.monotonic() - started < 1.5  # waited through the beats, stopped soon after the last
+class Seconds:
+    """The watcher's clock, one second further after each look of the waiter (its on_tick with tick_s=0);
+    rank 1 beats once a second until `beats_until` and arrives at `arrives_at`: no real time is involved."""
+
+    def __init__(self, cluster: Cluster, beats_until: float, arrives_at: float | None = None) -> None:
+        self.cluster, self.beats_until, self.arrives_at, self.now = cluster, beats_until, arrives_at, 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, wait: BarrierWait) -> None:
+        self.now += 1
+        if self.now <= self.beats_until:
+            write_beat(self.cluster, 1, Beat(int(self.now), 0.0, "n1", 11))
+        if self.now == self.arrives_at:
+            arrive(node(self.cluster.log_path, 1, self.cluster.run_id), 0, "train_done")
 
 
-def test_a_long_phase_is_waited_through_while_the_others_beat(tmp_path: Path, beaters: Beaters) -> None:
+def test_a_rank_whose_heartbeat_stops_is_dead(tmp_path: Path) -> None:
     cluster = node(tmp_path, 0)
-    beaters.start(cluster, 1)
-    watcher = LivenessWatcher(cluster, [1], dead_after_s=0.2)
-    thread = later(0.6, lambda: arrive(node(tmp_path, 1), 0, "train_done"))
-    assert wait_barrier(cluster, 0, "train_done", [1], watcher, **QUICK).waited_s > 0.5  # three times dead_after_s
-    thread.join()
+    clock = Seconds(cluster, beats_until=5)
+    watcher = LivenessWatcher(cluster, [1], dead_after_s=3, clock=clock)
+    with pytest.raises(RankFailed, match=r"rank 1: dead: no heartbeat change seen for 3 s"):
+        wait_barrier(cluster, 0, "start", [1], watcher, on_tick=clock.tick, tick_s=0, **QUICK)
+    assert clock.now == 5 + 3  # waited through the beats, dead dead_after_s after the last one
+
+
+def test_a_long_phase_is_waited_through_while_the_others_beat(tmp_path: Path) -> None:
+    cluster = node(tmp_path, 0)
+    clock = Seconds(cluster, beats_until=float("inf"), arrives_at=9)  # three times dead_after_s
+    watcher = LivenessWatcher(cluster, [1], dead_after_s=3, clock=clock)
+    result = wait_barrier(cluster, 0, "train_done", [1], watcher, on_tick=clock.tick, tick_s=0, **QUICK)
+    assert sorted(result.arrivals) == [1] and clock.now == 9
 
 
 def test_a_stop_request_ends_the_wait(tmp_path: Path) -> None:
@@ -158,12 +185,14 @@ def test_a_newer_run_fences_the_waiters_of_an_older_one(tmp_path: Path) -> None:
 def test_a_deadline_names_the_missing_ranks_and_ticks_report_progress(tmp_path: Path) -> None:
     arrive(node(tmp_path, 1), 4, "eval_done")
     ticks: list[BarrierWait] = []
+    seconds = itertools.count()  # the waiter's clock: one second further at each reading, whatever the machine
     with pytest.raises(BarrierTimeout) as caught:
-        wait = {"timeout_s": 0.3, "tick_s": 0.1, "on_tick": ticks.append, **QUICK}
+        wait = {"timeout_s": 3, "tick_s": 1, "on_tick": ticks.append, "clock": lambda: float(next(seconds)), **QUICK}
         wait_barrier(node(tmp_path, 1), 4, "eval_done", [0, 1, 3], None, **wait)
-    assert str(caught.value) == "barrier eval_done of iteration 4: ranks 0, 3 missing after 0.3 s"
+    assert str(caught.value) == "barrier eval_done of iteration 4: ranks 0, 3 missing after 3 s"
     assert caught.value.missing == [0, 3] and caught.value.exit_code == 1
-    assert 1 <= len(ticks) <= 3 and ticks[0].missing == [0, 3]
+    # a tick every tick_s of waiting until the deadline: after 1 s and 2 s (at 3 s the deadline ends it)
+    assert [(tick.missing, tick.waited_s) for tick in ticks] == [([0, 3], 1.0), ([0, 3], 2.0)]
 
 
 def test_phase_names_are_checked(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import subprocess
@@ -58,10 +59,17 @@ def test_every_master_start_gets_a_new_run_id_and_leaves_the_old_run_alone(tmp_p
 def test_start_run_is_refused_while_the_earlier_master_still_beats(tmp_path: Path, beaters: Beaters) -> None:
     old = old_run(tmp_path, host="node-9", pid=77, dead_after_s=5)
     beaters.start(Cluster(tmp_path, old.run_id), 0)
-    started = time.monotonic()
+    readings = itertools.count()
+
+    def clock() -> float:  # the watch's clock: one second further at each reading, whatever the machine
+        return float(next(readings))
+
     with pytest.raises(MasterAlive, match=rf"run {old.run_id} of node-9 \(pid 77\) still beats; stop it first"):
-        start_run(tmp_path, 2, [1, 1], me=ME, alive_window_s=2, **QUICK)
-    assert time.monotonic() - started < 1  # decided as soon as a beat changed
+        start_run(tmp_path, 2, [1, 1], me=ME, alive_window_s=1000, clock=clock, **QUICK)
+    # decided as soon as a beat changed, not at the end of the window: the beater changes the heartbeat every
+    # 0.02 s and the watch reads its clock a few times per 0.02 s poll, so only a beater that hangs for
+    # seconds lets 1000 readings pass first
+    assert next(readings) < 1000
     assert load_run(tmp_path) == old
 
 
@@ -69,9 +77,9 @@ def test_a_master_gone_from_this_host_is_not_watched_for_the_whole_window(tmp_pa
     reaped = subprocess.Popen(["true"])
     reaped.wait()
     old_run(tmp_path, host=socket.gethostname(), pid=reaped.pid)
-    started = time.monotonic()
-    start_run(tmp_path, 2, [1, 1], me=ME, alive_window_s=30, **QUICK)
-    assert time.monotonic() - started < 1
+    waits: list[str] = []
+    start_run(tmp_path, 2, [1, 1], me=ME, alive_window_s=30, on_wait=waits.append, **QUICK)
+    assert waits == []  # never watched: no "watching its heartbeat" line, and no wait for the 30 s window
 
 
 def test_pinned_values_refuse_a_later_start_with_other_ones_naming_both(tmp_path: Path) -> None:

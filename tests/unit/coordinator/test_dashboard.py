@@ -4,6 +4,7 @@ the log path, and a log path that is empty or half-written."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -152,7 +153,9 @@ def test_the_snapshot_shows_the_live_rollout_its_grid_the_table_curves_and_troub
     assert [r["iteration"] for r in snap["iterations"]] == [0]
     titles = [c["title"] for c in snap["charts"]]
     assert titles[0] == "success rate (%)" and "seconds per phase" in titles
-    assert "<polyline" in snap["charts"][0]["svg"] or "<circle" in snap["charts"][0]["svg"]
+    # one iteration so far: each split's success rate is one point, drawn as a dot (svg.py) with its value
+    dots = re.findall(r"<title>([^<]*)</title></circle>", snap["charts"][0]["svg"])
+    assert dots == ["train: 0, 25", "held-out: 0, 10"]
     (trouble,) = snap["troubles"]
     assert trouble["what"] == "iteration 0's update failed (exit 1)" and "update.log" in trouble["fix"]
     json.dumps(snap)  # all of it is JSON

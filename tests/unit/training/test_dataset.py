@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -104,17 +103,39 @@ def test_dataset_digest_changes_with_any_file_or_the_yaml(tmp_path: Path) -> Non
     assert dataset_digest(data, recipe) != first
 
 
-def test_a_node_trains_only_on_the_dataset_the_master_published(tmp_path: Path) -> None:
+class StepClock:
+    """training.update's `time` for one test: sleep() moves monotonic() on at once; `on_sleep` runs after
+    each sleep (what the shared filesystem shows meanwhile). No real time passes."""
+
+    def __init__(self, on_sleep: Callable[[float], object] = lambda now: None) -> None:
+        self.now, self.sleeps, self.on_sleep = 0.0, 0, on_sleep
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.sleeps += 1
+        self.on_sleep(self.now)
+
+
+def test_a_node_trains_only_on_the_dataset_the_master_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     paths = RunPaths(tmp_path)
     data, recipe = dataset_folder(tmp_path)
     wanted = dataset_digest(data, recipe)
+    monkeypatch.setattr("training.update.time", clock := StepClock())
     wait_for_dataset(paths, wanted, wait_s=0)  # the same files: at once
-    recipe.write_text("stage: kto\n")  # what this node sees differs: it waits, then stops naming both
-    began = time.monotonic()
-    expected = f"has sha256 [0-9a-f]{{64}} on this node after 0 s, but the master prepared {wanted}"
+    assert clock.sleeps == 0
+    recipe.write_text("stage: kto\n")  # what this node sees differs: it looks again for wait_s, then stops naming both
+    expected = f"has sha256 [0-9a-f]{{64}} on this node after 3 s, but the master prepared {wanted}"
     with pytest.raises(TrainingError, match=expected):
-        wait_for_dataset(paths, wanted, wait_s=0.3, every_s=0.05)
-    assert time.monotonic() - began >= 0.3
-    # the master's files show up late on this node (NFS attribute caching): it waits for them
-    threading.Timer(0.2, lambda: recipe.write_text("stage: sft\n")).start()
-    wait_for_dataset(paths, wanted, wait_s=5, every_s=0.05)
+        wait_for_dataset(paths, wanted, wait_s=3, every_s=1)
+    assert (clock.now, clock.sleeps) == (3, 3)  # looked at 0, 1, 2 and 3 s
+    # the master's files show up late on this node (NFS attribute caching): it waits for them, and goes on at
+    # the first look that sees them
+    shows_up = StepClock(lambda now: now == 2 and recipe.write_text("stage: sft\n"))
+    monkeypatch.setattr("training.update.time", shows_up)
+    wait_for_dataset(paths, wanted, wait_s=5, every_s=1)
+    assert shows_up.now == 2

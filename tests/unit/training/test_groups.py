@@ -89,7 +89,7 @@ def test_members_that_outlive_their_leader_are_still_stopped(tmp_path: Path) -> 
 def test_exited_children_are_reaped_except_the_one_popen_waits_for() -> None:
     kept, other = subprocess.Popen(["true"]), subprocess.Popen(["true"])
     children = [psutil.Process(kept.pid), psutil.Process(other.pid)]
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10  # both `true`s exit at once: 10 s only bounds a hang
     while any(child.status() != psutil.STATUS_ZOMBIE for child in children) and time.monotonic() < deadline:
         time.sleep(0.01)
     reap_adopted(keep=frozenset({kept.pid}))

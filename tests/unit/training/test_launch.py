@@ -38,10 +38,11 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _wait_for(check, timeout_s: float = 30.0) -> None:
+def _wait_for(check, waiting_for: str, timeout_s: float = 30.0) -> None:
+    """Poll `check` until it holds; `timeout_s` only catches a hang (each holds within a second or so)."""
     deadline = time.monotonic() + timeout_s
     while not _holds(check):
-        assert time.monotonic() < deadline, "timed out waiting"
+        assert time.monotonic() < deadline, f"hang: no {waiting_for} after {timeout_s:.0f} s"
         time.sleep(0.05)
 
 
@@ -71,12 +72,16 @@ def test_a_signalled_launcher_stops_the_workers_in_their_own_sessions(
     tmp_path: Path, sig: signal.Signals, code: int | None
 ) -> None:
     proc = _launch(tmp_path)
-    _wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip())
+    _wait_for(
+        lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip(), "worker pid"
+    )
     worker = int((tmp_path / "worker.pid").read_text())
     # the stand-in worker runs in a session of its own (once setsid, which bash's $! names before it runs, has run)
-    _wait_for(lambda: os.getpgid(worker) == worker)
+    _wait_for(lambda: os.getpgid(worker) == worker, "process group of the worker's own")
     # the record lists the launched group and, once seen, the worker's group (for run.sh's last resort)
-    _wait_for(lambda: str(worker) in (tmp_path / "train.log.pgid").read_text().split())
+    _wait_for(
+        lambda: str(worker) in (tmp_path / "train.log.pgid").read_text().split(), "worker group in train.log.pgid"
+    )
     proc.send_signal(sig)
     _, err, survived = _finish(proc, worker)
     if code is not None:
@@ -91,7 +96,9 @@ def test_workers_orphaned_by_their_parent_are_adopted_and_stopped_at_the_time_li
     # the "torchrun" starts its worker and exits at once, between two of the launcher's looks at its
     # descendants: only as a subreaper does the launcher still find (and stop) the orphan
     proc = _launch(tmp_path, timeout_s=600, parent_exits=True)
-    _wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip())
+    _wait_for(
+        lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip(), "worker pid"
+    )
     worker = int((tmp_path / "worker.pid").read_text())
     out, err, survived = _finish(proc, worker)
     assert proc.returncode == 0, err
@@ -101,7 +108,9 @@ def test_workers_orphaned_by_their_parent_are_adopted_and_stopped_at_the_time_li
 
 def test_the_time_limit_stops_the_workers(tmp_path: Path) -> None:
     proc = _launch(tmp_path, timeout_s=2)
-    _wait_for(lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip())
+    _wait_for(
+        lambda: (tmp_path / "worker.pid").exists() and (tmp_path / "worker.pid").read_text().strip(), "worker pid"
+    )
     worker = int((tmp_path / "worker.pid").read_text())
     out, err, survived = _finish(proc, worker)
     assert proc.returncode == 0, err
