@@ -55,9 +55,8 @@ def gpu_memory(case: str, samples: Path) -> dict:
             _, pid, mib, cmd = (line.split("\t", 3) + [""] * 4)[:4]
             if f"/runs/{case}/" not in cmd and not cmd.rstrip().endswith(f"/runs/{case}"):
                 continue
-            kind = (
-                "trainer" if "llamafactory" in cmd and " train " in cmd else "merge" if " export " in cmd else "parent"
-            )
+            # the trainer's command names its train_config.yaml, the LoRA merge its merge_config.yaml
+            kind = "trainer" if "train_config" in cmd else "merge" if "merge_config" in cmd else "update process"
             key = f"{kind}:{pid}"
             peaks[key] = max(peaks.get(key, 0.0), float(mib))
     return peaks
