@@ -35,6 +35,7 @@ from pathlib import Path
 
 from bench.chaos_checks import check_log, start_time
 from bench.chaos_faults import MemoryJail, SmallDisk, available, processes_of_groups
+from rollout_engine.layout import Layout
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -214,10 +215,10 @@ class Chaos:
     def groups(self, phase: str, iteration: int) -> list[tuple[int, str]]:
         """(pgid, leader start time) of what runs `phase` now, from the run's own records."""
         if phase == "training":
-            path = self.log / "training" / f"iter_{iteration:04d}" / "train.log.pgid"
+            path = Layout(self.log).training_dir(iteration) / "train.log.pgid"
         else:
             name = {"train_rollout": "rollout-train", "update": "update"}.get(phase, phase)
-            path = self.log / "run" / "rank_0" / "pids" / f"{name}.pgid"
+            path = Layout(self.log).pids_dir(0) / f"{name}.pgid"
         try:
             lines = path.read_text().splitlines()
         except OSError:
@@ -242,9 +243,7 @@ class Chaos:
     def wait_phase(self, phase: str, iteration: int, timeout: float) -> bool:
         """Wait until `phase` of `iteration` runs (its record exists); False when run.sh exits first or
         the phase was already done."""
-        done = (
-            self.log / "run" / "state" / f"iter_{iteration:04d}" / f"{'update' if phase == 'training' else phase}.done"
-        )
+        done = Layout(self.log).marker(iteration, "update" if phase == "training" else phase)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.groups(phase, iteration) and not done.exists():
@@ -324,7 +323,7 @@ class Chaos:
         row.first_exit = rc
         if hung:
             row.hangs.append(f"run {self.runs}: run.sh past {self.run_budget_s:.0f} s")
-        done = self.log / "run" / "state" / f"iter_{number:04d}" / "iteration.done"
+        done = Layout(self.log).marker(number, "iteration")
         while not done.exists() and row.restarts < 3:
             row.restarts += 1
             self.start(resume=True)

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import psutil
 
+from coordinator.runstate import load_times, state_iterations
+from rollout_engine.layout import MERGED_MANIFEST, Layout, manifest_name, parse_iteration, version_name
 from training.groups import start_ticks
 
 
@@ -95,7 +97,7 @@ def read_text_lines(text: str) -> list[dict]:
 def check_rollout(journal: Path) -> RolloutCheck:
     """Exactly once for one journal, against its manifest (`rank_<r>.manifest.json`)."""
     ids = [row.get("episode_id") for row in read_lines(journal)] if journal.exists() else []
-    manifest_path = journal.with_name(journal.name.removesuffix(".jsonl") + ".manifest.json")
+    manifest_path = journal.with_name(manifest_name(journal.name))
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
     data = journal.read_bytes() if journal.exists() else b""
     return RolloutCheck(
@@ -116,11 +118,11 @@ TAKEOVER_JOURNAL = re.compile(r"rank_(\d+)\.takeover_(\d+)\.jsonl")
 def several_ranks(directory: Path) -> bool:
     """An iteration of a multi-node run: the master's merge (manifest.json) or more than one rank's journal."""
     own = [p for p in directory.glob("rank_*.jsonl") if OWN_JOURNAL.fullmatch(p.name)]
-    return (directory / "manifest.json").exists() or len(own) > 1
+    return (directory / MERGED_MANIFEST).exists() or len(own) > 1
 
 
 def selected(directory: Path, iterations: list[int] | None) -> bool:
-    return iterations is None or int(directory.name.removeprefix("iter_")) in iterations
+    return iterations is None or parse_iteration(directory.name) in iterations
 
 
 def check_rollouts(log: Path, iterations: list[int] | None = None) -> list[RolloutCheck]:
@@ -188,7 +190,7 @@ def planned_episodes(directory: Path) -> list[str] | None:
 
 def sealed(directory: Path, name: str) -> bool:
     """The journal has a manifest that says complete, and is byte for byte what that manifest sealed."""
-    manifest_path = directory / name.replace(".jsonl", ".manifest.json")
+    manifest_path = directory / manifest_name(name)
     if not manifest_path.exists():
         return False
     manifest = json.loads(manifest_path.read_text())
@@ -212,7 +214,7 @@ def cut_ids(journal: Path, lines: int, sha256: str) -> list[str] | None:
 def check_iteration(directory: Path) -> IterationCheck:
     """Exactly once across the ranks of one iteration: what the data is (the ranks' journals; with a
     takeover, each dead rank's up to its cut and the takeover journals) against what every rank planned."""
-    manifest_path = directory / "manifest.json"
+    manifest_path = directory / MERGED_MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     dead = {int(r) for r in manifest.get("missing_ranks", [])}
     ids: list[str] = []
@@ -259,7 +261,7 @@ def check_policy_chain(log: Path) -> list[str]:
     """Problems of the promoted versions: gaps, a parent that is not the previous version, an iteration
     promoted twice, `current` not the newest, an `update.done` that disagrees with the records. A revert
     (`reverted_to` set, --keep-best) is in the chain but is not its iteration's promotion."""
-    root = log / "policy"
+    root = Layout(log).policy
     records = {}
     for path in sorted(root.glob("v[0-9]*/baton_policy.json")):
         record = json.loads(path.read_text())
@@ -270,7 +272,7 @@ def check_policy_chain(log: Path) -> list[str]:
         parent = records[version].get("parent")
         expected = None if version == 1 else version - 1
         if parent != expected:
-            problems.append(f"v{version:04d}: parent {parent}, expected {expected}")
+            problems.append(f"{version_name(version)}: parent {parent}, expected {expected}")
     if versions and versions != list(range(versions[0], versions[-1] + 1)):
         problems.append(f"versions not consecutive: {versions}")
     promotions = {v: r for v, r in records.items() if r.get("reverted_to") is None}
@@ -278,25 +280,29 @@ def check_policy_chain(log: Path) -> list[str]:
     for version, record in reverts.items():
         to = record["reverted_to"]
         if not isinstance(to, int) or not 0 <= to < version:
-            problems.append(f"v{version:04d}: reverted_to {to!r}, expected an earlier version (0: the base model)")
+            problems.append(
+                f"{version_name(version)}: reverted_to {to!r}, expected an earlier version (0: the base model)"
+            )
     for what, chain in (("promoted", promotions), ("reverted", reverts)):
         twice = [it for it, n in Counter(r["iteration"] for r in chain.values()).items() if n > 1]
         if twice:
             problems.append(f"iterations {what} twice: {sorted(twice)}")
-    current = root / "current"
-    if versions and (not current.is_symlink() or Path(current.readlink()).name != f"v{versions[-1]:04d}"):
+    current = Layout(log).policy_current
+    if versions and (not current.is_symlink() or Path(current.readlink()).name != version_name(versions[-1])):
         target = current.readlink() if current.is_symlink() else None
-        problems.append(f"policy/current is {target}, expected v{versions[-1]:04d}")
+        problems.append(f"policy/current is {target}, expected {version_name(versions[-1])}")
     for version, record in promotions.items():
-        done = log / "run" / "state" / f"iter_{record['iteration']:04d}" / "update.done"
+        done = Layout(log).marker(record["iteration"], "update")
         if done.exists() and done.read_text().strip() != f"promoted v{version}":
-            problems.append(f"v{version:04d} (iteration {record['iteration']}): update.done says {done.read_text()!r}")
+            problems.append(
+                f"{version_name(version)} (iteration {record['iteration']}): update.done says {done.read_text()!r}"
+            )
     return problems
 
 
 def check_iteration_records(log: Path) -> list[str]:
     """More than one `"kind": "iteration"` record of an iteration in metrics.jsonl."""
-    path = log / "metrics.jsonl"
+    path = Layout(log).metrics
     rows = read_lines(path) if path.exists() else []
     counts = Counter(row["iteration"] for row in rows if row.get("kind") == "iteration")
     return [f"metrics.jsonl: iteration {it} recorded {n} times" for it, n in sorted(counts.items()) if n > 1]
@@ -304,14 +310,7 @@ def check_iteration_records(log: Path) -> list[str]:
 
 def load_phase_times(log: Path) -> list[tuple[int, str, float]]:
     """(iteration, phase, seconds) for every line of every `run/state/iter_<NNNN>/times`."""
-    out = []
-    for path in sorted(log.glob("run/state/iter_*/times")):
-        iteration = int(path.parent.name.removeprefix("iter_"))
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2:
-                out.append((iteration, parts[0], float(parts[1])))
-    return out
+    return [(n, phase, seconds) for n in state_iterations(log) for phase, seconds in load_times(log, n)]
 
 
 def check_deadlines(log: Path, deadlines: dict[str, float]) -> list[str]:

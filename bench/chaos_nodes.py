@@ -48,6 +48,8 @@ from pathlib import Path
 
 from bench.chaos import REPO, SETTINGS, draw, free_port, log, report
 from bench.chaos_checks import check_log, start_time
+from coordinator.runstate import next_iteration
+from rollout_engine.layout import Layout
 
 #: what a node's clean-up may take once it noticed (procs_stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
 CLEANUP_S = 60.0
@@ -189,7 +191,7 @@ class ChaosNodes:
         """(record file, pgid, leader start time) of every group node `rank` recorded: its run directory's
         and its LLaMA-Factory groups (train.log.pgid on the master, train.rank_<r>.log.pgid on a worker)."""
         mine = "train.log.pgid" if rank == 0 else f"train.rank_{rank}.log.pgid"
-        files = sorted((self.log / "run" / f"rank_{rank}" / "pids").glob("*.pgid"))
+        files = sorted(Layout(self.log).pids_dir(rank).glob("*.pgid"))
         files += sorted(self.log.glob(f"training/iter_*/{mine}"))
         out = []
         for path in files:
@@ -205,9 +207,9 @@ class ChaosNodes:
     def phase_groups(self, rank: int, phase: str, iteration: int) -> list[tuple[int, str]]:
         if phase == "training":
             name = "train.log.pgid" if rank == 0 else f"train.rank_{rank}.log.pgid"
-            path = self.log / "training" / f"iter_{iteration:04d}" / name
+            path = Layout(self.log).training_dir(iteration) / name
         else:
-            path = self.log / "run" / f"rank_{rank}" / "pids" / "rollout-train.pgid"
+            path = Layout(self.log).pids_dir(rank) / "rollout-train.pgid"
         try:
             lines = path.read_text().splitlines()
         except OSError:
@@ -223,7 +225,7 @@ class ChaosNodes:
 
     def wait_phase(self, fault: NodeFault, iteration: int) -> bool:
         """Wait until the struck node runs the fault's phase; False when a node exits first or it is over."""
-        done = self.log / "run" / "state" / f"iter_{iteration:04d}" / "update.done"
+        done = Layout(self.log).marker(iteration, "update")
         deadline = time.monotonic() + self.run_budget_s
         while time.monotonic() < deadline:
             if self.phase_groups(fault.rank, fault.phase, iteration):
@@ -350,10 +352,7 @@ class ChaosNodes:
 
     def next_iteration(self) -> int:
         """The iteration the master runs now (scripts/lib/iteration.sh iteration_next)."""
-        state = self.log / "run" / "state"
-        numbers = [int(p.name[5:]) for p in state.glob("iter_*") if p.name[5:].isdigit()] if state.is_dir() else []
-        last = max(numbers, default=0)
-        return last + 1 if last == 0 or (state / f"iter_{last:04d}" / "iteration.done").exists() else last
+        return next_iteration(self.log)
 
     def round(self, number: int, fault: NodeFault, delay: float, deadlines: dict[str, float]) -> NodeRound:
         """One iteration with `fault` struck `delay` s into its phase, the restarts, then the checks."""
@@ -364,7 +363,7 @@ class ChaosNodes:
         self.start_all(resume=self.starts > 0)
         struck = self.inject(fault, iteration, delay, row)
         self.settle(row, struck, iteration)
-        done = self.log / "run" / "state" / f"iter_{iteration:04d}" / "iteration.done"
+        done = Layout(self.log).marker(iteration, "iteration")
         while not done.exists() and row.restarts < 3:
             row.restarts += 1
             self.start_all(resume=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import subprocess
@@ -36,6 +35,9 @@ from typing import Any
 import openai
 
 from bench.server import REPO, add_server_args, prepare_data, serve
+from coordinator.summary import load_metrics
+from rollout_engine.files import read_jsonl
+from rollout_engine.layout import Layout
 
 logger = logging.getLogger("bench.engine_vs_raw")
 
@@ -107,11 +109,11 @@ def run_engine(args: argparse.Namespace, base_url: str, log_path: Path) -> tuple
     )
     if out.returncode != 0:
         raise SystemExit(f"the rollout engine failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    metrics = json.loads((log_path / "metrics.jsonl").read_text().splitlines()[-1])
+    metrics = load_metrics(log_path)[-1]
     if metrics["failures"]:
         raise SystemExit(f"engine episodes failed: {metrics['failures']}; the comparison would be unfair")
-    journal = log_path / "trajectories" / "test" / "iter_0000" / "rank_0.jsonl"
-    rows = sorted((json.loads(line) for line in journal.read_text().splitlines()), key=lambda r: r["episode_id"])
+    journal = Layout(log_path).journal("test", 0, rank=0)
+    rows = sorted(read_jsonl(journal).rows, key=lambda r: r["episode_id"])
     tokens = sum(t["completion_tokens"] for r in rows for t in r["turns"])
     run = Run("engine", tokens, metrics["wall_s"], len(rows))
     if abs(tokens / metrics["wall_s"] - metrics["tokens_per_s"]) > 0.01 * metrics["tokens_per_s"] + 0.01:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import socket
 import subprocess
@@ -28,6 +27,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from coordinator.runstate import phase_times
+from coordinator.summary import load_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,11 +80,8 @@ def run_nodes(data: Path, log: Path, nodes: int, overrides: list[str]) -> float:
 
 def split(log: Path) -> dict[str, float]:
     """The master's iteration time, split into useful work and overhead."""
-    times: dict[str, float] = {}
-    for line in (log / "run" / "state" / "iter_0001" / "times").read_text().splitlines():
-        name, _, seconds = line.partition(" ")
-        times[name] = times.get(name, 0.0) + float(seconds)
-    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    times = phase_times(log, 1)
+    rows = load_metrics(log)
     rollout = 0.0
     for split_name in ("train", "test"):
         row = next(r for r in rows if r.get("kind") == "rollout" and r.get("split") == split_name)

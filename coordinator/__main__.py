@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from rollout_engine.errors import ConfigError
+from rollout_engine.layout import Layout
 
 log = logging.getLogger(__name__)
 #: a fixed greedy probe whose logprobs identify the served weights
@@ -75,10 +76,8 @@ def cmd_keep_best(args: argparse.Namespace) -> int:
     from training.promotion import mark_best
 
     log_path = Path(args.log_path)
-    policy = log_path / "policy"
-
-    def folder(version: int) -> Path:
-        return policy / f"v{version:04d}"
+    layout = Layout(args.log_path)
+    policy, folder = layout.policy, layout.policy_version
 
     decision = decide(load_metrics(log_path), args.iteration, args.margin, lambda v: folder(v).is_dir())
     source = ""
@@ -118,15 +117,13 @@ def cmd_takeover_plan(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
     from coordinator.reassign import plan_takeover
-    from rollout_engine.build import iteration_dir
     from rollout_engine.config import validate
-    from rollout_engine.takeover import takeover_plan_path
 
     if not Path(args.config).is_file():
         raise ConfigError(f"--config does not exist (got {args.config!r}); pass a rank's rank_<r>.config.yaml")
     cfg = validate(OmegaConf.load(args.config))
     plan = plan_takeover(cfg, args.dead, [int(r) for r in args.survivors.split(",") if r.strip()])
-    print(takeover_plan_path(iteration_dir(cfg)))
+    print(Layout(cfg.log_path).takeover_plan(cfg.split, cfg.iteration))
     for dead, entry in sorted(plan.dead.items()):
         shares = ",".join(f"{s}:{len(ids)}" for s, ids in sorted(entry.assignments.items()))
         print(f"{dead}\t{entry.cut.lines}\t{shares}")

@@ -39,15 +39,16 @@ from typing import Any
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import read_jsonl, save_json
 from rollout_engine.journal import read_journal
-from rollout_engine.metrics import compute_metrics, save_metrics
-from rollout_engine.takeover import (
+from rollout_engine.layout import (
+    MERGED_MANIFEST,
     TAKEOVER_JOURNAL,
-    DeadRank,
-    TakeoverPlan,
-    load_takeover_plan,
-    read_cut,
+    Layout,
+    journal_name,
+    manifest_name,
     takeover_journal_name,
 )
+from rollout_engine.metrics import compute_metrics, save_metrics
+from rollout_engine.takeover import DeadRank, TakeoverPlan, load_takeover_plan, read_cut
 from rollout_engine.types import Trajectory
 
 PER_RANK_KEYS = ("episodes", "ok_episodes", "success_rate", "wall_s", "tokens_per_s", "complete", "policy_version")
@@ -55,7 +56,7 @@ PER_RANK_KEYS = ("episodes", "ok_episodes", "success_rate", "wall_s", "tokens_pe
 
 def rank_metrics_path(log_path: Path, rank: int) -> Path:
     """Where a rank of a multi-node run writes its own rollout records."""
-    return Path(log_path) / "metrics" / f"rank_{rank}.jsonl"
+    return Layout(log_path).rank_metrics(rank)
 
 
 def _rank_record(log_path: Path, rank: int, split: str, iteration: int) -> dict[str, Any] | None:
@@ -81,7 +82,7 @@ def _manifest(path: Path) -> dict[str, Any] | None:
 
 def _verified_manifest(directory: Path, journal_name: str) -> dict[str, Any] | None:
     """A journal's sealed manifest with `verified`: the journal is byte for byte what was sealed (None if unsealed)."""
-    manifest = _manifest(directory / journal_name.replace(".jsonl", ".manifest.json"))
+    manifest = _manifest(directory / manifest_name(journal_name))
     if manifest is not None:
         journal = directory / journal_name
         data = journal.read_bytes() if journal.exists() else b""
@@ -110,7 +111,7 @@ def merge_ranks(directory: Path, manifests: dict[int, dict[str, Any] | None]) ->
     `superseded`: named in the manifest with their dead rank and never counted."""
     by_episode: dict[str, Trajectory] = {}
     for rank in manifests:
-        for trajectory in read_journal(directory / f"rank_{rank}.jsonl"):
+        for trajectory in read_journal(directory / journal_name(rank)):
             by_episode[trajectory.episode_id] = trajectory
     planned = sum(m.get("planned", 0) for m in manifests.values() if m)
     superseded = _superseded(directory, manifests)
@@ -152,7 +153,7 @@ class TakeoverRead:
 
     def add_cut(self, directory: Path, dead: int, entry: DeadRank) -> None:
         """The dead rank's journal up to its cut (verified: the prefix is the one cut)."""
-        journal = directory / f"rank_{dead}.jsonl"
+        journal = directory / journal_name(dead)
         try:
             rows, verified = read_cut(journal, entry.cut.lines, entry.cut.sha256), True
         except ConfigError:
@@ -186,7 +187,7 @@ def merge_takeover(directory: Path, manifests: dict[int, dict[str, Any] | None],
     journal is sealed and verified and every planned episode is in the data exactly once."""
     read = TakeoverRead(sealed=all(_sealed(m) for rank, m in manifests.items() if rank not in plan.dead))
     for rank in (rank for rank in manifests if rank not in plan.dead):
-        read.lines += read_journal(directory / f"rank_{rank}.jsonl")
+        read.lines += read_journal(directory / journal_name(rank))
     for dead, entry in sorted(plan.dead.items()):
         read.add_cut(directory, dead, entry)
         for survivor, assigned in sorted(entry.assignments.items()):
@@ -224,16 +225,16 @@ def aggregate(
     survivors' takeover journals (merge_takeover); ConfigError when the plan is missing or bad. `ranks`: the
     ranks with a share in this step (default: all; a continue run's step leaves out the ranks not in it).
     """
-    directory = Path(log_path) / "trajectories" / split / f"iter_{iteration:04d}"
+    directory = Layout(log_path).iteration_dir(split, iteration)
     ranks = list(range(num_nodes)) if ranks is None else ranks
-    manifests = {rank: _verified_manifest(directory, f"rank_{rank}.jsonl") for rank in ranks}
+    manifests = {rank: _verified_manifest(directory, journal_name(rank)) for rank in ranks}
     if takeover_plan is None:
         merged = merge_ranks(directory, manifests)
     else:
         merged = merge_takeover(directory, manifests, load_takeover_plan(takeover_plan, "--takeover-plan"))
     planned, trajectories = merged.planned, merged.trajectories
     save_json(
-        directory / "manifest.json",
+        directory / MERGED_MANIFEST,
         {
             "split": split,
             "iteration": iteration,
@@ -261,5 +262,5 @@ def aggregate(
     )
     if takeover_plan is not None:
         record.update(missing_ranks=merged.extra["missing_ranks"], reassigned=merged.extra["reassigned"])
-    save_metrics(Path(log_path) / "metrics.jsonl", record)
+    save_metrics(Layout(log_path).metrics, record)
     return record

@@ -31,6 +31,7 @@ from coordinator.cluster import Cluster, ClusterError, RankFailed, RunFinished, 
 from coordinator.heartbeat import LivenessWatcher
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
+from rollout_engine.layout import rank_file_name
 
 PHASE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
@@ -98,7 +99,7 @@ def arrive(
     arrival = Arrival(
         cluster.rank, host or socket.gethostname(), os.getpid() if pid is None else pid, cluster.run_id, data=data or {}
     )
-    save_json(cluster.barrier_dir(iteration, phase) / f"rank_{cluster.rank}.json", asdict(arrival))
+    save_json(cluster.barrier_dir(iteration, phase) / rank_file_name(cluster.rank, ".json"), asdict(arrival))
 
 
 def arrivals(cluster: Cluster, iteration: int, phase: str) -> dict[int, Arrival]:

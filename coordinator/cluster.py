@@ -4,7 +4,7 @@
     cluster.fail(FailureRecord(...)); cluster.request_stop(StopRequest(...)); cluster.evict(Eviction(...))
     cluster.finish(FinishRecord(...))           # the master, on its way out of a run that ended well
 
-Files under <log>/cluster/:
+Files under <log>/cluster/ (their paths: rollout_engine.layout `Layout.cluster`, `ClusterRun`):
 
     run.json                                   RunRecord, rewritten by every master start
     runs/<run_id>/run.json                     the same record, kept with its run
@@ -38,6 +38,7 @@ from typing import Any
 
 from rollout_engine.errors import BatonError
 from rollout_engine.files import save_json
+from rollout_engine.layout import ClusterRun, Layout, rank_file_name
 
 ON_RANK_FAILURE = ("abort", "continue")
 RANK_FILE = re.compile(r"rank_(\d+)(\.json)?")
@@ -229,10 +230,6 @@ class Eviction:
         return node is not None and node.incarnation == (self.node_host, self.node_pid, self.node_started)
 
 
-def cluster_dir(log_path: str | Path) -> Path:
-    return Path(log_path) / "cluster"
-
-
 def scan_ranks(directory: Path) -> dict[int, Path]:
     """The `rank_<r>[.json]` files of `directory` by rank, from one listing; temp files are skipped."""
     try:
@@ -256,12 +253,12 @@ def load_json(path: Path) -> dict[str, Any] | None:
 
 
 def load_run(log_path: str | Path) -> RunRecord | None:
-    data = load_json(cluster_dir(log_path) / "run.json")
+    data = load_json(Layout(log_path).run_record)
     return None if data is None else RunRecord.from_dict(data)
 
 
 def load_pinned(log_path: str | Path) -> Pinned | None:
-    data = load_json(cluster_dir(log_path) / "pinned.json")
+    data = load_json(Layout(log_path).pinned)
     return None if data is None else Pinned(**data)
 
 
@@ -276,63 +273,67 @@ class Cluster:
     me: Incarnation | None = None
 
     @property
+    def paths(self) -> ClusterRun:
+        return Layout(self.log_path).cluster_run(self.run_id)
+
+    @property
     def run_dir(self) -> Path:
-        return cluster_dir(self.log_path) / "runs" / self.run_id
+        return self.paths.dir
 
     @property
     def heartbeat_dir(self) -> Path:
-        return self.run_dir / "heartbeat"
+        return self.paths.heartbeat_dir
 
     def barrier_dir(self, iteration: int, phase: str) -> Path:
-        return self.run_dir / "barriers" / f"iter_{iteration:04d}" / phase
+        return self.paths.barrier_dir(iteration, phase)
 
     def record(self) -> RunRecord | None:
         """This run's own copy of its run.json (the top-level one names only the newest run)."""
-        data = load_json(self.run_dir / "run.json")
+        data = load_json(self.paths.record)
         return None if data is None else RunRecord.from_dict(data)
 
     def heartbeat_files(self) -> dict[int, Path]:
         return scan_ranks(self.heartbeat_dir)
 
     def register(self, node: NodeRecord) -> None:
-        save_json(self.run_dir / "nodes" / f"rank_{node.rank}.json", asdict(node))
+        save_json(self.paths.nodes_dir / rank_file_name(node.rank, ".json"), asdict(node))
 
     def nodes(self) -> dict[int, NodeRecord]:
-        return _load_ranks(self.run_dir / "nodes", NodeRecord)
+        return _load_ranks(self.paths.nodes_dir, NodeRecord)
 
     def fail(self, failure: FailureRecord) -> None:
-        save_json(self.run_dir / "failed" / f"rank_{failure.rank}.json", asdict(failure))
+        save_json(self.paths.failed_dir / rank_file_name(failure.rank, ".json"), asdict(failure))
 
     def failures(self) -> dict[int, FailureRecord]:
-        return _load_ranks(self.run_dir / "failed", FailureRecord)
+        return _load_ranks(self.paths.failed_dir, FailureRecord)
 
     def request_stop(self, request: StopRequest) -> None:
-        save_json(self.run_dir / "stop.json", asdict(request))
+        save_json(self.paths.stop, asdict(request))
 
     def stop_request(self) -> StopRequest | None:
         try:
             names = os.listdir(self.run_dir)  # a listing, not a stat: NFS caches negative lookups
         except FileNotFoundError:
             return None
-        data = load_json(self.run_dir / "stop.json") if "stop.json" in names else None
+        data = load_json(self.paths.stop) if self.paths.stop.name in names else None
         return None if data is None else StopRequest(**data)
 
     def finish(self, record: FinishRecord) -> None:
-        save_json(self.run_dir / "finished.json", asdict(record))
+        save_json(self.paths.finished, asdict(record))
 
     def finished(self) -> FinishRecord | None:
         try:
             names = os.listdir(self.run_dir)  # a listing, not a stat: NFS caches negative lookups
         except FileNotFoundError:
             return None
-        data = load_json(self.run_dir / "finished.json") if "finished.json" in names else None
+        data = load_json(self.paths.finished) if self.paths.finished.name in names else None
         return None if data is None else FinishRecord(**data)
 
     def evict(self, eviction: Eviction) -> None:
-        save_json(self.run_dir / "evicted" / f"rank_{eviction.rank}.json", asdict(eviction))
+        save_json(self.paths.evicted_dir / rank_file_name(eviction.rank, ".json"), asdict(eviction))
 
     def evictions(self) -> dict[int, Eviction]:
-        return _load_ranks(self.run_dir / "evicted", Eviction)
+        return _load_ranks(self.paths.evicted_dir, Eviction)
 
     def evicted(self, rank: int, node: NodeRecord | None = None) -> Eviction | None:
         """The eviction that covers `node` (default: the rank's current registration), if any."""

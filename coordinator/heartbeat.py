@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rollout_engine.files import save_text
+from rollout_engine.layout import rank_file_name
 
 if TYPE_CHECKING:
     from coordinator.cluster import Cluster, ClusterError, Incarnation
@@ -57,7 +58,7 @@ class Beat:
 def write_beat(cluster: Cluster, rank: int, beat: Beat) -> None:
     """Replace the rank's heartbeat file: atomic for readers, no fsync (a beat must never wait for the disk's
     writeback of others' data; a beat lost in a crash is as stale as the one before it)."""
-    save_text(cluster.heartbeat_dir / f"rank_{rank}", beat.line(), durable=False)
+    save_text(cluster.heartbeat_dir / rank_file_name(rank), beat.line(), durable=False)
 
 
 def read_beats(cluster: Cluster) -> dict[int, Beat]:

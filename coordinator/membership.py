@@ -32,13 +32,13 @@ from coordinator.cluster import (
     NodeRecord,
     Pinned,
     RunRecord,
-    cluster_dir,
     load_pinned,
     load_run,
 )
 from coordinator.heartbeat import LivenessWatcher, read_beats
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
+from rollout_engine.layout import Layout
 
 MasterState = Literal["absent", "watching", "alive", "dead", "stopped"]
 
@@ -124,7 +124,7 @@ class MasterWatch:
         return self.record is not None and Cluster(self.log_path, self.record.run_id).stop_request() is not None
 
     def describe(self, state: MasterState) -> str:
-        run_json = cluster_dir(self.log_path) / "run.json"
+        run_json = Layout(self.log_path).run_record
         if state == "absent" or self.record is None:
             return f"waiting for a master to write {run_json}"
         rec = self.record
@@ -152,7 +152,7 @@ def not_running(
     watch = MasterWatch(log_path, clock=clock)
     state = watch.poll()
     if state == "absent" or watch.record is None:
-        return f"{cluster_dir(log_path) / 'run.json'} names no run"
+        return f"{Layout(log_path).run_record} names no run"
     master = f"its master {watch.record.master.host} (pid {watch.record.master.pid})"
     cluster = Cluster(Path(log_path), watch.record.run_id)
     if cluster.finished() is not None:
@@ -231,7 +231,7 @@ def start_run(
         raise ConfigError(
             f"--num-nodes {num_nodes} --rank-weights {_csv(rank_weights)} differ from this experiment's"
             f" --num-nodes {pinned.num_nodes} --rank-weights {_csv(pinned.rank_weights)}"
-            f" ({cluster_dir(log_path) / 'pinned.json'}, run {pinned.first_run_id});"
+            f" ({Layout(log_path).pinned}, run {pinned.first_run_id});"
             " start with the pinned values, or use a new --log-path"
         )
     _refuse_live_master(MasterWatch(log_path, alive_window_s, clock), poll_s, on_wait)
@@ -250,12 +250,12 @@ def start_run(
     )
     if pinned is None:
         pin = Pinned(num_nodes, list(rank_weights), record.run_id, record.created)
-        save_json(cluster_dir(log_path) / "pinned.json", asdict(pin))
+        save_json(Layout(log_path).pinned, asdict(pin))
     cluster = Cluster(Path(log_path), record.run_id, rank=0)
     started = pid_started(me.pid) if started is None else started
     cluster.register(NodeRecord(0, me.host, me.addr, me.pid, vllm_port, record.created, started))
-    save_json(cluster.run_dir / "run.json", asdict(record))
-    save_json(cluster_dir(log_path) / "run.json", asdict(record))
+    save_json(cluster.paths.record, asdict(record))
+    save_json(Layout(log_path).run_record, asdict(record))
     return record
 
 

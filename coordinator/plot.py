@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.summary import iteration_records
+from rollout_engine.layout import Layout
 
 #: (record key, label, marker, line style, scale) per curve of each panel; train in C0, held-out in C1
 SUCCESS_CURVES = (
@@ -64,7 +65,7 @@ def save_plot(log_path: Path) -> Path:
     bottom.set_xlabel("iteration")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    out = Path(log_path) / "plots" / "success.png"
+    out = Layout(log_path).plot
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".success.{os.getpid()}.png")
     fig.savefig(tmp, format="png")

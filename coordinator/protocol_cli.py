@@ -57,6 +57,7 @@ from coordinator.heartbeat import LivenessWatcher, PeerWatch, run_heartbeat
 from coordinator.membership import default_addr, join_run, not_running, pid_running, pid_started, start_run
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
+from rollout_engine.layout import Layout, iterations
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 #: rollout-only and update-only runs coordinate apart: a split deployment runs both on one log path
@@ -67,7 +68,7 @@ Command = Callable[[argparse.Namespace], int]
 
 def protocol_root(log_path: str, group: str | None) -> Path:
     """Where a run's protocol files live: <log>/cluster/ (both), <log>/roles/<group>/cluster/ (rollout, update)."""
-    return Path(log_path) / "roles" / group if group else Path(log_path)
+    return Layout(log_path).role(group).root if group else Path(log_path)
 
 
 def say(line: str) -> None:
@@ -418,12 +419,10 @@ def status_rows(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher, wi
 def last_barriers(cluster: Cluster) -> dict[int, str]:
     """Each rank's latest arrival: the highest iteration, then the latest arrival time (that rank's own clock)."""
     latest: dict[int, tuple[int, float, str]] = {}
-    root = cluster.run_dir / "barriers"
-    for iter_dir in sorted(root.glob("iter_*")) if root.is_dir() else []:
-        iteration = int(iter_dir.name.removeprefix("iter_"))
+    for iteration, iter_dir in iterations(cluster.paths.barriers):
         for phase_dir in iter_dir.iterdir():
             for rank, arrival in arrivals(cluster, iteration, phase_dir.name).items():
-                key = (iteration, arrival.time, f"iter_{iteration:04d} {phase_dir.name}")
+                key = (iteration, arrival.time, f"{iter_dir.name} {phase_dir.name}")
                 latest[rank] = max(latest.get(rank, key), key)
     return {rank: key[2] for rank, key in latest.items()}
 

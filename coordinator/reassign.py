@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from rollout_engine.build import iteration_dir
 from rollout_engine.config import RolloutConfig
 from rollout_engine.errors import ConfigError
+from rollout_engine.layout import Layout, journal_name
 from rollout_engine.takeover import (
     DeadRank,
     TakeoverPlan,
@@ -101,9 +101,9 @@ def plan_takeover(cfg: RolloutConfig, dead: Sequence[int], survivors: Sequence[i
     every share alike.
     """
     check_ranks(cfg.rank_weights, dead, survivors)
-    directory = iteration_dir(cfg)
+    directory = Layout(cfg.log_path).iteration_dir(cfg.split, cfg.iteration)
     tasks = load_tasks(tasks_path(cfg), f"env_config.{cfg.split}_tasks")
-    cuts = {d: cut_journal(directory / f"rank_{d}.jsonl") for d in sorted(set(dead))}
+    cuts = {d: cut_journal(directory / journal_name(d)) for d in sorted(set(dead))}
     shares = {
         d: DeadShare(tuple(s.episode_id for s in plan_rank(tasks, cfg, d)), cut.episode_ids) for d, cut in cuts.items()
     }

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.heartbeat import Beat
+from coordinator.cluster import Cluster, load_run
+from coordinator.heartbeat import Beat, read_beats
 from rollout_engine.files import read_jsonl
+from rollout_engine.layout import Layout
 
 _STATUS = re.compile(r"status(?:\.rank_(\d+))?\.json")
 _CLOCK = re.compile(r"(?:(\d+):)?(\d+):(\d+)")
@@ -146,7 +148,7 @@ class RunView:
         return sorted(found, key=lambda r: -1 if r.rank is None else r.rank)
 
     def training(self, iteration: int) -> TrainProgress | None:
-        path = self.log / "training" / f"iter_{iteration:04d}" / "output" / "trainer_log.jsonl"
+        path = Layout(self.log).training_dir(iteration) / "output" / "trainer_log.jsonl"
         if not path.exists():
             return None
         rows = [r for r in read_jsonl(path).rows if isinstance(r, dict)]
@@ -164,31 +166,21 @@ class RunView:
             losses=losses,
         )
 
-    def cluster_dirs(self) -> list[Path]:
-        """The multi-node protocol's directories: `cluster/` (a both run) and `roles/<role>/cluster/`."""
-        return [
-            p.parent
-            for p in [self.log / "cluster" / "run.json", *self.log.glob("roles/*/cluster/run.json")]
-            if p.exists()
-        ]
+    def protocol_roots(self) -> list[Path]:
+        """Where a multi-node run's protocol files are: the log path (a both run) and `roles/<role>/`."""
+        roles = [p.parent.parent for p in self.log.glob("roles/*/cluster/run.json")]
+        return [root for root in [self.log, *roles] if Layout(root).run_record.exists()]
 
     def heartbeats(self) -> dict[int, Beat]:
-        """The current run's heartbeats (of every cluster directory: a split deployment has two)."""
+        """The current run's heartbeats (of every protocol root: a split deployment has two)."""
         beats: dict[int, Beat] = {}
-        for cluster in self.cluster_dirs():
+        for root in self.protocol_roots():
             try:
-                run_id = json.loads((cluster / "run.json").read_text())["run_id"]
+                record = load_run(root)
+                found = read_beats(Cluster(root, record.run_id)) if record is not None else {}
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            directory = cluster / "runs" / str(run_id) / "heartbeat"
-            for path in sorted(directory.glob("rank_*")) if directory.is_dir() else []:
-                try:
-                    beat = Beat.parse(path.read_text())
-                    rank = int(path.name.removeprefix("rank_"))
-                except (OSError, ValueError):
-                    continue
-                if beat is not None:
-                    beats[rank] = beat
+            beats.update(found)
         return beats
 
 
@@ -232,7 +224,7 @@ class StallWatch:
                         f"the policy server stopped answering during its {rollout.split} rollout "
                         f"({rollout.policy_down})",
                         "run.sh restarts vLLM and resumes the rollout (at most BATON_POLICY_RESTARTS times, 3); if it "
-                        f"keeps failing, read {view.log}/run/rank_{rollout.rank or 0}/logs/vllm.log (often memory)",
+                        f"keeps failing, read {Layout(view.log).logs_dir(rollout.rank or 0)}/vllm.log (often memory)",
                     )
                 )
                 continue
@@ -241,7 +233,7 @@ class StallWatch:
             key = (rollout.rank, rollout.split, rollout.iteration)
             quiet = self._note(self._status, key, rollout.updated_at, now)
             idle = self._note(self._finished, key, rollout.finished, now)
-            logs = view.log / "run" / f"rank_{rollout.rank or 0}" / "logs"
+            logs = Layout(view.log).logs_dir(rollout.rank or 0)
             if quiet >= self.silent_s:
                 troubles.append(
                     Trouble(

@@ -24,7 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.runstate import load_markers, phase_times
 from rollout_engine.files import append_shared_jsonl, read_jsonl
+from rollout_engine.layout import Layout
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ class IterationRecord:
 
 def load_metrics(log_path: Path) -> list[dict[str, Any]]:
     """Every parseable line of `<log>/metrics.jsonl` (torn lines are skipped with a warning)."""
-    path = Path(log_path) / "metrics.jsonl"
+    path = Layout(log_path).metrics
     if not path.exists():
         return []
     read = read_jsonl(path)
@@ -90,22 +92,6 @@ def reply_stats(rows: list[dict], iteration: int) -> dict[str, float | None]:
     return {key: (rollouts[split] or {}).get(rollout_key) for key, (split, rollout_key) in REPLY_KEYS.items()}
 
 
-def _state_dir(log_path: Path, iteration: int) -> Path:
-    return Path(log_path) / "run" / "state" / f"iter_{iteration:04d}"
-
-
-def _phase_times(state: Path) -> dict[str, float]:
-    times: dict[str, float] = {}
-    if (state / "times").exists():
-        for line in (state / "times").read_text().splitlines():
-            name, _, seconds = line.partition(" ")
-            try:
-                times[name] = times.get(name, 0.0) + float(seconds)
-            except ValueError:
-                continue
-    return times
-
-
 def build_record(log_path: Path, iteration: int, served_version: int | None) -> IterationRecord:
     """The iteration's summary from metrics.jsonl and the run state."""
     rows = load_metrics(log_path)
@@ -126,14 +112,12 @@ def build_record(log_path: Path, iteration: int, served_version: int | None) -> 
         setattr(record, key, value)
     if revert := _last(rows, kind="revert", iteration=iteration):
         record.reverted_version, record.reverted_to = revert.get("policy_version"), revert.get("reverted_to")
-    serving = Path(log_path) / "run" / "rank_0" / "serving.json"  # the master's server
+    serving = Layout(log_path).serving(0)  # the master's server
     if serving.exists():
         with contextlib.suppress(ValueError):
             record.serving_dtype = json.loads(serving.read_text()).get("dtype")
-    state = _state_dir(log_path, iteration)
-    if (state / "update.done").exists():
-        record.update = (state / "update.done").read_text().strip() or None
-    record.phase_s = _phase_times(state)
+    record.update = load_markers(log_path, iteration).get("update") or None
+    record.phase_s = phase_times(log_path, iteration)
     return record
 
 
@@ -144,7 +128,7 @@ def summarize(log_path: Path, iteration: int, served_version: int | None) -> dic
     if recorded is not None:
         return recorded
     record = asdict(build_record(log_path, iteration, served_version))
-    append_shared_jsonl(Path(log_path) / "metrics.jsonl", record)
+    append_shared_jsonl(Layout(log_path).metrics, record)
     return record
 
 

@@ -16,9 +16,7 @@ from pathlib import Path
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import shared_lock
-
-#: the master's resolved config, relative to the log path
-RESOLVED = Path("run") / "rank_0" / "resolved.yaml"
+from rollout_engine.layout import Layout
 
 
 def cmd_track(args: argparse.Namespace) -> int:
@@ -26,11 +24,12 @@ def cmd_track(args: argparse.Namespace) -> int:
 
     from coordinator.trackers import build_trackers, track
 
-    resolved = Path(args.log_path) / RESOLVED
+    resolved = Layout(args.log_path).resolved(0)  # the master's
     if not resolved.is_file():
-        raise ConfigError(f"--log-path has no {RESOLVED} (got {args.log_path!r}); pass the log path of a run")
+        where = resolved.relative_to(args.log_path)
+        raise ConfigError(f"--log-path has no {where} (got {args.log_path!r}); pass the log path of a run")
     tracker_cfg = OmegaConf.to_container(OmegaConf.load(resolved)).get("update", {}).get("tracker")
-    lock = Path(args.log_path) / "trackers" / ".track.lock"
+    lock = Layout(args.log_path).trackers / ".track.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with shared_lock(lock):
         print(track(Path(args.log_path), build_trackers(tracker_cfg, args.log_path)))

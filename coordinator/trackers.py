@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rollout_engine.files import parse_jsonl, save_json, save_text
+from rollout_engine.layout import Layout
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ def read_new(metrics: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
 
 def track(log_path: Path, trackers: list[Tracker]) -> int:
     """Give each tracker the records it has not logged yet, in file order; return how many were logged."""
-    metrics = Path(log_path) / "metrics.jsonl"
+    metrics = Layout(log_path).metrics
     logged = 0
     for tracker in trackers:
         records, end = read_new(metrics, tracker.logged_to())
@@ -139,8 +140,8 @@ class TensorBoardTracker:
     """
 
     def __init__(self, log_path: str | Path) -> None:
-        self.dir = Path(log_path) / "trackers" / "tensorboard"
-        self.cursor_path = Path(log_path) / "trackers" / "tensorboard.cursor.json"
+        self.dir = Layout(log_path).trackers / "tensorboard"
+        self.cursor_path = Layout(log_path).trackers / "tensorboard.cursor.json"
         self.cursor = load_cursor(self.cursor_path)
         self._writer: Any = None
 
@@ -184,8 +185,8 @@ class WandbTracker:
         self, log_path: str | Path, project: str = "baton", mode: str = "offline", group: str = "", name: str = ""
     ) -> None:
         self.log_path = Path(log_path)
-        self.dir = self.log_path / "trackers" / "wandb"
-        self.cursor_path = self.log_path / "trackers" / "wandb.cursor.json"
+        self.dir = Layout(self.log_path).trackers / "wandb"
+        self.cursor_path = Layout(self.log_path).trackers / "wandb.cursor.json"
         self.cursor = load_cursor(self.cursor_path)
         self.project, self.mode = project, mode
         self.group, self.name = group or self.log_path.name, name or self.log_path.name

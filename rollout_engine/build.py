@@ -16,11 +16,7 @@ from rollout_engine.config import RolloutConfig
 from rollout_engine.context import RunContext
 from rollout_engine.envs.base import Env
 from rollout_engine.errors import ConfigError
-
-
-def iteration_dir(cfg: RolloutConfig) -> Path:
-    """<log>/trajectories/<split>/iter_<NNNN>/ of this rollout."""
-    return Path(cfg.log_path) / "trajectories" / cfg.split / f"iter_{cfg.iteration:04d}"
+from rollout_engine.layout import Layout
 
 
 def build_context(cfg: RolloutConfig) -> RunContext:
@@ -30,7 +26,7 @@ def build_context(cfg: RolloutConfig) -> RunContext:
         rank=cfg.rank,
         seed=cfg.seed,
         data_path=Path(cfg.data_path),
-        log_dir=iteration_dir(cfg),
+        log_dir=Layout(cfg.log_path).iteration_dir(cfg.split, cfg.iteration),
         step_budget=cfg.env_config.step_budget(cfg.split),
         judge=cfg.openai_config,
         policy=cfg.policy_config,

@@ -35,6 +35,7 @@ from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import append_line, parse_jsonl, save_json
+from rollout_engine.layout import manifest_name
 from rollout_engine.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class Journal:
 
     def __init__(self, path: Path, resume: bool) -> None:
         self.path = path
-        self.manifest_path = path.with_name(path.name.replace(".jsonl", ".manifest.json"))
+        self.manifest_path = path.with_name(manifest_name(path.name))
         self.done: list[Trajectory] = []
         self._writes: set[asyncio.Future] = set()
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,18 +36,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollout_engine.build import build_env, iteration_dir
+from rollout_engine.build import build_env
 from rollout_engine.config import PolicyConfig, RolloutConfig
 from rollout_engine.envs.base import Env
 from rollout_engine.errors import ConfigError, InfraError
 from rollout_engine.files import save_text
 from rollout_engine.journal import Journal, JournalRouter
+from rollout_engine.layout import Layout, journal_name, rollout_config_name, takeover_journal_name
 from rollout_engine.live import build_view, run_live
 from rollout_engine.metrics import compute_metrics, print_summary, save_metrics
 from rollout_engine.policy import PolicyClient
 from rollout_engine.progress import Progress
 from rollout_engine.scheduler import Scheduler, SchedulerSettings
-from rollout_engine.takeover import assigned_specs, load_takeover_plan, takeover_journal_name, takeover_plan_file
+from rollout_engine.takeover import assigned_specs, load_takeover_plan, takeover_plan_file
 from rollout_engine.tasks import EpisodeSpec, load_tasks, plan_rank, rank_limits, tasks_path
 from rollout_engine.types import Task
 
@@ -84,7 +85,7 @@ class Prepared:
 def plan_work(cfg: RolloutConfig, tasks: list[Task]) -> list[Work]:
     """This rank's own share; with `takeover_plan`, the dead ranks' episodes the plan assigns to this rank."""
     if not cfg.takeover_plan:
-        return [Work(f"rank_{cfg.rank}.jsonl", plan_rank(tasks, cfg, cfg.rank))]
+        return [Work(journal_name(cfg.rank), plan_rank(tasks, cfg, cfg.rank))]
     path = takeover_plan_file(cfg)
     plan = load_takeover_plan(path, "takeover_plan")
     shares = {d: plan_rank(tasks, cfg, d) for d in plan.dead if 0 <= d < len(cfg.rank_weights)}
@@ -135,28 +136,26 @@ def sampling_config(cfg: RolloutConfig) -> PolicyConfig:
 
 
 def status_path(cfg: RolloutConfig) -> Path:
-    name = "status.json" if len(cfg.rank_weights) == 1 else f"status.rank_{cfg.rank}.json"
-    return Path(cfg.log_path) / name
+    return Layout(cfg.log_path).status(None if len(cfg.rank_weights) == 1 else cfg.rank)
 
 
 def metrics_path(cfg: RolloutConfig) -> Path:
     """metrics.jsonl on one node; on several, a file of this rank's own (the master merges them:
     appends from several NFS clients to one file are not atomic)."""
-    if len(cfg.rank_weights) == 1:
-        return Path(cfg.log_path) / "metrics.jsonl"
-    return Path(cfg.log_path) / "metrics" / f"rank_{cfg.rank}.jsonl"
+    layout = Layout(cfg.log_path)
+    return layout.metrics if len(cfg.rank_weights) == 1 else layout.rank_metrics(cfg.rank)
 
 
 def config_name(cfg: RolloutConfig) -> str:
     """The resolved config's file beside the journal (a takeover's is apart from the rank's own rollout's)."""
-    return f"rank_{cfg.rank}.takeover.config.yaml" if cfg.takeover_plan else f"rank_{cfg.rank}.config.yaml"
+    return rollout_config_name(cfg.rank, takeover=bool(cfg.takeover_plan))
 
 
 async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
     """The whole rollout; returns the exit code (0, or 130/143 after a signal)."""
     prepared = await prepare(cfg)
     started = time.time()
-    out_dir = iteration_dir(cfg)
+    out_dir = Layout(cfg.log_path).iteration_dir(cfg.split, cfg.iteration)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_text(out_dir / config_name(cfg), resolved_yaml)
     journals = [Journal(out_dir / work.journal, cfg.resume) for work in prepared.work]

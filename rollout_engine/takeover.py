@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
 from rollout_engine.journal import parse_journal
+from rollout_engine.layout import TAKEOVER_PLAN, journal_name
 from rollout_engine.types import Trajectory
 
 if TYPE_CHECKING:  # training reads takeovers too and stays free of omegaconf
@@ -39,25 +39,18 @@ if TYPE_CHECKING:  # training reads takeovers too and stays free of omegaconf
     from rollout_engine.tasks import EpisodeSpec
 
 TAKEOVER_SCHEMA = "baton.takeover/1"
-#: `rank_<s>.takeover_<d>.jsonl`: survivor s's journal of dead rank d's episodes (takeover_journal_name)
-TAKEOVER_JOURNAL = re.compile(r"rank_(\d+)\.takeover_(\d+)\.jsonl")
 NEWLINE = b"\n"
 
 
 def takeover_plan_path(directory: Path) -> Path:
     """`takeover.json` of one iteration directory (trajectories/<split>/iter_NNNN/)."""
-    return Path(directory) / "takeover.json"
+    return Path(directory) / TAKEOVER_PLAN
 
 
 def takeover_plan_file(cfg: RolloutConfig) -> Path:
     """The rollout's `takeover_plan` as a path (relative paths are under log_path)."""
     path = Path(cfg.takeover_plan)
     return path if path.is_absolute() else Path(cfg.log_path) / path
-
-
-def takeover_journal_name(rank: int, dead: int) -> str:
-    """The journal of the episodes of dead rank `dead` that rank `rank` rolled out."""
-    return f"rank_{rank}.takeover_{dead}.jsonl"
 
 
 @dataclass(frozen=True)
@@ -105,7 +98,7 @@ class TakeoverPlan:
             "rank_weights": list(self.rank_weights),
             "dead": {
                 str(d): {
-                    "journal": f"rank_{d}.jsonl",
+                    "journal": journal_name(d),
                     "cut": entry.cut.to_json(),
                     "planned": entry.planned,
                     "assignments": {str(s): list(ids) for s, ids in sorted(entry.assignments.items())},

@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from rollout_engine.errors import ConfigError
+from rollout_engine.layout import Layout
 
 STAGES = ("sft", "kto", "dpo")
 FINETUNING_TYPES = ("full", "lora")
@@ -310,7 +311,7 @@ def register_configs() -> None:
 
 def model_path(cfg: UpdateConfig) -> Path:
     """The model to fine-tune: `model_path`, else the current policy."""
-    return Path(cfg.model_path) if cfg.model_path else Path(cfg.log_path) / "policy" / "current"
+    return Path(cfg.model_path) if cfg.model_path else Layout(cfg.log_path).policy_current
 
 
 def validate(cfg: UpdateConfig) -> None:

@@ -26,31 +26,31 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.journal import read_journal
-from rollout_engine.takeover import TAKEOVER_JOURNAL, read_cut, takeover_journal_name
+from rollout_engine.layout import (
+    MERGED_MANIFEST,
+    Layout,
+    journal_name,
+    manifest_name,
+    parse_journal_name,
+    takeover_journal_name,
+)
+from rollout_engine.takeover import read_cut
 from rollout_engine.types import Trajectory
 
 log = logging.getLogger(__name__)
-
-OWN_JOURNAL = re.compile(r"rank_\d+\.jsonl")
-
-
-def iteration_dir(log_path: str | Path, split: str, iteration: int) -> Path:
-    """The journal directory of one iteration."""
-    return Path(log_path) / "trajectories" / split / f"iter_{iteration:04d}"
 
 
 def load_trajectories(log_path: str | Path, split: str, iterations: Iterable[int]) -> list[Trajectory]:
     """Every trajectory of the given iterations, oldest iteration first."""
     out: list[Trajectory] = []
     for iteration in sorted(set(iterations)):
-        directory = iteration_dir(log_path, split, iteration)
+        directory = Layout(log_path).iteration_dir(split, iteration)
         if not directory.is_dir():
             continue
         by_episode: dict[str, Trajectory] = {}
@@ -63,15 +63,16 @@ def load_trajectories(log_path: str | Path, split: str, iterations: Iterable[int
 
 def read_iteration(directory: Path) -> list[Trajectory]:
     """The trajectories of one iteration directory, journal by journal, as its manifest.json says to read them."""
-    names = sorted(p.name for p in directory.glob("rank_*.jsonl"))
-    own = [name for name in names if OWN_JOURNAL.fullmatch(name)]
-    manifest_path = directory / "manifest.json"
+    journals = {p.name: parse_journal_name(p.name) for p in directory.glob("rank_*.jsonl")}
+    names = sorted(name for name, parsed in journals.items() if parsed is not None)
+    own = [name for name in names if journals[name][1] is None]
+    manifest_path = directory / MERGED_MANIFEST
     manifest = load_manifest(manifest_path) if manifest_path.exists() else None
     if manifest is not None and "missing_ranks" in manifest:
         check_takeover_merged(manifest_path, manifest)
         return read_takeover(directory, manifest)
     superseded = manifest.get("superseded", {}) if manifest is not None else {}
-    takeovers = [name for name in names if TAKEOVER_JOURNAL.fullmatch(name) and name not in superseded]
+    takeovers = [name for name in names if journals[name][1] is not None and name not in superseded]
     if takeovers:
         raise ConfigError(
             f"{directory} holds takeover journals ({', '.join(takeovers)}) but no manifest.json that merged them: "
@@ -82,7 +83,7 @@ def read_iteration(directory: Path) -> list[Trajectory]:
         check_merged(directory, len(own))
     out: list[Trajectory] = []
     for path in (directory / name for name in own):
-        if not path.with_suffix(".manifest.json").exists():
+        if not path.with_name(manifest_name(path.name)).exists():
             log.warning("%s has no manifest (rollout not sealed); reading it anyway", path)
         out += read_journal(path)
     return out
@@ -112,7 +113,7 @@ def read_takeover(directory: Path, manifest: dict[str, Any]) -> list[Trajectory]
             cut = manifest["cut"][str(rank)]
             out += read_cut(directory / cut["journal"], int(cut["lines"]), str(cut["sha256"]))
         else:
-            out += read_journal(directory / f"rank_{rank}.jsonl")
+            out += read_journal(directory / journal_name(rank))
     for dead_rank, survivors in sorted(manifest["takeovers"].items(), key=lambda item: int(item[0])):
         for survivor in sorted(survivors, key=int):
             out += read_journal(directory / takeover_journal_name(int(survivor), int(dead_rank)))
@@ -129,7 +130,7 @@ def check_takeover_merged(manifest_path: Path, manifest: dict[str, Any]) -> None
     for d, survivors in manifest.get("takeovers", {}).items():
         counts = manifest.get("reassigned", {}).get(d, {})
         problems += [
-            f"rank_{s}.takeover_{d}.jsonl" for s, m in survivors.items() if counts.get(s, 1) and not _sealed(m)
+            takeover_journal_name(int(s), int(d)) for s, m in survivors.items() if counts.get(s, 1) and not _sealed(m)
         ]
     for key in ("duplicates", "missing", "unexpected"):
         if manifest.get(key):
@@ -148,7 +149,7 @@ def _sealed(manifest: dict[str, Any] | None) -> bool:
 def check_merged(directory: Path, journals: int) -> None:
     """An iteration rolled out by several ranks is trained on only once the master merged it: its
     manifest.json lists every rank's journal as sealed complete and unchanged since (coordinator.aggregate)."""
-    manifest_path = directory / "manifest.json"
+    manifest_path = directory / MERGED_MANIFEST
     if not manifest_path.exists():
         raise ConfigError(
             f"{directory} holds the journals of {journals} ranks but no manifest.json: the master writes it once "

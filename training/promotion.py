@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -43,11 +42,12 @@ from filelock import FileLock
 
 from rollout_engine.checkpoint import HEAD, HEAD_FILE, missing_tied_head, tensor_files
 from rollout_engine.files import fsync_dir, save_bytes, save_json, shared_lock
+from rollout_engine.layout import VERSION as VERSION_DIR
+from rollout_engine.layout import staging_name, version_name
 from training.precision import FULL_PRECISION, keep_full_precision, weights_dtype
 
 log = logging.getLogger(__name__)
 
-VERSION_DIR = re.compile(r"^v(\d{4,})$")
 #: files of a training output that a served policy does not need (pickles among them)
 DROP = (
     "training_args.bin",
@@ -108,7 +108,7 @@ def mark_best(policy_root: Path, version: int | None) -> None:
         if version is None:
             (policy_root / "best").unlink(missing_ok=True)
         elif linked_version(policy_root / "best") != version:
-            _flip_link(policy_root, "best", f"v{version:04d}")
+            _flip_link(policy_root, "best", version_name(version))
 
 
 def parent_version(model: Path) -> int | None:
@@ -138,7 +138,7 @@ def promote(
         done = promoted_from(policy_root, iteration, output_dir)
         if done is not None:
             if (current_version(policy_root) or 0) < done:
-                flip_current(policy_root, f"v{done:04d}")
+                flip_current(policy_root, version_name(done))
             log.info("iteration %d was already promoted as policy v%04d; not promoting a copy", iteration, done)
             return done
         return _promote_locked(
@@ -162,7 +162,7 @@ def _newest_record(policy_root: Path, **fields: object) -> int | None:
 
     for version in reversed(versions(policy_root)):
         try:
-            data = json.loads((policy_root / f"v{version:04d}" / "baton_policy.json").read_text())
+            data = json.loads((policy_root / version_name(version) / "baton_policy.json").read_text())
         except (FileNotFoundError, ValueError):
             continue
         if all(data.get(key) == value for key, value in fields.items()):
@@ -224,7 +224,7 @@ def revert(source: Path, policy_root: Path, iteration: int, reverted_to: int, wh
         done = reverted_from(policy_root, iteration, reverted_to)
         if done is not None:
             if (current_version(policy_root) or 0) < done:
-                flip_current(policy_root, f"v{done:04d}")
+                flip_current(policy_root, version_name(done))
             log.info("iteration %d reverted already to v%d as policy v%04d", iteration, reverted_to, done)
             return done
 
@@ -268,7 +268,7 @@ def _publish(
     it into place, flip `current`, prune. Returns the version."""
     _remove_stale_staging(policy_root)
     version = max([0, *versions(policy_root)]) + 1
-    staging = policy_root / f".staging-v{version:04d}-{os.getpid()}"
+    staging = policy_root / staging_name(version, os.getpid())
     _gather(source, staging, keep_optimizer)
     if drop_own:
         shutil.rmtree(staging / "optimizer", ignore_errors=True)
@@ -279,7 +279,7 @@ def _publish(
     staged.dtype, staged.full_precision = weights_dtype(staging), full_precision
     save_json(staging / "baton_policy.json", asdict(staged))
     share(staging)
-    final = policy_root / f"v{version:04d}"
+    final = policy_root / version_name(version)
     os.rename(staging, final)
     fsync_dir(policy_root)
     flip_current(policy_root, final.name)
@@ -292,7 +292,7 @@ def prune(policy_root: Path, keep_last: int) -> list[int]:
     kept = {current_version(policy_root), linked_version(policy_root / "best")}
     doomed = [v for v in versions(policy_root)[:-keep_last] if v not in kept]
     for version in doomed:
-        shutil.rmtree(policy_root / f"v{version:04d}")
+        shutil.rmtree(policy_root / version_name(version))
     return doomed
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
+from rollout_engine.layout import iteration_name
 from training.config import AlgorithmConfig, UpdateConfig
 from training.dataset import DatasetFiles
 
@@ -122,7 +123,7 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
         "overwrite_cache": True,
         "save_strategy": "no" if alg.save_only_model else "epoch",
         "report_to": cfg.tracker.report_to() or "none",
-        "run_name": f"iter_{cfg.iteration:04d}",
+        "run_name": iteration_name(cfg.iteration),
         "plot_loss": False,
         "bf16": alg.bf16 if alg.bf16 is not None else device.kind == "cuda",
     }

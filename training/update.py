@@ -32,11 +32,12 @@ from omegaconf import OmegaConf
 
 from rollout_engine.errors import BatonError, ConfigError
 from rollout_engine.files import append_shared_jsonl, save_json, save_text
+from rollout_engine.layout import Layout, iteration_name
 from training import config as config_mod
 from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
 from training.demonstrations import add_demonstrations, demonstrations_for
-from training.journal import iteration_dir, load_trajectories
+from training.journal import load_trajectories
 from training.launch import run_group, run_training
 from training.metrics import parse_training
 from training.precision import training_weights, weights_dtype
@@ -73,7 +74,7 @@ class RunPaths:
 
     @classmethod
     def of(cls, cfg: UpdateConfig) -> RunPaths:
-        return cls(Path(cfg.log_path) / "training" / f"iter_{cfg.iteration:04d}")
+        return cls(Layout(cfg.log_path).training_dir(cfg.iteration))
 
     data = property(lambda self: self.run_dir / "data")
     recipe = property(lambda self: self.run_dir / "train_config.yaml")
@@ -210,7 +211,7 @@ def select(cfg: UpdateConfig) -> Selection:
     trajectories = load_trajectories(cfg.log_path, "train", window)
     demonstrations = demonstrations_for(cfg)
     if not trajectories and not demonstrations:
-        dirs = f"{iteration_dir(cfg.log_path, 'train', window.start)} .. iter_{cfg.iteration:04d}"
+        dirs = f"{Layout(cfg.log_path).iteration_dir('train', window.start)} .. {iteration_name(cfg.iteration)}"
         raise NothingToTrain(
             f"no train trajectories in {dirs} (log_path={cfg.log_path}, iteration={cfg.iteration}); "
             "run the rollout first or fix log_path / iteration"
@@ -275,7 +276,7 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
     if cfg.launch.node_rank == 0:
         stats = parse_training(paths.output, paths.train_log)
         append_shared_jsonl(
-            Path(cfg.log_path) / "metrics.jsonl",
+            Layout(cfg.log_path).metrics,
             {
                 "kind": "training",
                 "iteration": cfg.iteration,
@@ -340,7 +341,7 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
     parent = config_mod.model_path(cfg).resolve()
     version = promote(
         source,
-        Path(cfg.log_path) / "policy",
+        Layout(cfg.log_path).policy,
         cfg.iteration,
         parent,
         cfg.promotion.keep_last,
@@ -349,7 +350,7 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
         weights_dtype(parent) if cfg.promotion.dtype == "auto" else cfg.promotion.dtype,
     )
     append_shared_jsonl(
-        Path(cfg.log_path) / "metrics.jsonl",
+        Layout(cfg.log_path).metrics,
         {"kind": "promotion", "iteration": cfg.iteration, "time": time.time(), "policy_version": version},
     )
     return version
@@ -365,10 +366,10 @@ def revert_policy(cfg: UpdateConfig) -> int:
         "margin_points": cfg.revert.margin_points,
     }
     source = config_mod.model_path(cfg).resolve()
-    policy_root = Path(cfg.log_path) / "policy"
+    policy_root = Layout(cfg.log_path).policy
     version = revert(source, policy_root, cfg.iteration, cfg.revert.to_version, why, cfg.promotion.keep_last)
     append_shared_jsonl(
-        Path(cfg.log_path) / "metrics.jsonl",
+        Layout(cfg.log_path).metrics,
         {
             "kind": "revert",
             "iteration": cfg.iteration,

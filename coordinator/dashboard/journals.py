@@ -13,17 +13,14 @@ returned relative to the log path, which is what the server serves.
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollout_engine.files import read_jsonl
+from rollout_engine.layout import Layout, iterations, parse_journal_name
 
-_ITER = re.compile(r"iter_(\d+)")
-#: a rank's own journal and the takeover journals it wrote for dead ranks (docs/formats.md)
-_JOURNAL = re.compile(r"rank_(\d+)(?:\.takeover_\d+)?\.jsonl")
 #: token ids are long and of no use to a person reading an episode
 _HEAVY = ("prompt_token_ids", "completion_token_ids")
 
@@ -32,10 +29,6 @@ _HEAVY = ("prompt_token_ids", "completion_token_ids")
 class _Cached:
     key: tuple[int, int]  # (size, mtime_ns) of the file when read
     rows: list[dict[str, Any]]
-
-
-def iteration_dir(log: Path, split: str, iteration: int) -> Path:
-    return log / "trajectories" / split / f"iter_{iteration:04d}"
 
 
 def cell_of(row: dict[str, Any]) -> dict[str, Any]:
@@ -55,25 +48,23 @@ class Journals:
 
     def __init__(self, log: Path) -> None:
         self.log = Path(log)
+        self.layout = Layout(self.log)
         self._cache: dict[Path, _Cached] = {}
         self._lock = threading.Lock()
 
     def rollouts(self) -> list[tuple[str, int]]:
         found = []
         for split in ("train", "test"):
-            for path in (self.log / "trajectories" / split).glob("iter_*"):
-                match = _ITER.fullmatch(path.name)
-                if match and path.is_dir():
-                    found.append((split, int(match.group(1))))
+            found += [(split, n) for n, path in iterations(self.layout.trajectories(split)) if path.is_dir()]
         return sorted(found, key=lambda s: (s[1], s[0]))
 
     def journals(self, split: str, iteration: int) -> list[tuple[int, Path]]:
-        directory = iteration_dir(self.log, split, iteration)
+        directory = self.layout.iteration_dir(split, iteration)
         found = []
         for path in sorted(directory.glob("rank_*.jsonl")) if directory.is_dir() else []:
-            match = _JOURNAL.fullmatch(path.name)
-            if match:
-                found.append((int(match.group(1)), path))
+            parsed = parse_journal_name(path.name)
+            if parsed:
+                found.append((parsed[0], path))
         return found
 
     def rows(self, path: Path) -> list[dict[str, Any]]:
@@ -100,7 +91,7 @@ class Journals:
 
     def episode(self, split: str, iteration: int, episode_id: str) -> dict[str, Any] | None:
         """The episode's trajectory for a person: token ids left out, image paths relative to the log path."""
-        prefix = iteration_dir(self.log, split, iteration).relative_to(self.log).as_posix()
+        prefix = self.layout.iteration_dir(split, iteration).relative_to(self.log).as_posix()
         for _, path in self.journals(split, iteration):
             for row in self.rows(path):
                 if row.get("episode_id") != episode_id:

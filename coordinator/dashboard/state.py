@@ -23,14 +23,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.dashboard.journals import Journals, iteration_dir
+from coordinator.dashboard.journals import Journals
 from coordinator.dashboard.svg import Chart, Series
+from coordinator.runstate import load_markers, state_iterations
 from coordinator.runview import RankRollout, RunView, StallWatch, Trouble
 from coordinator.summary import iteration_records, load_metrics
+from rollout_engine.layout import Layout, journal_name, manifest_name
 
 #: tracked groups that are helpers of a phase, not a phase (scripts/lib/loop.sh LOOP_GROUPS)
 _HELPERS = re.compile(r"watch.*|vllm|heartbeat.*|dashboard.*")
-_ITER = re.compile(r"iter_(\d+)")
 #: a rollout with at least this share of failed episodes (and 3 or more) is trouble
 FAILED_SHARE = 0.2
 
@@ -79,28 +80,10 @@ def running_groups(log: Path) -> list[dict[str, Any]]:
     return found
 
 
-def state_iterations(log: Path) -> list[int]:
-    """Iterations with a run-state directory (run/state/iter_<NNNN>/), in order."""
-    found = []
-    for path in (log / "run" / "state").glob("iter_*"):
-        match = _ITER.fullmatch(path.name)
-        if match:
-            found.append(int(match.group(1)))
-    return sorted(found)
-
-
 def markers(log: Path, iteration: int) -> dict[str, str]:
     """The iteration's phase markers: {phase: content} of run/state/iter_<NNNN>/<phase>.done ("" for a marker
     that holds only the time it was written: `update: promoted v3` says something, `1795503157` does not)."""
-    state = log / "run" / "state" / f"iter_{iteration:04d}"
-    done = {}
-    for path in sorted(state.glob("*.done")):
-        try:
-            content = path.read_text().strip()
-        except OSError:
-            continue
-        done[path.name.removesuffix(".done")] = "" if content.isdigit() else content
-    return done
+    return {phase: "" if content.isdigit() else content for phase, content in load_markers(log, iteration).items()}
 
 
 def update_troubles(log: Path, iterations: list[int]) -> list[Trouble]:
@@ -108,7 +91,7 @@ def update_troubles(log: Path, iterations: list[int]) -> list[Trouble]:
     troubles = []
     for n in iterations[-3:]:
         outcome = markers(log, n).get("update", "")
-        logs = log / "run" / "rank_0" / "logs" / f"iter_{n:04d}.update.log"
+        logs = Layout(log).phase_log(0, n, "update")
         if outcome.startswith("failed"):
             troubles.append(Trouble(None, f"iteration {n}'s update {outcome}", f"read {logs}; the policy is unchanged"))
         elif outcome.startswith("skipped"):
@@ -116,7 +99,7 @@ def update_troubles(log: Path, iterations: list[int]) -> list[Trouble]:
                 Trouble(
                     None,
                     f"iteration {n}'s update was {outcome}",
-                    f"see {log}/training/iter_{n:04d}/selection.json (nothing to train on?) and {logs}",
+                    f"see {Layout(log).training_dir(n)}/selection.json (nothing to train on?) and {logs}",
                 )
             )
     return troubles
@@ -291,7 +274,7 @@ class Board:
 
     def planned(self, split: str, iteration: int, rank: int, cells: list[dict[str, Any]]) -> int:
         """A journal's planned episodes: its sealed manifest's `planned`, else what it holds so far."""
-        manifest = iteration_dir(self.log, split, iteration) / f"rank_{rank}.manifest.json"
+        manifest = Layout(self.log).iteration_dir(split, iteration) / manifest_name(journal_name(rank))
         try:
             return int(json.loads(manifest.read_text())["planned"])
         except (OSError, ValueError, KeyError, TypeError):

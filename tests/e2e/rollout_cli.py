@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from rollout_engine.layout import Layout
 from tests.conftest import REPO, env_python
 from tests.waits import generation_s, run_waiting
 
@@ -61,7 +62,7 @@ def run_rollout(cmd: list[str], timeout: float | None = None) -> subprocess.Comp
 
 
 def journal_rows(log: Path, split: str = "test", iteration: int = 0, rank: int = 0) -> list[dict]:
-    path = log / "trajectories" / split / f"iter_{iteration:04d}" / f"rank_{rank}.jsonl"
+    path = Layout(log).journal(split, iteration, rank)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

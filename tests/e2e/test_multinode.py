@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout_engine.layout import Layout
 from tests.conftest import REPO
 from tests.e2e.conftest import ONE_STEP_LOOP, VllmServer, processes_mentioning
 from tests.e2e.nodes import kill_node, kill_the_nodes_left, signal_group, signal_run_sh, start_node
@@ -81,7 +82,7 @@ def shared(server: VllmServer) -> list[str]:
 
 
 def episodes(log: Path, split: str, iteration: int, rank: int) -> list[dict]:
-    path = log / "trajectories" / split / f"iter_{iteration:04d}" / f"rank_{rank}.jsonl"
+    path = Layout(log).journal(split, iteration, rank)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 

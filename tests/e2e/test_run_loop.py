@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout_engine.layout import Layout
 from tests.conftest import REPO, default_sigint
 from tests.e2e.conftest import ONE_STEP_LOOP, free_port, processes_mentioning
 from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
@@ -55,7 +56,7 @@ def finish(proc: subprocess.Popen, waiting_for: str, timeout: float) -> tuple[in
 
 
 def journal(log: Path, split: str, iteration: int) -> list[dict]:
-    path = log / "trajectories" / split / f"iter_{iteration:04d}" / "rank_0.jsonl"
+    path = Layout(log).journal(split, iteration, 0)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout_engine.layout import Layout
 from tests.conftest import REPO
 from tests.e2e.conftest import run_update
 from tests.unit.training.trajectories import traj
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 
 def write_journal(log: Path, trajectories, iteration: int = 0) -> None:
-    directory = log / "trajectories" / "train" / f"iter_{iteration:04d}"
+    directory = Layout(log).iteration_dir("train", iteration)
     directory.mkdir(parents=True)
     (directory / "rank_0.jsonl").write_text("".join(json.dumps(t.to_json()) + "\n" for t in trajectories))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.agent_curve import Sizes, build_split_tasks, evaluations, held_set, report, wilson
+from rollout_engine.layout import Layout
 from rollout_engine.types import Trajectory
 
 
@@ -15,7 +16,7 @@ def _log(path: Path, records: list[dict], journals: dict[int, list[tuple[str, bo
     path.mkdir(parents=True)
     (path / "metrics.jsonl").write_text("".join(json.dumps({"kind": "iteration", **r}) + "\n" for r in records))
     for iteration, episodes in journals.items():
-        folder = path / "trajectories" / "test" / f"iter_{iteration:04d}"
+        folder = Layout(path).iteration_dir("test", iteration)
         folder.mkdir(parents=True)
         lines = [
             Trajectory(f"{task}#0", task, 0, "test", iteration, 0, "miniwob", "x", 1, success=ok).to_json()

@@ -28,6 +28,7 @@ from coordinator.aggregate import aggregate
 from coordinator.reassign import plan_takeover
 from rollout_engine.config import RolloutConfig
 from rollout_engine.journal import Journal
+from rollout_engine.layout import Layout, version_name
 from rollout_engine.runner import run_rollout
 from rollout_engine.takeover import takeover_plan_path
 from rollout_engine.tasks import load_tasks, plan_rank
@@ -37,7 +38,7 @@ from tests.unit.rollout_engine.engine_fakes import rollout_config, use_fake_poli
 
 def journal(log: Path, ids: list[str], planned: int | None, split: str = "train", iteration: int = 1) -> Path:
     """A rank-0 journal of `ids`, sealed with `planned` (None: unsealed)."""
-    directory = log / "trajectories" / split / f"iter_{iteration:04d}"
+    directory = Layout(log).iteration_dir(split, iteration)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "rank_0.jsonl"
     path.write_text("".join(json.dumps({"episode_id": i, "status": "ok"}) + "\n" for i in ids))
@@ -55,15 +56,15 @@ def journal(log: Path, ids: list[str], planned: int | None, split: str = "train"
 def policy(
     log: Path, version: int, iteration: int, parent: int | None, done: str | None = None, **extra: object
 ) -> None:
-    directory = log / "policy" / f"v{version:04d}"
+    directory = Layout(log).policy_version(version)
     directory.mkdir(parents=True)
     (directory / "baton_policy.json").write_text(
         json.dumps({"version": version, "iteration": iteration, "parent": parent, **extra})
     )
     current = log / "policy" / "current"
     current.unlink(missing_ok=True)
-    current.symlink_to(f"v{version:04d}")
-    state = log / "run" / "state" / f"iter_{iteration:04d}"
+    current.symlink_to(version_name(version))
+    state = Layout(log).state_dir(iteration)
     state.mkdir(parents=True, exist_ok=True)
     (state / "update.done").write_text((done or f"promoted v{version}") + "\n")
 

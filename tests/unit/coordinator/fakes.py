@@ -7,9 +7,10 @@ import uuid
 from dataclasses import asdict
 from pathlib import Path
 
-from coordinator.cluster import Cluster, Endpoint, RunRecord, cluster_dir
+from coordinator.cluster import Cluster, Endpoint, RunRecord
 from coordinator.heartbeat import Beat, run_heartbeat, write_beat
 from rollout_engine.files import save_json
+from rollout_engine.layout import Layout
 
 
 class Beaters:
@@ -39,7 +40,7 @@ def old_run(log: Path, *, host: str = "gone-host", pid: int = 999_999, dead_afte
     values.update(run_id=uuid.uuid4().hex, created=0.0, master=Endpoint(host, "10.0.0.9", pid))
     record = RunRecord(on_rank_failure="abort", heartbeat_interval_s=0.05, dead_after_s=dead_after_s, **values)
     cluster = Cluster(log, record.run_id)
-    save_json(cluster.run_dir / "run.json", asdict(record))
-    save_json(cluster_dir(log) / "run.json", asdict(record))
+    save_json(cluster.paths.record, asdict(record))
+    save_json(Layout(log).run_record, asdict(record))
     write_beat(cluster, 0, Beat(41, 9e9, host, pid))
     return record

@@ -8,13 +8,13 @@ from pathlib import Path
 from coordinator.aggregate import aggregate, rank_metrics_path
 from rollout_engine.files import append_jsonl, save_json
 from rollout_engine.journal import Journal
+from rollout_engine.layout import takeover_journal_name
 from rollout_engine.metrics import compute_metrics
 from rollout_engine.takeover import (
     DeadRank,
     TakeoverPlan,
     cut_journal,
     save_takeover_plan,
-    takeover_journal_name,
     takeover_plan_path,
 )
 from rollout_engine.types import Trajectory

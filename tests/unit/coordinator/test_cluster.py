@@ -20,12 +20,12 @@ from coordinator.cluster import (
     JoinTimeout,
     MasterAlive,
     StopRequest,
-    cluster_dir,
     load_pinned,
     load_run,
 )
 from coordinator.membership import join_run, start_run
 from rollout_engine.errors import ConfigError
+from rollout_engine.layout import Layout
 from tests.unit.coordinator.fakes import Beaters, old_run
 
 ME = Endpoint("node-0", "10.0.0.1", 4242)
@@ -35,7 +35,7 @@ QUICK = {"heartbeat_interval_s": 0.05, "dead_after_s": 0.5, "poll_s": 0.02}
 def test_start_run_writes_the_record_the_pin_and_rank_0(tmp_path: Path) -> None:
     record = start_run(tmp_path, 2, [2, 1], me=ME, vllm_port=8100, torchrun_port=29500, start_iteration=3, **QUICK)
     assert load_run(tmp_path) == record
-    on_disk = json.loads((cluster_dir(tmp_path) / "run.json").read_text())
+    on_disk = json.loads((Layout(tmp_path).run_record).read_text())
     assert on_disk["master"] == {"host": "node-0", "addr": "10.0.0.1", "pid": 4242}
     assert (on_disk["torchrun_port"], on_disk["start_iteration"], on_disk["on_rank_failure"]) == (29500, 3, "abort")
     cluster = Cluster(tmp_path, record.run_id)

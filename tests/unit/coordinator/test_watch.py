@@ -118,7 +118,11 @@ def test_a_heartbeat_that_stops_changing_is_trouble(tmp_path: Path) -> None:
     clock = Clock()
     cluster = tmp_path / "cluster"
     (cluster / "runs" / "r1" / "heartbeat").mkdir(parents=True)
-    (cluster / "run.json").write_text(json.dumps({"run_id": "r1"}))
+    master = {"host": "node0", "addr": "10.0.0.1", "pid": 1}
+    record = {"run_id": "r1", "created": 0.0, "num_nodes": 2, "rank_weights": [1, 1], "master": master}
+    record |= {"torchrun_port": None, "start_iteration": 1, "on_rank_failure": "abort"}
+    record |= {"heartbeat_interval_s": 5.0, "dead_after_s": 30.0}
+    (cluster / "run.json").write_text(json.dumps(record))
     beat = cluster / "runs" / "r1" / "heartbeat" / "rank_1"
     beat.write_text("7 1000.0 node1 4242\n")
     watch = StallWatch(beat_s=15, clock=clock)

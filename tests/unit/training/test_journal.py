@@ -10,12 +10,12 @@ import pytest
 from coordinator.aggregate import aggregate
 from rollout_engine.errors import ConfigError
 from rollout_engine.journal import Journal
+from rollout_engine.layout import takeover_journal_name
 from rollout_engine.takeover import (
     DeadRank,
     TakeoverPlan,
     cut_journal,
     save_takeover_plan,
-    takeover_journal_name,
     takeover_plan_path,
 )
 from tests.unit.training.trajectories import traj

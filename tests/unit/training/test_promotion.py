@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout_engine.layout import version_name
 from training import promotion
 from training.promotion import promote
 
@@ -34,7 +35,7 @@ def test_versions_current_and_pruning(tmp_path: Path) -> None:
             parent_model=root / "current" if i > 1 else base,
             keep_last=2,
         )
-        assert version == i and os.readlink(root / "current") == f"v{i:04d}"
+        assert version == i and os.readlink(root / "current") == version_name(i)
     assert sorted(p.name for p in root.iterdir() if p.name != ".promote.lock") == ["current", "v0003", "v0004"]
     record = json.loads((root / "current" / "baton_policy.json").read_text())
     assert (record["version"], record["iteration"], record["parent"]) == (4, 3, 3)
@@ -92,7 +93,7 @@ def test_concurrent_promotions_never_share_a_version_or_delete_each_others_stagi
     with ctx.Pool(4) as pool:
         got = pool.starmap(promote, [(out, root, i, base, 10) for i, out in enumerate(outs)])
     assert sorted(got) == [1, 2, 3, 4]
-    iterations = {json.loads((root / f"v{v:04d}" / "baton_policy.json").read_text())["iteration"] for v in got}
+    iterations = {json.loads((root / version_name(v) / "baton_policy.json").read_text())["iteration"] for v in got}
     assert iterations == {0, 1, 2, 3}
     assert not list(root.glob(".staging-*"))
 

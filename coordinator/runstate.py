@@ -1,0 +1,65 @@
+"""The one reader of a run's iteration state, `<log>/run/state/iter_<NNNN>/` (docs/cli.md).
+
+    state_iterations(log)              # [1, 2, 3]: iterations with a state folder
+    next_iteration(log)                # the one to run now (scripts/lib/iteration.sh iteration_next)
+    load_markers(log, 3)               # {"train_rollout": "1795503157", "update": "promoted v3", ...}
+    load_times(log, 3)                 # [("train_rollout", 41.2), ...]: one pair per line of `times`
+    phase_times(log, 3)                # {"train_rollout": 41.2, ...}: seconds summed per phase
+
+`scripts/lib/iteration.sh` writes these files today: `<phase>.done` (its
+content: what the phase did, or only the Unix time it finished) and `times`
+("<phase> <seconds>" lines). Reads only; a file that vanishes or does not
+parse is left out, never an error: the run may be rewriting it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rollout_engine.layout import MARKER_SUFFIX, Layout, iterations
+
+
+def state_iterations(log: str | Path) -> list[int]:
+    """Iterations with a state folder, ascending."""
+    return [n for n, path in iterations(Layout(log).state_root) if path.is_dir()]
+
+
+def next_iteration(log: str | Path) -> int:
+    """The iteration a run starts now: the last one while it is unfinished, else the next."""
+    last = max(state_iterations(log), default=0)
+    return last + 1 if last == 0 or Layout(log).marker(last, "iteration").exists() else last
+
+
+def load_markers(log: str | Path, iteration: int) -> dict[str, str]:
+    """{phase: content, stripped} of every `<phase>.done` of the iteration."""
+    found = {}
+    for path in sorted(Layout(log).state_dir(iteration).glob(f"*{MARKER_SUFFIX}")):
+        try:
+            found[path.name.removesuffix(MARKER_SUFFIX)] = path.read_text().strip()
+        except OSError:
+            continue
+    return found
+
+
+def load_times(log: str | Path, iteration: int) -> list[tuple[str, float]]:
+    """(phase, seconds) per well-formed line of the iteration's `times`, in order."""
+    try:
+        lines = Layout(log).times(iteration).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        name, _, seconds = line.partition(" ")
+        try:
+            out.append((name, float(seconds)))
+        except ValueError:
+            continue
+    return out
+
+
+def phase_times(log: str | Path, iteration: int) -> dict[str, float]:
+    """Seconds per phase of the iteration (a phase run twice, e.g. a retried update, sums)."""
+    times: dict[str, float] = {}
+    for name, seconds in load_times(log, iteration):
+        times[name] = times.get(name, 0.0) + seconds
+    return times
