@@ -18,6 +18,7 @@ from omegaconf import MISSING
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.layout import Layout
+from training.demonstration_files import check_demonstrations
 
 STAGES = ("sft", "kto", "dpo")
 FINETUNING_TYPES = ("full", "lora")
@@ -397,8 +398,6 @@ def _check_demonstrations(cfg: UpdateConfig) -> list[str]:
             f"data.demonstrations is set ({cfg.data.demonstrations}) but algorithm=dpo pairs sampled replies only; "
             "use algorithm=rft or algorithm=kto, or set data.demonstrations=[]"
         ]
-    from training.demonstrations import check_demonstrations
-
     return check_demonstrations(cfg.data.demonstrations)
 
 

@@ -1,6 +1,6 @@
 """Expert demonstrations in the update (`data.demonstrations`, docs/update.md).
 
-    demos = demonstrations_for(cfg)        # load (ConfigError naming file, line and fix) + count tokens
+    demos = demonstrations_for(cfg)        # load (training.demonstration_files) + count tokens
     add_demonstrations(selection, demos, selector, iteration=0, cutoff_len=2048, max_samples=-1, stage="sft")
 
 Demonstrations are `baton.trajectory/1` lines written by
@@ -18,20 +18,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from pathlib import Path
 from typing import Any, Protocol
 
-from rollout_engine.errors import ConfigError
-from rollout_engine.files import read_jsonl
-from rollout_engine.journal import trajectory_of
-from rollout_engine.types import DEMONSTRATIONS_FILE, Failure, Message, Trajectory
+from rollout_engine.types import Failure, Message, Trajectory
 from training import config as config_mod
 from training.config import UpdateConfig
+from training.demonstration_files import load_demonstrations
 from training.selection import Selection, _Rules
 
 log = logging.getLogger(__name__)
-
-FIX = "write them again with python -m rollout_engine.demonstrations (docs/environments.md)"
 
 
 class Tokenizer(Protocol):
@@ -40,62 +35,6 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, conversation: list[Message], **kwargs: Any) -> Any: ...
 
     def encode(self, text: str, **kwargs: Any) -> list[int]: ...
-
-
-def demonstration_file(path: str) -> Path:
-    """The demonstrations.jsonl a `data.demonstrations` entry names (a folder holding one, or the file)."""
-    given = Path(path)
-    return given / DEMONSTRATIONS_FILE if given.is_dir() else given
-
-
-def check_demonstrations(paths: list[str]) -> list[str]:
-    """Every problem of the `data.demonstrations` entries: not absolute, missing, or a line that is no trajectory."""
-    problems = []
-    for path in paths:
-        if not Path(path).is_absolute():
-            problems.append(f"data.demonstrations must hold absolute paths (got {path!r}); pass /abs/path/to/{path}")
-            continue
-        try:
-            load_demonstrations([path])
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    return problems
-
-
-def load_demonstrations(paths: list[str]) -> list[Trajectory]:
-    """The trajectories of every entry, in order; relative image paths are made absolute against their file."""
-    out: list[Trajectory] = []
-    for path in paths:
-        file = demonstration_file(path)
-        try:
-            read = read_jsonl(file)
-        except OSError as exc:
-            what = f"cannot be read ({exc.strerror})"
-            if not Path(path).exists():
-                what = "does not exist"
-            elif Path(path).is_dir():
-                what = f"is a folder without {DEMONSTRATIONS_FILE}"
-            raise ConfigError(
-                f"data.demonstrations: {path!r} {what}; point it at a folder written by "
-                f"python -m rollout_engine.demonstrations --out DIR, or at its {DEMONSTRATIONS_FILE}"
-            ) from None
-        if read.torn:
-            lines = file.read_text(errors="replace").split("\n")
-            number = read.torn[0]
-            raise ConfigError(
-                f"data.demonstrations: {file}:{number} is not JSON (got {lines[number - 1][:60]!r}); fix the line "
-                f"or {FIX}"
-            )
-        for number, row in zip(read.numbers, read.rows, strict=True):
-            out.append(_trajectory(row, file, number))
-    return out
-
-
-def _trajectory(row: Any, file: Path, number: int) -> Trajectory:
-    trajectory = trajectory_of(row, f"data.demonstrations: {file}:{number}", f"fix the line or {FIX}")
-    for turn in trajectory.turns:
-        turn.images = [p if Path(p).is_absolute() else str(file.parent / p) for p in turn.images]
-    return trajectory
 
 
 def demonstrations_for(cfg: UpdateConfig) -> list[Trajectory]:

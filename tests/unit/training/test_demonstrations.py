@@ -14,7 +14,8 @@ from tests.unit.training.test_config import load
 from tests.unit.training.trajectories import traj, turn
 from training.config import validate
 from training.dataset import save_dataset, to_row
-from training.demonstrations import add_demonstrations, check_demonstrations, count_tokens, load_demonstrations
+from training.demonstration_files import check_demonstrations, load_demonstrations
+from training.demonstrations import add_demonstrations, count_tokens
 from training.selection import KTOSelector, RFTSelector
 
 
