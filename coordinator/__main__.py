@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from rollout_engine.errors import ConfigError
+from rollout_engine.exits import Exit
 from rollout_engine.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"[baton] error: {problem}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     if args.save:
         from omegaconf import OmegaConf
 
@@ -164,7 +165,7 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
             reply = json.loads(response.read())
     except OSError as exc:
         print(f"[baton] error: no fingerprint from {args.base_url}: {exc}", file=sys.stderr)
-        return 1
+        return Exit.FAILED
     tokens = reply["choices"][0]["logprobs"]["content"]
     print(json.dumps([[t["token"], round(t["logprob"], 5)] for t in tokens]))
     return 0
@@ -179,7 +180,7 @@ def cmd_reloadable(args: argparse.Namespace) -> int:
     if embedding is None:
         return 0
     print(f"{args.model} ties its output head to {embedding} and holds no lm_head.weight", file=sys.stderr)
-    return 1
+    return Exit.FAILED
 
 
 def cmd_serving(args: argparse.Namespace) -> int:
@@ -203,7 +204,7 @@ def cmd_serving(args: argparse.Namespace) -> int:
         choice = choose_dtype(args.device, cpuinfo, caps, os.environ.get("BATON_VLLM_DTYPE", ""))
     except ValueError as exc:
         print(f"[baton] error: {exc}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     path = Path(args.model) / "config.json"
     try:
         config = json.loads(path.read_text())
@@ -217,7 +218,7 @@ def cmd_serving(args: argparse.Namespace) -> int:
             "Hugging Face model folder whose config.json has " + ", ".join(SHAPE_KEYS),
             file=sys.stderr,
         )
-        return 2
+        return Exit.BAD_INPUT
     kv = kv_cache_gib(config, choice.dtype, args.sessions, args.max_model_len)
     if args.record:
         info = parse_cpuinfo(cpuinfo)

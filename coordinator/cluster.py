@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import BatonError
+from rollout_engine.exits import Exit
 from rollout_engine.files import save_json
 from rollout_engine.layout import ClusterRun, Layout, rank_file_name
 
@@ -47,13 +48,13 @@ RANK_FILE = re.compile(r"rank_(\d+)(\.json)?")
 class ClusterError(BatonError):
     """An outcome of the protocol that ends this node's part of the run; `exit_code` is the CLI's."""
 
-    exit_code = 1
+    exit_code = Exit.FAILED
 
 
 class RankFailed(ClusterError):
     """A rank this node waits for wrote a failure flag, was evicted, or stopped beating."""
 
-    exit_code = 3
+    exit_code = Exit.RANK_FAILED
 
     def __init__(self, rank: int, reason: str) -> None:
         self.rank, self.reason = rank, reason
@@ -63,7 +64,7 @@ class RankFailed(ClusterError):
 class RunStopped(ClusterError):
     """The run was asked to stop (stop.json), or a newer master start superseded it."""
 
-    exit_code = 4
+    exit_code = Exit.RUN_STOPPED
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -74,13 +75,13 @@ class RunNotRunning(ClusterError):
     """The run that run.json names is not running (it finished, was stopped, or its master is gone): there is
     nothing to ask to stop."""
 
-    exit_code = 4
+    exit_code = Exit.RUN_NOT_RUNNING
 
 
 class Evicted(ClusterError):
     """The master declared this node's rank dead: it must stop even though it runs."""
 
-    exit_code = 5
+    exit_code = Exit.EVICTED
 
     def __init__(self, rank: int, reason: str) -> None:
         self.rank, self.reason = rank, reason
@@ -91,7 +92,7 @@ class RunFinished(ClusterError):
     """The master ran the run's last step and exited (finished.json): a node still running has nothing left
     to do, and the master's silence is no death."""
 
-    exit_code = 6
+    exit_code = Exit.RUN_FINISHED
 
     def __init__(self, reason: str) -> None:
         self.reason = reason

@@ -15,9 +15,10 @@
     python -m coordinator status --log-path L
 
 start-run and join print the run id on stdout; progress and errors go to stderr.
-Exit codes: 0 done; 2 bad input (one message naming the field, the value and
-the fix); 3 a rank failed or is dead (`rank R: reason`); 4 the run was stopped
-or superseded (`stop --if-running`: the run is not running); 5 this rank was
+Exit codes (`rollout_engine.exits.Exit`; every command's: docs/cli.md#exit-codes):
+0 done; 2 bad input (one message naming the field, the value and the fix); 3 a
+rank failed or is dead (`rank R: reason`); 4 the run was stopped or
+superseded (`stop --if-running`: the run is not running); 5 this rank was
 evicted; 6 the run finished (the master ran the last step and exited: a silent
 master is no death then); 1 a timeout or anything else.
 `add_subcommands(subparsers)` lets another entry point carry these subcommands.
@@ -56,6 +57,7 @@ from coordinator.cluster import (
 from coordinator.heartbeat import LivenessWatcher, PeerWatch, run_heartbeat
 from coordinator.membership import default_addr, join_run, not_running, pid_running, pid_started, start_run
 from rollout_engine.errors import ConfigError
+from rollout_engine.exits import Exit
 from rollout_engine.files import save_text
 from rollout_engine.layout import Layout, iterations
 
@@ -195,7 +197,7 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
         raise ended
     if pacer.node_gone:
         say(f"heartbeat of rank {args.rank}: its node's process {pacer.node_pid} exited; stopping")
-        return 1
+        return Exit.FAILED
     return 0
 
 
@@ -291,7 +293,7 @@ def cmd_partner_failed(args: argparse.Namespace) -> int:
                 print(f"{rank}\t{value}")
                 return 0
         time.sleep(args.poll)
-    return 1
+    return Exit.FAILED
 
 
 def cmd_fail(args: argparse.Namespace) -> int:
@@ -552,12 +554,12 @@ def dispatch(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             say(f"error: {problem}")
-        return 2
+        return Exit.BAD_INPUT
     except ClusterError as exc:
         say(f"{'' if isinstance(exc, (RunFinished, RunNotRunning)) else 'error: '}{exc}")
         return exc.exit_code
     except KeyboardInterrupt:
-        return 130
+        return Exit.SIGINT
 
 
 if __name__ == "__main__":

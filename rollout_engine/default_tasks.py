@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rollout_engine.exits import Exit
 from rollout_engine.files import save_bytes
 
 #: reasoning-gym generator settings for each task family
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.test_fraction < 1:
         print(f"error: --test-fraction must be between 0 and 1 (got {args.test_fraction})", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     out = prepare(args.data_path.resolve(), args.seed, args.test_fraction)
     counts = json.loads((out / "tasks.json").read_text())["counts"]
     print(f"[baton] tasks ready: {out} (train {counts['train.jsonl']}, test {counts['test.jsonl']})", file=sys.stderr)

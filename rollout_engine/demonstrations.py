@@ -43,6 +43,7 @@ from rollout_engine.config import RolloutConfig, register_configs, validate
 from rollout_engine.context import RunContext
 from rollout_engine.envs.base import Env
 from rollout_engine.errors import ConfigError
+from rollout_engine.exits import Exit
 from rollout_engine.files import save_json, save_jsonl
 from rollout_engine.runner import check_tasks
 from rollout_engine.tasks import load_tasks
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 SUMMARY_SCHEMA = "baton.demonstrations/1"
 SUMMARY_NAME = "demonstrations.json"
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-EXIT_BAD_INPUT, EXIT_NONE_SOLVED = 2, 3
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return Exit.BAD_INPUT
     log.info(
         "%d of %d expert episodes succeeded (%s); wrote %s",
         summary["kept"],
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         ", ".join(f"{name} {c['kept']}/{c['episodes']}" for name, c in summary["by_family"].items()),
         out / DEMONSTRATIONS_FILE,
     )
-    return 0 if summary["kept"] else EXIT_NONE_SOLVED
+    return Exit.OK if summary["kept"] else Exit.NONE_SOLVED
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from rollout_engine.build import build_env
 from rollout_engine.config import PolicyConfig, RolloutConfig
 from rollout_engine.envs.base import Env
 from rollout_engine.errors import ConfigError, InfraError
+from rollout_engine.exits import Exit
 from rollout_engine.files import save_text
 from rollout_engine.journal import Journal, JournalRouter
 from rollout_engine.layout import Layout, journal_name, rollout_config_name, takeover_journal_name
@@ -56,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 #: the policy server stopped answering (sysexits' EX_TEMPFAIL): restart it and resume
-EXIT_POLICY_DOWN = 75
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ async def run_rollout(cfg: RolloutConfig, resolved_yaml: str) -> int:
             journaled,
             len(prepared.specs),
         )
-        return EXIT_POLICY_DOWN
+        return Exit.POLICY_DOWN
     return 0
 
 

@@ -3,10 +3,11 @@
     python -m training --config-name update log_path=L iteration=N [model_path=M] [algorithm=rft|kto|dpo] ...
     python -m training --config-name update phase=check log_path=L iteration=N model_path=M ...
 
-Exit codes: 0 done, 2 bad input (nothing written, nothing launched), 1 the
-training failed (policy/current unchanged; run again to retry), 3 too little
-data to fill one optimizer step (nothing written), 130 / 143 stopped by SIGINT /
-SIGTERM (the LLaMA-Factory group is stopped first).
+Exit codes (rollout_engine.exits, docs/cli.md#exit-codes): 0 done, 2 bad input
+(nothing written, nothing launched), 1 the training failed (policy/current
+unchanged; run again to retry), 3 too little data to fill one optimizer step
+(nothing written), 130 / 143 stopped by SIGINT / SIGTERM (the LLaMA-Factory
+group is stopped first).
 
 `phase=check` validates the config, asks LLaMA-Factory about it (template,
 argument parser, tokenizer, DeepSpeed preset) and stops: exit 0 accepted, 2
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 from rollout_engine.errors import ConfigError, disk_full
+from rollout_engine.exits import Exit
 
 log = logging.getLogger("training")
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -44,7 +46,7 @@ def main() -> None:
         hydra.main(config_path=CONFIG_DIR, config_name="update", version_base="1.3")(task)()
     except SystemExit as exc:
         if exc.code not in (0, None) and not entered:  # Hydra rejected the config (it printed why)
-            raise SystemExit(2) from exc
+            raise SystemExit(Exit.BAD_INPUT) from exc
         raise
 
 
@@ -69,25 +71,25 @@ def _run(dict_cfg, device) -> int:
         validate(cfg)
     except (ConfigError, OmegaConfBaseException) as exc:
         log.error("bad config:\n%s", exc)
-        return 2
+        return Exit.BAD_INPUT
     log.info(describe_config(cfg))
     try:
         run_update(cfg, device)
     except NothingToTrain as exc:
         log.error("nothing to train on:\n%s", exc)
-        return 3
+        return Exit.NOTHING_TO_TRAIN
     except ConfigError as exc:
         log.error("bad input:\n%s", exc)
-        return 2
+        return Exit.BAD_INPUT
     except TrainingError as exc:
         log.error("%s", exc)
-        return 1
+        return Exit.FAILED
     except OSError as exc:
         if full := disk_full(exc):
             log.error("update stopped: %s. policy/current is unchanged", full)
-            return 1
+            return Exit.FAILED
         raise
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from rollout_engine.exits import Exit
 from rollout_engine.files import shared_lock
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare(args.data_path.resolve(), cache)
     except ModelPrepError as err:
         log.error("error: %s", err)
-        return 1
+        return Exit.FAILED
     return 0
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
+from rollout_engine.exits import Exit
 from training.dataset import load_token_ids
 from training.recipe import load_template, parse_recipe
 
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         report = check_fidelity(recipe, args.samples, args.seed)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     print(json.dumps(asdict(report)))
     return 0
 

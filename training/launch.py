@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from rollout_engine.errors import ConfigError
+from rollout_engine.exits import signal_exit
 from rollout_engine.files import save_text
 from training.config import LaunchConfig
 from training.groups import (
@@ -170,7 +171,7 @@ def exit_on_signals() -> None:
     training groups; SIGINT too when it was inherited as ignored (a run started in the background)."""
 
     def _exit(signum: int, _frame) -> None:
-        raise SystemExit(128 + signum)
+        raise SystemExit(signal_exit(signum))
 
     signal.signal(signal.SIGTERM, _exit)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from coordinator.dashboard.page import render_page
 from coordinator.dashboard.state import Board
+from rollout_engine.exits import Exit
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "test")
@@ -116,7 +117,7 @@ def run_dashboard(log_path: Path, host: str, port: int) -> int:
         print(
             f"[baton] error: the dashboard cannot listen on {host}:{port} ({exc}); choose another port", file=sys.stderr
         )
-        return 1
+        return Exit.FAILED
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -137,7 +138,7 @@ def run_dashboard(log_path: Path, host: str, port: int) -> int:
 def cmd_dashboard(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         print(f"[baton] error: --port must be in 0..65535 (got {args.port}); 0 picks a free one", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     log_path = Path(args.log_path)
     if not log_path.is_dir():
         print(
