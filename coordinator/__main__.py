@@ -14,6 +14,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from rollout_engine.defaults import PROGRESS_S
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
 from rollout_engine.layout import Layout
@@ -270,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--log-path", required=True)
     watch.add_argument("--phase", choices=("rollout-train", "rollout-test", "update"), required=True)
     watch.add_argument("--iteration", type=int, required=True)
-    watch.add_argument("--every", type=float, default=30.0, help="seconds between lines when not on a terminal")
+    watch.add_argument(
+        "--every", type=float, default=PROGRESS_S.default, help="seconds between lines when not on a terminal"
+    )
     watch.set_defaults(func=cmd_watch)
     merge = sub.add_parser("aggregate", help="master: merge every rank's rollout of one iteration")
     merge.add_argument("--log-path", required=True)

@@ -29,6 +29,7 @@ from typing import Any
 
 from coordinator.cluster import Cluster, ClusterError, RankFailed, RunFinished, load_json, scan_ranks
 from coordinator.heartbeat import LivenessWatcher
+from rollout_engine.defaults import BARRIER_REPORT_S
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
 from rollout_engine.layout import rank_file_name
@@ -144,7 +145,7 @@ def wait_barrier(
     timeout_s: float | None = None,
     poll_s: float = 0.2,
     on_tick: Callable[[BarrierWait], None] | None = None,
-    tick_s: float = 30.0,
+    tick_s: float = BARRIER_REPORT_S,
     clock: Callable[[], float] = time.monotonic,
     drop: Callable[[list[int]], list[int]] | None = None,
     fatal: list[int] | None = None,

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rollout_engine.defaults import DEAD_AFTER_S
 from rollout_engine.files import save_text
 from rollout_engine.layout import rank_file_name
 
@@ -88,7 +89,7 @@ class LivenessWatcher:
         self,
         cluster: Cluster,
         ranks: list[int],
-        dead_after_s: float = 30.0,
+        dead_after_s: float = DEAD_AFTER_S.default,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cluster, self.dead_after_s, self.clock = cluster, dead_after_s, clock

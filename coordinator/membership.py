@@ -36,6 +36,7 @@ from coordinator.cluster import (
     load_run,
 )
 from coordinator.heartbeat import LivenessWatcher, read_beats
+from rollout_engine.defaults import DEAD_AFTER_S, HEARTBEAT_S, JOIN_WAIT_S
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
 from rollout_engine.layout import Layout
@@ -209,8 +210,8 @@ def start_run(
     torchrun_port: int | None = None,
     start_iteration: int = 0,
     on_rank_failure: str = "abort",
-    heartbeat_interval_s: float = 5.0,
-    dead_after_s: float = 30.0,
+    heartbeat_interval_s: float = HEARTBEAT_S.default,
+    dead_after_s: float = DEAD_AFTER_S.default,
     alive_window_s: float | None = None,
     poll_s: float = 0.2,
     on_wait: Callable[[str], None] | None = None,
@@ -285,7 +286,7 @@ def join_run(
     rank: int,
     num_nodes: int,
     rank_weights: list[int],
-    wait_s: float = 600.0,
+    wait_s: float = JOIN_WAIT_S.default,
     *,
     me: Endpoint | None = None,
     started: int | None = None,

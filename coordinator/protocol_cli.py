@@ -56,6 +56,7 @@ from coordinator.cluster import (
 )
 from coordinator.heartbeat import LivenessWatcher, PeerWatch, run_heartbeat
 from coordinator.membership import default_addr, join_run, not_running, pid_running, pid_started, start_run
+from rollout_engine.defaults import BARRIER_REPORT_S, DEAD_AFTER_S, HEARTBEAT_S, JOIN_WAIT_S
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_text
@@ -441,14 +442,16 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument("--torchrun-port", type=int, default=None)
     start.add_argument("--start-iteration", type=int, default=0)
     start.add_argument("--on-rank-failure", choices=ON_RANK_FAILURE, default="abort")
-    start.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds between beats")
-    start.add_argument("--dead-after", type=float, default=30.0, help="seconds without a beat change: dead")
+    start.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_S.default, help="seconds between beats")
+    start.add_argument(
+        "--dead-after", type=float, default=DEAD_AFTER_S.default, help="seconds without a beat change: dead"
+    )
     start.add_argument("--alive-window", type=float, default=None, help="seconds to watch an earlier master")
     start.set_defaults(func=cmd_start_run)
     join = subparsers.add_parser("join", help="a worker: wait for the live master's run and join it")
     join.add_argument("--rank", type=int, required=True)
     _add_node_args(join)
-    join.add_argument("--wait", type=float, default=600.0, help="seconds to wait for a live master")
+    join.add_argument("--wait", type=float, default=JOIN_WAIT_S.default, help="seconds to wait for a live master")
     join.set_defaults(func=cmd_join)
     beat = _run_parser(subparsers, "heartbeat", cmd_heartbeat, "beat until SIGTERM, stop.json or eviction")
     beat.add_argument("--interval", type=float, default=None, help="seconds (default: the run's)")
@@ -468,7 +471,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     wait.add_argument("--timeout", type=float, default=None, help="seconds (default: none)")
     wait.add_argument("--poll", type=float, default=0.2)
     wait.add_argument("--dead-after", type=float, default=None, help="seconds (default: the run's)")
-    wait.add_argument("--report-every", type=float, default=30.0, help="seconds between progress lines")
+    wait.add_argument("--report-every", type=float, default=BARRIER_REPORT_S, help="seconds between progress lines")
     wait.add_argument("--print-data", action="store_true", help="print the arrivals' data as key<TAB>value lines")
     wait.add_argument("--planned", type=planned_nodes, default=None, help=PLANNED_HELP)
     partner = _barrier_parser(

@@ -24,6 +24,7 @@ from typing import Any
 
 from coordinator.cluster import Cluster, load_run
 from coordinator.heartbeat import Beat, read_beats
+from rollout_engine.defaults import BEAT_TROUBLE_S, POLICY_RESTARTS
 from rollout_engine.files import read_jsonl
 from rollout_engine.layout import Layout
 
@@ -201,7 +202,7 @@ class StallWatch:
 
     silent_s: float = 60.0  # a running rollout rewrites its status every second
     no_finish_s: float = 300.0
-    beat_s: float = 15.0  # three beats at the default BATON_HEARTBEAT_S (5 s)
+    beat_s: float = BEAT_TROUBLE_S
     clock: Any = time.monotonic
     _status: dict[Any, _Seen] = field(default_factory=dict)
     _finished: dict[Any, _Seen] = field(default_factory=dict)
@@ -223,7 +224,8 @@ class StallWatch:
                         rollout.rank,
                         f"the policy server stopped answering during its {rollout.split} rollout "
                         f"({rollout.policy_down})",
-                        "run.sh restarts vLLM and resumes the rollout (at most BATON_POLICY_RESTARTS times, 3); if it "
+                        f"run.sh restarts vLLM and resumes the rollout (at most BATON_POLICY_RESTARTS times, "
+                        f"{POLICY_RESTARTS.default:g}); if it "
                         f"keeps failing, read {Layout(view.log).logs_dir(rollout.rank or 0)}/vllm.log (often memory)",
                     )
                 )

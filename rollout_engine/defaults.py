@@ -1,0 +1,63 @@
+"""One table of Baton's defaults and deadlines: each run.sh setting once, with its variable and unit.
+
+    from rollout_engine.defaults import DEAD_AFTER_S
+    parser.add_argument("--dead-after", type=float, default=DEAD_AFTER_S.default)
+
+Every value is what run.sh uses when its variable is unset (docs/cli.md#environment
+lists them for people). Bash cannot import this module: scripts/lib spells the
+same numbers as `${BATON_X:-N}`, and tests/unit/test_defaults.py checks that
+every such spelling and docs/cli.md agree with this table, until the Python
+driver reads the variables itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A default run.sh's environment variable `env` can override."""
+
+    env: str
+    default: float
+    #: what it sets, for the reader
+    meaning: str
+
+
+# Several nodes (coordinator: membership, heartbeat, barrier)
+HEARTBEAT_S = Setting("BATON_HEARTBEAT_S", 5, "seconds between a node's heartbeats")
+DEAD_AFTER_S = Setting("BATON_DEAD_AFTER_S", 30, "seconds of unchanged heartbeat after which a rank is dead")
+JOIN_WAIT_S = Setting("BATON_JOIN_WAIT_S", 600, "seconds a worker waits for its master to publish the run")
+# Serving
+VLLM_PORT = Setting("BATON_VLLM_PORT", 8999, "this node's vLLM port")
+VLLM_START_S = Setting("BATON_VLLM_START_S", 600, "seconds vLLM has to answer its health check, per attempt")
+VLLM_RELOAD_S = Setting("BATON_VLLM_RELOAD_S", 600, "seconds an in-place weight reload may take")
+# Phases
+CHECK_TIMEOUT_S = Setting("BATON_CHECK_TIMEOUT_S", 900, "seconds the update-check may take")
+ROLLOUT_STALL_S = Setting("BATON_ROLLOUT_STALL_S", 900, "seconds a rollout may go without finishing an episode")
+ROLLOUT_TIMEOUT_S = Setting("BATON_ROLLOUT_TIMEOUT_S", 0, "seconds a whole rollout may take (0: no limit)")
+POLICY_RESTARTS = Setting("BATON_POLICY_RESTARTS", 3, "times one rollout is resumed after its server stopped")
+UPDATE_POLL_S = Setting("BATON_UPDATE_POLL_S", 30, "how often --rl-phase update looks for a new train rollout")
+# Progress
+PROGRESS_S = Setting("BATON_PROGRESS_S", 30, "seconds between the live view's plain lines (0: off)")
+
+SETTINGS = (
+    HEARTBEAT_S,
+    DEAD_AFTER_S,
+    JOIN_WAIT_S,
+    VLLM_PORT,
+    VLLM_START_S,
+    VLLM_RELOAD_S,
+    CHECK_TIMEOUT_S,
+    ROLLOUT_STALL_S,
+    ROLLOUT_TIMEOUT_S,
+    POLICY_RESTARTS,
+    UPDATE_POLL_S,
+    PROGRESS_S,
+)
+
+#: seconds between a waiting barrier's progress lines ("waiting for ranks 1 (631 s)")
+BARRIER_REPORT_S = 30.0
+#: a heartbeat unchanged this long is shown as trouble (three beats at the default interval)
+BEAT_TROUBLE_S = 3 * HEARTBEAT_S.default
