@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import read_jsonl, save_json
-from rollout_engine.journal import read_journal
+from rollout_engine.journal import load_manifest, read_journal
 from rollout_engine.layout import (
     MERGED_MANIFEST,
     TAKEOVER_JOURNAL,
@@ -73,16 +72,9 @@ def _rank_record(log_path: Path, rank: int, split: str, iteration: int) -> dict[
     return found[-1] if found else None
 
 
-def _manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 def _verified_manifest(directory: Path, journal_name: str) -> dict[str, Any] | None:
     """A journal's sealed manifest with `verified`: the journal is byte for byte what was sealed (None if unsealed)."""
-    manifest = _manifest(directory / manifest_name(journal_name))
+    manifest = load_manifest(directory / manifest_name(journal_name), strict=False)
     if manifest is not None:
         journal = directory / journal_name
         data = journal.read_bytes() if journal.exists() else b""

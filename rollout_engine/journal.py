@@ -8,7 +8,8 @@ off before a resume appends again; a JSON line that is not a trajectory is
 corruption and an error.
 `rank_<r>.manifest.json` is written atomically when the rollout ends: counts
 by status, the journal's sha256 and byte size, and whether every planned
-episode is in it (`complete`).
+episode is in it (`complete`). `load_manifest` is the one reader of it and
+of the master's merge of several ranks' manifests (`manifest.json`).
 
 Opening without resume never overwrites: an existing journal (and manifest) is
 renamed to `rank_<r>.jsonl.aside-<UTC time>` with a warning. Opening with resume
@@ -73,6 +74,27 @@ def trajectory_of(row: Any, where: str, fix: str) -> Trajectory:
         if not isinstance(row, dict):
             why = f"a JSON {type(row).__name__}, not an object"
         raise ConfigError(f"{where} is not a baton.trajectory/1 line ({why}); {fix}") from None
+
+
+def load_manifest(path: Path, *, strict: bool = True) -> dict[str, Any] | None:
+    """A journal's sealed manifest or an iteration's merged `manifest.json`; None when there is none. One that
+    is not a JSON object is a ConfigError naming it (`strict`), else None (for readers that show or re-check)."""
+    try:
+        text = path.read_bytes().decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError:
+        manifest = None
+    if isinstance(manifest, dict):
+        return manifest
+    if not strict:
+        return None
+    raise ConfigError(
+        f"{path} is not a JSON object (got {text.strip()[:80]!r}); move it aside and merge the iteration "
+        "again (the master rewrites it: --resume)"
+    )
 
 
 def drop_torn_tail(path: Path) -> None:

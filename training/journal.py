@@ -24,14 +24,13 @@ dead rank, resumed, finished its own share) are never read.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.journal import read_journal
+from rollout_engine.journal import load_manifest, read_journal
 from rollout_engine.layout import (
     MERGED_MANIFEST,
     Layout,
@@ -67,7 +66,7 @@ def read_iteration(directory: Path) -> list[Trajectory]:
     names = sorted(name for name, parsed in journals.items() if parsed is not None)
     own = [name for name in names if journals[name][1] is None]
     manifest_path = directory / MERGED_MANIFEST
-    manifest = load_manifest(manifest_path) if manifest_path.exists() else None
+    manifest = load_manifest(manifest_path)
     if manifest is not None and "missing_ranks" in manifest:
         check_takeover_merged(manifest_path, manifest)
         return read_takeover(directory, manifest)
@@ -87,21 +86,6 @@ def read_iteration(directory: Path) -> list[Trajectory]:
             log.warning("%s has no manifest (rollout not sealed); reading it anyway", path)
         out += read_journal(path)
     return out
-
-
-def load_manifest(path: Path) -> dict[str, Any]:
-    """An iteration's manifest.json; ConfigError when it is not a JSON object."""
-    text = path.read_text()
-    try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as exc:
-        manifest = exc
-    if not isinstance(manifest, dict):
-        raise ConfigError(
-            f"{path} is not a JSON object (got {text.strip()[:80]!r}); move it aside and merge the iteration "
-            "again (the master rewrites it: --resume)"
-        )
-    return manifest
 
 
 def read_takeover(directory: Path, manifest: dict[str, Any]) -> list[Trajectory]:
@@ -156,7 +140,7 @@ def check_merged(directory: Path, journals: int) -> None:
             "every rank has sealed its journal; finish the multi-node rollout first: run it again with --resume "
             "on every node"
         )
-    manifest = load_manifest(manifest_path)
+    manifest = load_manifest(manifest_path) or {}
     bad = [rank for rank, m in manifest.get("ranks", {}).items() if not (m and m.get("complete") and m.get("verified"))]
     if bad or not manifest.get("complete"):
         raise ConfigError(

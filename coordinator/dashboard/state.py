@@ -15,7 +15,6 @@ process's clock, so a stalled rank shows after it has been quiet a while
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -28,6 +27,7 @@ from coordinator.dashboard.svg import Chart, Series
 from coordinator.runstate import load_markers, state_iterations
 from coordinator.runview import RankRollout, RunView, StallWatch, Trouble
 from coordinator.summary import iteration_records, load_metrics
+from rollout_engine.journal import load_manifest
 from rollout_engine.layout import Layout, journal_name, manifest_name
 
 #: tracked groups that are helpers of a phase, not a phase (scripts/lib/loop.sh LOOP_GROUPS)
@@ -276,7 +276,7 @@ class Board:
         """A journal's planned episodes: its sealed manifest's `planned`, else what it holds so far."""
         manifest = Layout(self.log).iteration_dir(split, iteration) / manifest_name(journal_name(rank))
         try:
-            return int(json.loads(manifest.read_text())["planned"])
+            return int((load_manifest(manifest, strict=False) or {})["planned"])
         except (OSError, ValueError, KeyError, TypeError):
             return len(cells)
 

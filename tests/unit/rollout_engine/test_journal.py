@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.journal import Journal, read_journal
+from rollout_engine.journal import Journal, load_manifest, read_journal
 from rollout_engine.types import Trajectory, Turn
 
 
@@ -103,3 +103,15 @@ async def test_a_cancelled_write_finishes_and_seal_refuses_while_one_is_in_fligh
     with pytest.raises(asyncio.CancelledError):
         await write
     assert journal.seal(planned=1)["episodes"] == 1
+
+
+def test_one_reader_of_manifests(tmp_path):
+    path = tmp_path / "manifest.json"
+    assert load_manifest(path) is None
+    path.write_text('{"complete": true}')
+    assert load_manifest(path) == {"complete": True}
+    for bad in ("[1, 2]", '{"comp', "\xff\xfe"):
+        path.write_text(bad)
+        assert load_manifest(path, strict=False) is None
+        with pytest.raises(ConfigError, match="is not a JSON object"):
+            load_manifest(path)
