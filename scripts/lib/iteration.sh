@@ -5,10 +5,11 @@
 #   <log>/run/state/iter_<NNNN>/<phase>.done   one marker per finished phase
 #   <log>/run/state/iter_<NNNN>/times          "<phase> <seconds>" lines
 #   <log>/run/state/iter_<NNNN>/config.yaml    the resolved configuration
-# Library file: defines functions only. Needs common.sh.
+# The same paths as rollout_engine/layout.py (Layout.state_dir, .marker, .times);
+# coordinator/runstate.py reads them. Library file: defines functions only. Needs common.sh.
 
-# iteration_dir <log> <n>: print the state directory of iteration <n>.
-iteration_dir() {
+# iteration_state_dir <log> <n>: print the state directory of iteration <n>.
+iteration_state_dir() {
   printf '%s/run/state/iter_%04d\n' "$1" "$2"
 }
 
@@ -27,13 +28,13 @@ iteration_last() {
 
 # iteration_is_done <log> <n> <phase>: true when <phase> of iteration <n> finished.
 iteration_is_done() {
-  [[ -f $(iteration_dir "$1" "$2")/$3.done ]]
+  [[ -f $(iteration_state_dir "$1" "$2")/$3.done ]]
 }
 
 # iteration_mark <log> <n> <phase> [content]: record that <phase> finished (atomic).
 iteration_mark() {
   local dir
-  dir=$(iteration_dir "$1" "$2")
+  dir=$(iteration_state_dir "$1" "$2")
   mkdir -p "$dir"
   printf '%s\n' "${4:-$(date +%s)}" >"$dir/.$3.done.tmp"
   mv -f "$dir/.$3.done.tmp" "$dir/$3.done"
@@ -56,7 +57,7 @@ iteration_next() {
 # aside by the rollout engine, never overwritten).
 iteration_restart() {
   local dir
-  dir=$(iteration_dir "$1" "$2")
+  dir=$(iteration_state_dir "$1" "$2")
   [[ -d $dir ]] || return 0
   compgen -G "$dir/*.done" >/dev/null || return 0
   common_warn "iteration $2 was interrupted; starting it again (pass --resume to continue it)"
@@ -73,7 +74,7 @@ iteration_eval_due() {
 # iteration_add_time <log> <n> <phase> <seconds>: record how long <phase> took.
 iteration_add_time() {
   local dir
-  dir=$(iteration_dir "$1" "$2")
+  dir=$(iteration_state_dir "$1" "$2")
   mkdir -p "$dir"
   printf '%s %s\n' "$3" "$4" >>"$dir/times"
 }

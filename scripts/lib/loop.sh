@@ -738,7 +738,7 @@ loop_begin() {
   LOOP_N=$n LOOP_PHASE=begin
   if nodes_is_master; then
     ((LOOP_RESUME)) || iteration_restart "$RUN_LOG" "$n"
-    dir=$(iteration_dir "$RUN_LOG" "$n")
+    dir=$(iteration_state_dir "$RUN_LOG" "$n")
     mkdir -p "$dir"
     cp -f "$LOOP_RUN_DIR/resolved.yaml" "$dir/config.yaml"
   fi

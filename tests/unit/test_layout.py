@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 from rollout_engine.layout import Layout, iterations, manifest_name, parse_iteration, parse_journal_name, parse_version
@@ -96,3 +97,9 @@ def test_iterations_lists_only_iteration_entries(tmp_path):
     for name in ("iter_0002", "iter_0010", "iter_x", "notes"):
         (tmp_path / name).mkdir()
     assert iterations(tmp_path) == [(2, tmp_path / "iter_0002"), (10, tmp_path / "iter_0010")]
+
+
+def test_bash_spells_the_state_folder_as_the_layout_does(tmp_path):
+    script = f'source "{ROOT}/scripts/lib/iteration.sh" && iteration_state_dir "{tmp_path}" 7'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(out) == Layout(tmp_path).state_dir(7)
