@@ -1,8 +1,8 @@
 #!/usr/bin/env bats
 # loop.sh's loop_keep_best (--keep-best): after a held-out rollout, the master asks
 # `python -m coordinator keep-best` on canned metrics.jsonl rows and, for a worse policy,
-# runs the revert promotion (`python -m training phase=revert`, here in the app environment:
-# it needs no LLaMA-Factory) that serves the best one again as a new version.
+# runs the revert promotion (`python -m training phase=revert`, in the train environment: the update's
+# process looks up the node's device with torch first) that serves the best one again as a new version.
 
 bats_require_minimum_version 1.5.0
 
@@ -16,7 +16,7 @@ setup() {
   RUN_LOG="$BATS_TEST_TMPDIR/log" RUN_PHASE=both RUN_DEBUG=0 RUN_NUM_NODES=1 RUN_RANK=0 RUN_KEEP_BEST=1
   RUN_KEEP_BEST_MARGIN=0 LOOP_ROOT=$ROOT LOOP_RUN_DIR="$RUN_LOG/run/rank_0" LOOP_PINNED=0 LOOP_WATCH=watch
   LOOP_BASE_MODEL="$BATS_TEST_TMPDIR/base" LOOP_UPDATE_OVR=()
-  BATON_TRAIN_PY=$BATON_APP_PY BATON_PROGRESS_S=0
+  BATON_PROGRESS_S=0
   mkdir -p "$LOOP_RUN_DIR/logs"
   model "$LOOP_BASE_MODEL" w0
 }
