@@ -78,3 +78,60 @@ def test_promotion_serves_the_base_dtype_and_the_next_update_trains_from_fp32(mo
         "served_is_rounding": True,
         "rounding_loses_the_update": True,
     }
+
+
+#: a train-environment script: the trained weights moved from the base and are not a bf16 rounding
+#: (their low 16 bits are not all zero: bf16 is fp32 with those bits cut)
+MOVED_AND_FULL = """
+import json, sys
+from safetensors.torch import load_file
+trained, base = (load_file(p) for p in sys.argv[1:3])
+print(json.dumps({
+    "trained_moved": any(not trained[k].equal(base[k].float()) for k in base),
+    "full_precision": any(bool((trained[k].view(dtype=__import__("torch").int32) & 0xFFFF).any()) for k in trained),
+}))
+"""
+
+
+@pytest.mark.parametrize("preset", ["zero2", "zero3"])
+def test_a_deepspeed_update_in_bf16_saves_fp32_weights_and_the_next_trains_from_them(
+    preset: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """The GPU default's path on the CPU: bf16 (asked for; a GPU's default) under a DeepSpeed preset. DeepSpeed's
+    bf16 mode would save bf16 weights; its torch_autocast (bf16 matmuls on this CPU, fp32 parameters) saves fp32,
+    so promotion keeps a full-precision copy and the next update starts from it."""
+    log_path = tmp_path / "log"
+    ds = [f"launch.deepspeed={preset}", "algorithm.bf16=true", "algorithm.learning_rate=1e-6"]
+    first = prepare(model_dir, log_path, 0, *SMALL[1:], *ds, "phase=all", "algorithm.max_steps=1")
+    assert first["exit"] == 0, first["log"][-4000:]
+    run_dir = log_path / "training" / "iter_0000"
+    recipe = (run_dir / "train_config.yaml").read_text()
+    assert "bf16: false\n" in recipe and "torch_autocast:\n    enabled: true\n    dtype: bfloat16\n" in recipe
+    assert "bf16:\n    enabled: false\n" in recipe
+    assert header_dtypes(run_dir / "output" / "model.safetensors") == {"F32"}  # the trainer saved fp32
+    version = log_path / "policy" / "v0001"
+    assert header_dtypes(version / "model.safetensors") == {"BF16"}
+    assert header_dtypes(version / "fp32" / "model.safetensors") == {"F32"}
+    record = json.loads((version / "baton_policy.json").read_text())
+    assert (record["dtype"], record["full_precision"]) == ("bfloat16", True)
+    out = subprocess.run(
+        [
+            env_python("train"),
+            "-c",
+            MOVED_AND_FULL,
+            str(version / "fp32" / "model.safetensors"),
+            str(model_dir / "model.safetensors"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert json.loads(out.stdout) == {"trained_moved": True, "full_precision": True}
+
+    second = prepare(model_dir, log_path, 0, *SMALL, *ds, "iteration=1", f"model_path={version}")
+    assert second["exit"] == 0, second["log"][-4000:]
+    recipe = (log_path / "training" / "iter_0001" / "train_config.yaml").read_text()
+    assert f"model_name_or_path: {version / 'fp32'}\n" in recipe
