@@ -80,15 +80,21 @@ def test_promotion_serves_the_base_dtype_and_the_next_update_trains_from_fp32(mo
     }
 
 
-#: a train-environment script: the trained weights moved from the base and are not a bf16 rounding
-#: (their low 16 bits are not all zero: bf16 is fp32 with those bits cut)
-MOVED_AND_FULL = """
+#: a train-environment script: the first update moved the weights and saved them at full precision (not a bf16
+#: rounding: bf16 is fp32 with the low 16 bits cut), and the second started from them: one Adam step at lr 1e-6
+#: moves a weight by about 1e-6, while their bf16 rounding is up to 100 times further away
+CHAIN = """
 import json, sys
+import torch
 from safetensors.torch import load_file
-trained, base = (load_file(p) for p in sys.argv[1:3])
+base, first, served, second = (load_file(p) for p in sys.argv[1:5])
+def gap(a, b):
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in b)
 print(json.dumps({
-    "trained_moved": any(not trained[k].equal(base[k].float()) for k in base),
-    "full_precision": any(bool((trained[k].view(dtype=__import__("torch").int32) & 0xFFFF).any()) for k in trained),
+    "first_moved": gap(first, base) > 0,
+    "first_full_precision": any(bool((first[k].view(torch.int32) & 0xFFFF).any()) for k in first),
+    "second_moved": gap(second, first) > 0,
+    "second_starts_from_full_precision": gap(second, first) < 1e-5 < gap(served, first),
 }))
 """
 
@@ -99,10 +105,10 @@ def test_a_deepspeed_update_in_bf16_saves_fp32_weights_and_the_next_trains_from_
 ) -> None:
     """The GPU default's path on the CPU: bf16 (asked for; a GPU's default) under a DeepSpeed preset. DeepSpeed's
     bf16 mode would save bf16 weights; its torch_autocast (bf16 matmuls on this CPU, fp32 parameters) saves fp32,
-    so promotion keeps a full-precision copy and the next update starts from it."""
+    so promotion keeps a full-precision copy and the next update trains from it."""
     log_path = tmp_path / "log"
-    ds = [f"launch.deepspeed={preset}", "algorithm.bf16=true", "algorithm.learning_rate=1e-6"]
-    first = prepare(model_dir, log_path, 0, *SMALL[1:], *ds, "phase=all", "algorithm.max_steps=1")
+    ds = [f"launch.deepspeed={preset}", "algorithm.bf16=true", "algorithm.learning_rate=1e-6", "algorithm.max_steps=1"]
+    first = prepare(model_dir, log_path, 0, *SMALL[1:], *ds, "phase=all")
     assert first["exit"] == 0, first["log"][-4000:]
     run_dir = log_path / "training" / "iter_0000"
     recipe = (run_dir / "train_config.yaml").read_text()
@@ -114,14 +120,20 @@ def test_a_deepspeed_update_in_bf16_saves_fp32_weights_and_the_next_trains_from_
     assert header_dtypes(version / "fp32" / "model.safetensors") == {"F32"}
     record = json.loads((version / "baton_policy.json").read_text())
     assert (record["dtype"], record["full_precision"]) == ("bfloat16", True)
+
+    second = prepare(model_dir, log_path, 0, *SMALL[1:], *ds, "phase=all", "iteration=1", f"model_path={version}")
+    assert second["exit"] == 0, second["log"][-4000:]
+    recipe = (log_path / "training" / "iter_0001" / "train_config.yaml").read_text()
+    assert f"model_name_or_path: {version / 'fp32'}\n" in recipe
+    assert header_dtypes(log_path / "policy" / "v0002" / "fp32" / "model.safetensors") == {"F32"}
+    files = [
+        model_dir / "model.safetensors",
+        version / "fp32" / "model.safetensors",
+        version / "model.safetensors",
+        log_path / "training" / "iter_0001" / "output" / "model.safetensors",
+    ]
     out = subprocess.run(
-        [
-            env_python("train"),
-            "-c",
-            MOVED_AND_FULL,
-            str(version / "fp32" / "model.safetensors"),
-            str(model_dir / "model.safetensors"),
-        ],
+        [env_python("train"), "-c", CHAIN, *map(str, files)],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -129,9 +141,9 @@ def test_a_deepspeed_update_in_bf16_saves_fp32_weights_and_the_next_trains_from_
         timeout=300,
         check=True,
     )
-    assert json.loads(out.stdout) == {"trained_moved": True, "full_precision": True}
-
-    second = prepare(model_dir, log_path, 0, *SMALL, *ds, "iteration=1", f"model_path={version}")
-    assert second["exit"] == 0, second["log"][-4000:]
-    recipe = (log_path / "training" / "iter_0001" / "train_config.yaml").read_text()
-    assert f"model_name_or_path: {version / 'fp32'}\n" in recipe
+    assert json.loads(out.stdout) == {
+        "first_moved": True,
+        "first_full_precision": True,
+        "second_moved": True,
+        "second_starts_from_full_precision": True,
+    }
