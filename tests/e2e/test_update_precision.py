@@ -83,7 +83,8 @@ def test_promotion_serves_the_base_dtype_and_the_next_update_trains_from_fp32(mo
 #: a train-environment script: the first update moved the weights and saved them at full precision (not a bf16
 #: rounding: bf16 is fp32 with the low 16 bits cut), and the second started from them. Adam's first step moves a
 #: weight by the learning rate (1e-6), far below bf16's resolution, so the served rounding is the base model's
-#: weights: an update from there would end one step from them, one from the fp32 copy ends two steps away
+#: weights: an update from there would end at most one step from them; one from the fp32 copy ends at most one
+#: step from it, and two from the rounding where both steps went the same way
 CHAIN = """
 import json, sys
 import torch
@@ -96,7 +97,7 @@ print(json.dumps({
     "first_full_precision": any(bool((first[k].view(torch.int32) & 0xFFFF).any()) for k in first),
     "served_is_the_base": gaps(served, base).median().item() == 0,
     "second_one_step_from_first": 0 < gaps(second, first).max().item() < 1.5e-6,
-    "second_two_steps_from_served": gaps(second, served).median().item() > 1.5e-6,
+    "second_two_steps_from_served": gaps(second, served).max().item() > 1.5e-6,
 }))
 """
 
