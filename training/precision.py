@@ -4,8 +4,9 @@
     keep_full_precision(staging, "bfloat16")      # staging/fp32/ = the trainer's fp32 files; staging/ cast
     source = training_weights(policy_version)     # policy_version/fp32 when it has one
 
-A trainer without DeepSpeed (and the LoRA merge, told so) saves fp32 weights:
-2.4 times the size of a bf16 base, and a dtype that changes under the server.
+The trainer keeps and saves fp32 weights (without DeepSpeed, and with DeepSpeed
+through its `torch_autocast`: training.recipe.precision), and so does the LoRA
+merge, told so: 2.4 times the size of a bf16 base, and a dtype that changes under the server.
 So a promoted version is cast to the dtype of the model it was trained from
 (the base model's, version after version; `promotion.dtype` may name another),
 and the trainer's own fp32 files are kept, hard-linked, in `v<NNNN>/fp32/`:

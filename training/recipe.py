@@ -8,8 +8,10 @@
 Every hyperparameter of `AlgorithmConfig` maps to the LLaMA-Factory key of the
 same name, except `gradient_checkpointing`, which becomes LLaMA-Factory's
 `disable_gradient_checkpointing` (its negation); `llamafactory_overrides` is merged last. The DeepSpeed preset is a
-file under configs/deepspeed/ (`auto`: none on CPU, ZeRO-1 on GPU). bf16
-`null` means bf16 on GPU and fp32 on CPU. `parse_recipe` / `load_template` read
+file under configs/deepspeed/ (`auto`: none on CPU, ZeRO-1 on GPU), written into the YAML as a dict
+(`deepspeed_config`). bf16 `null` means bf16 on GPU and fp32 on CPU; with DeepSpeed a full (or freeze)
+fine-tune computes in bf16 through DeepSpeed's `torch_autocast` on fp32 parameters, so that the trainer saves
+fp32 weights for the next update to start from (`precision`). `parse_recipe` / `load_template` read
 a recipe back the way `llamafactory-cli train` does, as one CPU process (token
 fidelity and `phase=check` use them; a value LLaMA-Factory refuses is a
 `ConfigError` naming the setting, its value and the fix); `check_deepspeed` checks the preset's file and package.
@@ -20,6 +22,7 @@ fidelity and `phase=check` use them; a value LLaMA-Factory refuses is a
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -82,6 +85,35 @@ def deepspeed_file(preset: str, device: Device) -> Path | None:
     return None if preset == "none" else DEEPSPEED_DIR / f"{preset}.json"
 
 
+#: DeepSpeed's `torch_autocast` section: parameters stay fp32, torch.autocast runs the forward in bf16
+AUTOCAST_BF16 = {"enabled": True, "dtype": "bfloat16"}
+#: finetuning types whose trained weights are a LoRA's: the base stays frozen, and the merge reads its
+#: full-precision weights (training.precision), so bf16 parameters lose nothing
+ADAPTERS = ("lora", "oft")
+
+
+def precision(bf16: bool | None, preset: str, device: Device, finetuning_type: str) -> tuple[bool, dict | None]:
+    """The recipe's `bf16` and its DeepSpeed config (None = no DeepSpeed) for `algorithm.bf16` (None: bf16 on
+    a GPU), `launch.deepspeed` and the node's device.
+
+    DeepSpeed's bf16 mode (`bf16.enabled`) keeps bf16 parameters and the fp32 master weights only in its
+    optimizer state, which the saved model does not include: the trainer would save the bf16 rounding, and
+    an update at the default learning rates (1e-6, 5e-7) is far below bf16's resolution. So a bf16 fine-tune
+    of the weights themselves (full, freeze) under DeepSpeed uses DeepSpeed's `torch_autocast` instead:
+    fp32 parameters (ZeRO-3 uses them as the master weights; ZeRO-1/2 keep their fp32 master partition as
+    well), bf16 matmuls, fp32 weights saved. HF's `bf16` must then be off: it would fill `bf16.enabled`
+    (HfTrainerDeepSpeedConfig.trainer_config_process), and accelerate would add it
+    (DeepSpeedPlugin.set_mixed_precision). A LoRA keeps DeepSpeed's bf16 mode (its base is frozen)."""
+    bf16 = device.kind == "cuda" if bf16 is None else bf16
+    path = deepspeed_file(preset, device)
+    if path is None:
+        return bf16, None
+    config = json.loads(path.read_text())
+    if not bf16 or finetuning_type in ADAPTERS:
+        return bf16, config
+    return False, config | {"bf16": {"enabled": False}, "torch_autocast": dict(AUTOCAST_BF16)}
+
+
 @dataclass(frozen=True)
 class RecipeArgs:
     """LLaMA-Factory's argument dataclasses for a recipe (ModelArguments, DataArguments, ...)."""
@@ -125,8 +157,8 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
         "report_to": cfg.tracker.report_to() or "none",
         "run_name": iteration_name(cfg.iteration),
         "plot_loss": False,
-        "bf16": alg.bf16 if alg.bf16 is not None else device.kind == "cuda",
     }
+    recipe["bf16"], ds = precision(alg.bf16, cfg.launch.deepspeed, device, alg.finetuning_type)
     recipe |= {key: getattr(alg, key) for key in HYPERPARAMETERS if getattr(alg, key) is not None}
     # LLaMA-Factory checkpoints activations unless told not to, and ignores HF's `gradient_checkpointing`
     recipe["disable_gradient_checkpointing"] = not alg.gradient_checkpointing
@@ -137,9 +169,8 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
     recipe |= {key: getattr(alg, key) for key in PREF_KEYS.get(alg.stage, ())}
     if val_name:
         recipe |= {"eval_dataset": val_name, "eval_strategy": "epoch", "do_eval": True}
-    ds = deepspeed_file(cfg.launch.deepspeed, device)
     if ds is not None:
-        recipe["deepspeed"] = str(ds)
+        recipe["deepspeed"] = ds
     recipe |= dict(alg.llamafactory_overrides)
     return recipe
 

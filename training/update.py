@@ -160,7 +160,13 @@ def prepare(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     files.directory = paths.data
-    save_recipe(paths.recipe, recipe_of(cfg, paths, files, device))
+    recipe = recipe_of(cfg, paths, files, device)
+    save_recipe(paths.recipe, recipe)
+    if "torch_autocast" in (recipe.get("deepspeed") or {}):
+        log.info(
+            "DeepSpeed computes in bf16 through its torch_autocast on fp32 parameters, which the trainer saves "
+            "(LLaMA-Factory's `bf16` is off: its log says `compute dtype: None`)"
+        )
     save_text(paths.digest, dataset_digest(paths.data, paths.recipe) + "\n")
     save_text(paths.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     save_json(

@@ -38,10 +38,21 @@ def trainer_figures(run_dir: Path) -> dict:
 
 
 def log_lines(train_log: Path) -> dict:
+    """LLaMA-Factory's compute dtype, unless the recipe's DeepSpeed config computes through its own
+    torch_autocast (then LLaMA-Factory's `bf16` is off and it logs `compute dtype: None`)."""
     text = train_log.read_text(errors="replace") if train_log.exists() else ""
     dtype = re.search(r"compute dtype: ([\w.]+)", text)
+    recipe = train_log.with_name("train_config.yaml")
+    autocast = re.search(
+        r"^  torch_autocast:\n    enabled: true\n    dtype: (\w+)$",
+        recipe.read_text(errors="replace") if recipe.exists() else "",
+        re.M,
+    )
+    compute = dtype.group(1) if dtype else None
+    if autocast:
+        compute = f"torch.{autocast.group(1)} (DeepSpeed autocast)"
     return {
-        "compute_dtype": dtype.group(1) if dtype else None,
+        "compute_dtype": compute,
         "gradient_checkpointing": "Gradient checkpointing enabled" in text,
         "nccl": "nccl" in text.lower(),
     }

@@ -42,7 +42,8 @@ def test_a_node_with_two_gpus_prepares_without_initialising_cuda(model_dir: Path
     assert "token fidelity (train, template smollm2)" in result["log"]
     run_dir = log_path / "training" / "iter_0000"
     recipe = (run_dir / "train_config.yaml").read_text()
-    assert "configs/deepspeed/zero1.json" in recipe and "use_cpu" not in recipe  # the trainer's YAML is the GPU one
+    # the trainer's YAML is the GPU one: ZeRO-1, computing in bf16 through DeepSpeed's autocast
+    assert "    stage: 1\n" in recipe and "torch_autocast:\n    enabled: true\n" in recipe and "use_cpu" not in recipe
     assert json.loads((run_dir / "selection.json").read_text())["train_rows"] == 6
 
 

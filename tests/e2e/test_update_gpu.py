@@ -4,7 +4,8 @@ Marked `gpu`: scripts/test.sh deselects it on a machine without an NVIDIA GPU. O
 trains the default model (or BATON_GPU_TEST_MODEL, a model folder: bench/gpu/check.sh passes a
 random-weight model of the same architecture) for two optimizer steps, with DeepSpeed chosen by
 `launch.deepspeed=auto` and without it, and checks what a GPU user relies on: it trains on the GPU
-in bfloat16, and the promoted policy keeps the base model's dtype.
+in bfloat16 (with DeepSpeed through its torch_autocast), the promoted policy keeps the base model's dtype,
+and the trainer's fp32 weights are kept beside it (`fp32/`) for the next update.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def gpu_model(request: pytest.FixtureRequest) -> Path:
 
 
 @pytest.mark.parametrize("deepspeed", ["auto", "none"])
-def test_an_update_on_a_gpu_trains_in_bf16_and_promotes_the_base_dtype(tmp_path: Path, gpu_model: Path, deepspeed):
+def test_an_update_on_a_gpu_trains_in_bf16_promotes_the_base_dtype_and_keeps_fp32(
+    tmp_path: Path, gpu_model: Path, deepspeed
+):
     train_py = os.environ.get("BATON_TRAIN_PY") or env_python("train")
     journal = run_waiting(
         [train_py, str(REPO / "bench/gpu/journal.py"), str(gpu_model), str(tmp_path), "32"],
@@ -59,9 +62,16 @@ def test_an_update_on_a_gpu_trains_in_bf16_and_promotes_the_base_dtype(tmp_path:
     sys.stdout.write(update.stdout[-3000:] + update.stderr[-3000:])
     assert update.returncode == 0, update.stderr[-3000:]
 
-    train_log = (tmp_path / "training" / "iter_0000" / "train.log").read_text()
-    assert "compute dtype: torch.bfloat16" in train_log
+    run_dir = tmp_path / "training" / "iter_0000"
+    train_log = (run_dir / "train.log").read_text()
+    if deepspeed == "auto":  # ZeRO-1 computes in bf16 through DeepSpeed's torch_autocast on fp32 parameters
+        recipe = (run_dir / "train_config.yaml").read_text()
+        assert "bf16: false\n" in recipe and "torch_autocast:\n    enabled: true\n    dtype: bfloat16\n" in recipe
+    else:
+        assert "compute dtype: torch.bfloat16" in train_log
     assert "device: cuda:0" in train_log
     base = tensor_dtypes(gpu_model)
     promoted = tensor_dtypes(tmp_path / "policy" / "current")
     assert set(promoted) == set(base) == {"BF16"}, f"base {dict(base)}, promoted {dict(promoted)}"
+    # the trainer's fp32 weights, kept for the next update to train from, with and without DeepSpeed
+    assert set(tensor_dtypes(tmp_path / "policy" / "current" / "fp32")) == {"F32"}

@@ -48,8 +48,8 @@ PATHS = {
 }
 #: what each path's generated LLaMA-Factory recipe must say
 RECIPE = {
-    "kto-zero2": {"stage": "kto", "finetuning_type": "full", "deepspeed": "zero2.json"},
-    "dpo-zero3": {"stage": "dpo", "finetuning_type": "full", "deepspeed": "zero3.json"},
+    "kto-zero2": {"stage": "kto", "finetuning_type": "full", "deepspeed": 2},
+    "dpo-zero3": {"stage": "dpo", "finetuning_type": "full", "deepspeed": 3},
     "lora-2proc": {"stage": "sft", "finetuning_type": "lora", "deepspeed": None},
 }
 #: each path's served outputs once reloaded: {path: (policy folder, fingerprint)}
@@ -87,7 +87,10 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     recipe = yaml.safe_load((run_dir / "train_config.yaml").read_text())
     want = RECIPE[path]
     assert (recipe["stage"], recipe["finetuning_type"]) == (want["stage"], want["finetuning_type"])
-    assert (Path(recipe["deepspeed"]).name if "deepspeed" in recipe else None) == want["deepspeed"]
+    ds = recipe.get("deepspeed")  # the preset's config (a ZeRO stage), fp32 on the CPU: no torch_autocast
+    assert (ds["zero_optimization"]["stage"] if ds else None) == want["deepspeed"] and "torch_autocast" not in (
+        ds or {}
+    )
     metrics = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
     training = next(m for m in metrics if m.get("kind") == "training")
     assert training["steps"] == 2 and len(training["losses"]) == 2, training

@@ -78,3 +78,76 @@ def test_promotion_serves_the_base_dtype_and_the_next_update_trains_from_fp32(mo
         "served_is_rounding": True,
         "rounding_loses_the_update": True,
     }
+
+
+#: a train-environment script: the first update moved the weights and saved them at full precision (not a bf16
+#: rounding: bf16 is fp32 with the low 16 bits cut), and the second started from them. Adam's first step moves a
+#: weight by the learning rate (1e-6), far below bf16's resolution, so the served rounding is the base model's
+#: weights: an update from there would end at most one step from them; one from the fp32 copy ends at most one
+#: step from it, and two from the rounding where both steps went the same way
+CHAIN = """
+import json, sys
+import torch
+from safetensors.torch import load_file
+base, first, served, second = (load_file(p) for p in sys.argv[1:5])
+def gaps(a, b):
+    return torch.cat([(a[k].float() - b[k].float()).abs().flatten() for k in b])
+print(json.dumps({
+    "first_moved": gaps(first, base).max().item() > 0,
+    "first_full_precision": any(bool((first[k].view(torch.int32) & 0xFFFF).any()) for k in first),
+    "served_is_the_base": gaps(served, base).median().item() == 0,
+    "second_one_step_from_first": 0 < gaps(second, first).max().item() < 1.5e-6,
+    "second_two_steps_from_served": gaps(second, served).max().item() > 1.5e-6,
+}))
+"""
+
+
+@pytest.mark.parametrize("preset", ["zero2", "zero3"])
+def test_a_deepspeed_update_in_bf16_saves_fp32_weights_and_the_next_trains_from_them(
+    preset: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """The GPU default's path on the CPU: bf16 (asked for; a GPU's default) under a DeepSpeed preset. DeepSpeed's
+    bf16 mode would save bf16 weights; its torch_autocast (bf16 matmuls on this CPU, fp32 parameters) saves fp32,
+    so promotion keeps a full-precision copy and the next update trains from it."""
+    log_path = tmp_path / "log"
+    ds = [f"launch.deepspeed={preset}", "algorithm.bf16=true", "algorithm.learning_rate=1e-6", "algorithm.max_steps=1"]
+    first = prepare(model_dir, log_path, 0, *SMALL[1:], *ds, "phase=all")
+    assert first["exit"] == 0, first["log"][-4000:]
+    run_dir = log_path / "training" / "iter_0000"
+    recipe = (run_dir / "train_config.yaml").read_text()
+    assert "bf16: false\n" in recipe and "torch_autocast:\n    enabled: true\n    dtype: bfloat16\n" in recipe
+    assert "bf16:\n    enabled: false\n" in recipe
+    assert header_dtypes(run_dir / "output" / "model.safetensors") == {"F32"}  # the trainer saved fp32
+    version = log_path / "policy" / "v0001"
+    assert header_dtypes(version / "model.safetensors") == {"BF16"}
+    assert header_dtypes(version / "fp32" / "model.safetensors") == {"F32"}
+    record = json.loads((version / "baton_policy.json").read_text())
+    assert (record["dtype"], record["full_precision"]) == ("bfloat16", True)
+
+    second = prepare(model_dir, log_path, 0, *SMALL[1:], *ds, "phase=all", "iteration=1", f"model_path={version}")
+    assert second["exit"] == 0, second["log"][-4000:]
+    recipe = (log_path / "training" / "iter_0001" / "train_config.yaml").read_text()
+    assert f"model_name_or_path: {version / 'fp32'}\n" in recipe
+    assert header_dtypes(log_path / "policy" / "v0002" / "fp32" / "model.safetensors") == {"F32"}
+    files = [
+        model_dir / "model.safetensors",
+        version / "fp32" / "model.safetensors",
+        version / "model.safetensors",
+        log_path / "training" / "iter_0001" / "output" / "model.safetensors",
+    ]
+    out = subprocess.run(
+        [env_python("train"), "-c", CHAIN, *map(str, files)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert json.loads(out.stdout) == {
+        "first_moved": True,
+        "first_full_precision": True,
+        "served_is_the_base": True,
+        "second_one_step_from_first": True,
+        "second_two_steps_from_served": True,
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from omegaconf import OmegaConf
 
 from rollout_engine.errors import ConfigError
 from training.config import UpdateConfig, register_configs, validate
-from training.recipe import Device, build_recipe, check_deepspeed, deepspeed_file
+from training.recipe import AUTOCAST_BF16, Device, build_recipe, check_deepspeed, deepspeed_file, precision
 from training.selection import DPOSelector, KTOSelector, RFTSelector
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -75,6 +76,63 @@ def test_recipe_cpu_defaults_and_deepspeed_presets(tmp_path: Path) -> None:
     assert deepspeed_file("auto", Device("cuda", 8)).name == "zero1.json"
     for preset in ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"):
         assert deepspeed_file(preset, Device("cpu", 1)).is_file()
+
+
+GPU = Device("cuda", 1)
+PRESETS = ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
+
+
+@pytest.mark.parametrize("preset", ["auto", *PRESETS])
+def test_deepspeed_in_bf16_keeps_fp32_parameters_through_torch_autocast(preset: str) -> None:
+    """DeepSpeed's bf16 mode saves bf16 weights (its fp32 master weights live in the optimizer state): a bf16
+    fine-tune under DeepSpeed computes through DeepSpeed's torch_autocast instead, on fp32 parameters, with
+    HF's bf16 off (it would turn DeepSpeed's bf16 mode back on); everything else is the preset's."""
+    bf16, ds = precision(None, preset, GPU, "full")
+    preset_file = deepspeed_file(preset, GPU)
+    assert bf16 is False and ds is not None and preset_file is not None
+    assert ds["torch_autocast"] == AUTOCAST_BF16 == {"enabled": True, "dtype": "bfloat16"}
+    assert ds["bf16"] == {"enabled": False} and ds["fp16"]["enabled"] == "auto"
+    assert {k: v for k, v in ds.items() if k not in ("bf16", "torch_autocast")} == {
+        k: v for k, v in json.loads(preset_file.read_text()).items() if k != "bf16"
+    }
+    if preset != "auto":  # auto is no DeepSpeed on a CPU; bf16 asked for there is the same config
+        assert precision(True, preset, Device("cpu", 1), "freeze") == (False, ds)
+
+
+@pytest.mark.parametrize(
+    ("bf16", "preset", "device", "finetuning_type", "recipe_bf16", "autocast"),
+    [
+        (None, "none", GPU, "full", True, None),  # no DeepSpeed: HF's autocast, the model's own fp32 params
+        (None, "auto", Device("cpu", 1), "full", False, None),  # CPU: no DeepSpeed, fp32
+        (None, "zero2", Device("cpu", 1), "full", False, False),  # CPU: DeepSpeed in fp32
+        (False, "zero1", GPU, "full", False, False),  # fp32 asked for on a GPU
+        (None, "zero1", GPU, "lora", True, False),  # a LoRA: the base is frozen, DeepSpeed's bf16 mode
+        (None, "zero3", Device("cuda", 8), "full", False, True),
+    ],
+)
+def test_precision_is_a_function_of_the_device_and_the_preset(
+    bf16, preset: str, device: Device, finetuning_type: str, recipe_bf16: bool, autocast
+) -> None:
+    got_bf16, ds = precision(bf16, preset, device, finetuning_type)
+    assert got_bf16 is recipe_bf16
+    if autocast is None:
+        assert ds is None
+    else:
+        assert ("torch_autocast" in ds) is autocast and ds["bf16"]["enabled"] == ("auto" if not autocast else False)
+
+
+def test_the_gpu_recipe_carries_the_autocast_config(tmp_path: Path) -> None:
+    from training.dataset import DatasetFiles
+
+    files = DatasetFiles(tmp_path, 4, 0)
+    recipe = build_recipe(load(tmp_path), files, tmp_path, tmp_path / "out", GPU)
+    assert recipe["bf16"] is False and recipe["deepspeed"]["zero_optimization"]["stage"] == 1
+    assert recipe["deepspeed"]["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    plain = build_recipe(load(tmp_path, "launch.deepspeed=none"), files, tmp_path, tmp_path / "out", GPU)
+    assert plain["bf16"] is True and "deepspeed" not in plain
+    lora = build_recipe(load(tmp_path, "algorithm.finetuning_type=lora"), files, tmp_path, tmp_path / "out", GPU)
+    assert lora["bf16"] is True and lora["deepspeed"]["bf16"] == {"enabled": "auto"}
+    assert "torch_autocast" not in lora["deepspeed"]
 
 
 @pytest.mark.parametrize(("setting", "disabled"), [("false", True), ("true", False)])
