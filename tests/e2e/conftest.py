@@ -3,6 +3,7 @@ through the product's own shell library (scripts/lib/vllm.sh)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -38,6 +39,24 @@ ONE_STEP_LOOP = [
     "algorithm.cutoff_len=512",
     "algorithm.selection.shortest_per_task=0",
 ]
+
+
+def run_train_script(*args: str, waiting_for: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run a script (or `-c CODE`) in the train environment from the repository root, the repo importable."""
+    return run_waiting(
+        [env_python("train"), *args],
+        waiting_for=waiting_for,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def train_script_result(*args: str, waiting_for: str) -> dict:
+    """The JSON a train-environment script prints after `RESULT `; the script must exit 0."""
+    out = run_train_script(*args, waiting_for=waiting_for)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.split("RESULT ", 1)[1])
 
 
 def processes_mentioning(*needles: str) -> list[str]:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, env_python
+from tests.e2e.conftest import train_script_result
 
 # a real LLaMA-Factory on the default model (prepared from its PyPI wheel on first use): not a unit test
 pytestmark = pytest.mark.e2e
@@ -24,23 +21,11 @@ CASES = {
 
 def test_llamafactory_accepts_the_defaults_and_rejects_what_it_does_not_know(model_dir: Path, tmp_path: Path) -> None:
     log_path = tmp_path / "log"
-    out = subprocess.run(
-        [
-            env_python("train"),
-            "tests/e2e/check_with_llamafactory.py",
-            str(model_dir),
-            str(log_path),
-            *(f"{name}={overrides}" for name, overrides in CASES.items()),
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.split("RESULT ", 1)[1])
+    result = train_script_result(
+        "tests/e2e/check_with_llamafactory.py", str(model_dir), str(log_path),
+        *(f"{name}={overrides}" for name, overrides in CASES.items()),
+        waiting_for="LLaMA-Factory's check of each case",
+    )  # fmt: skip
     assert result["default"]["exit"] == 0, result["default"]["log"]
     assert "LLaMA-Factory accepts this config (template smollm2, stage sft, cpu)" in result["default"]["log"]
     assert {name: case["exit"] for name, case in result.items() if name != "default"} == {

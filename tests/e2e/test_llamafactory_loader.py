@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, env_python
+from tests.e2e.conftest import train_script_result
 
 # a real LLaMA-Factory on the default model (prepared from its PyPI wheel on first use): not a unit test
 pytestmark = pytest.mark.e2e
 
 
 def test_sft_kto_dpo_files_load_as_written(model_dir: Path, tmp_path: Path) -> None:
-    out = subprocess.run(
-        [env_python("train"), "tests/e2e/load_with_llamafactory.py", str(model_dir), str(tmp_path)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.split("RESULT ", 1)[1])
+    result = train_script_result(
+        "tests/e2e/load_with_llamafactory.py", str(model_dir), str(tmp_path),
+        waiting_for="LLaMA-Factory loading the written datasets",
+    )  # fmt: skip
     user, assistant = "user", "assistant"
     sft = sorted(result["sft"], key=lambda r: len(r["_prompt"]))
     assert [len(sft)] == [2] and sft[1]["_prompt"] == [

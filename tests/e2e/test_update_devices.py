@@ -4,13 +4,11 @@ CUDA; a setting LLaMA-Factory refuses is bad input (exit 2), not a failed traini
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, env_python
+from tests.e2e.conftest import train_script_result
 
 # a real LLaMA-Factory and tokenizer on the default model: not a unit test
 pytestmark = pytest.mark.e2e
@@ -20,17 +18,10 @@ SMALL = ["phase=prepare", "algorithm.per_device_train_batch_size=1", "algorithm.
 
 def prepare(model_dir: Path, log_path: Path, gpus: int, *overrides: str) -> dict:
     """tests/e2e/update_in_process.py's RESULT."""
-    out = subprocess.run(
-        [env_python("train"), "tests/e2e/update_in_process.py", str(model_dir), str(log_path), str(gpus), *overrides],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.split("RESULT ", 1)[1])
+    return train_script_result(
+        "tests/e2e/update_in_process.py", str(model_dir), str(log_path), str(gpus), *overrides,
+        waiting_for="the update's prepare in one process",
+    )  # fmt: skip
 
 
 def test_a_node_with_two_gpus_prepares_without_initialising_cuda(model_dir: Path, tmp_path: Path) -> None:

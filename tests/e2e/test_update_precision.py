@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, env_python
+from tests.e2e.conftest import run_train_script
 from tests.e2e.test_update_devices import SMALL, prepare
 
 pytestmark = pytest.mark.e2e
@@ -63,15 +61,8 @@ def test_promotion_serves_the_base_dtype_and_the_next_update_trains_from_fp32(mo
         version / "model.safetensors",
         model_dir / "model.safetensors",
     ]
-    out = subprocess.run(
-        [env_python("train"), "-c", COMPARE, *map(str, files)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
+    out = run_train_script("-c", COMPARE, *map(str, files), waiting_for="the weights' comparison")
+    assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout) == {
         "full_is_trained": True,
         "trained_moved": True,
@@ -135,15 +126,8 @@ def test_a_deepspeed_update_in_bf16_saves_fp32_weights_and_the_next_trains_from_
         version / "model.safetensors",
         log_path / "training" / "iter_0001" / "output" / "model.safetensors",
     ]
-    out = subprocess.run(
-        [env_python("train"), "-c", CHAIN, *map(str, files)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
+    out = run_train_script("-c", CHAIN, *map(str, files), waiting_for="the weights' comparison")
+    assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout) == {
         "first_moved": True,
         "first_full_precision": True,
