@@ -52,6 +52,9 @@ loop_setup() {
     LOOP_GROUPS+=("$LOOP_DASHBOARD")
   fi
   LOOP_CLAIMED=()
+  # vLLM's start-up polls for minutes: the heartbeat is watched there too (nodes_beat_check).
+  # shellcheck disable=SC2034 # read by vllm_wait (vllm.sh)
+  VLLM_ON_POLL=nodes_beat_check
 }
 
 # loop_claim: own this run's roles (rollout and/or update) in this rank's run
@@ -657,6 +660,7 @@ loop_wait_for() {
     return
   }
   while loop_running "$pid"; do
+    nodes_beat_check
     if (($#)); then
       now=$("$@")
       [[ $now == "$seen" ]] || seen=$now last=$SECONDS
@@ -847,7 +851,7 @@ loop_plan_update() {
     [[ -z $RUN_WAIT ]] || ((poll <= RUN_WAIT - waited)) || poll=$((RUN_WAIT - waited))
     sleep "$poll" &
     LOOP_SLEEP_PID=$!
-    wait "$LOOP_SLEEP_PID" || true
+    loop_wait "$LOOP_SLEEP_PID" || true # beside the heartbeat (nodes_wait_child)
     LOOP_SLEEP_PID=""
   done
   LOOP_N=$n LOOP_UPDATE=1

@@ -123,6 +123,16 @@ nodes_wait_child() {
   wait "$1"
 }
 
+# nodes_beat_check: for a wait that polls (a phase with deadlines, vLLM's start-up, the update's wait for a
+# rollout) rather than waits for a child: when this node's heartbeat has exited, reap it and start it again
+# (nodes_beat_lost), as nodes_wait_child does, so that no phase leaves the node without its heartbeat.
+nodes_beat_check() {
+  local rc=0
+  [[ -n ${NODES_BEAT_PID:-} ]] && ! loop_running "$NODES_BEAT_PID" || return 0
+  wait "$NODES_BEAT_PID" || rc=$?
+  nodes_beat_lost "$rc"
+}
+
 # nodes_watch_partners <iteration>: while this node runs its part of the training of <iteration>, watch the
 # others' parts: a node whose part failed arrives at the update barrier with train_exit != 0, and as its
 # torchrun is gone, this node's part would wait for it until launch.timeout_s (3600 s) while the others wait

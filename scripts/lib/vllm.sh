@@ -87,12 +87,14 @@ vllm_reuse() {
 
 # vllm_wait <run_dir> <port> <served_name> <deadline_s>: wait until the server
 # we started answers (0); 1 past the deadline; 2 at once when its process group is gone.
+# Each poll first runs the function VLLM_ON_POLL names, if any.
 vllm_wait() {
   local run_dir=$1 port=$2 name=$3 deadline=$4 start=$SECONDS pgid
   pgid=$(procs_pgid "$run_dir" vllm) || return 2
   while ((SECONDS - start < deadline)); do
     vllm_serves "$port" "$name" && return 0
     procs_group_alive "$pgid" || return 2
+    [[ -z ${VLLM_ON_POLL:-} ]] || "$VLLM_ON_POLL" # the caller's watch beside the wait (run.sh: its heartbeat)
     sleep 1
   done
   return 1

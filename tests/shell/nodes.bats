@@ -62,6 +62,44 @@ start_master() {
   [[ $(cat "$LOOP_RUN_DIR/pids/heartbeat.pgid") == "$(beat_pid) "* ]]
 }
 
+@test "a heartbeat killed during a phase with deadlines (a rollout, the update check) is started again while it runs" {
+  start_master
+  local first phase rc=0
+  first=$(beat_pid)
+  sleep 30 &
+  phase=$!
+  (sleep 0.3 && kill -KILL "$first") &
+  # the phase's 4 s deadline ends the wait while the phase still runs: the restart happened during the phase
+  loop_wait_for "$phase" 4 0 2>"$BATS_TEST_TMPDIR/err" || rc=$?
+  kill "$phase"
+  [ "$rc" -eq 124 ]
+  [ "$(beat_pid)" != "$first" ]
+  procs_leader_alive "$LOOP_RUN_DIR" heartbeat
+  grep -Fxq "[baton] warning: the heartbeat of rank 0 exited (killed by SIGKILL) while this node runs; starting it again (1 of 3) before the other ranks count this node dead" "$BATS_TEST_TMPDIR/err"
+}
+
+@test "a continue run's barriers and members name the workers the step was planned with, none as ''" {
+  # shellcheck disable=SC2329 # called by nodes_wait_bg and nodes_members
+  nodes_cli() {
+    printf '%s\n' "$*" >>"$BATS_TEST_TMPDIR/calls"
+    [[ $1 != members ]] || printf 'members\t0\n'
+  }
+  NODES_RUN_ID=r1 NODES_ON_FAILURE=continue NODES_PLANNED=""
+  local -A now=()
+  nodes_wait_bg /dev/null 2 train_rollout
+  nodes_members 0 now "$NODES_PLANNED"
+  NODES_PLANNED=1=n1:42:7
+  nodes_wait_bg /dev/null 2 train_rollout
+  NODES_ON_FAILURE=abort
+  nodes_wait_bg /dev/null 2 train_rollout
+  run cat "$BATS_TEST_TMPDIR/calls"
+  [ "${lines[0]}" = "wait --run-id r1 --rank 1 --iteration 2 --phase train_rollout --planned " ]
+  [ "${lines[1]}" = "members --run-id r1 --rank 0 --wait-all 0 --planned " ]
+  [ "${lines[2]}" = "wait --run-id r1 --rank 1 --iteration 2 --phase train_rollout --planned 1=n1:42:7" ]
+  [ "${lines[3]}" = "wait --run-id r1 --rank 1 --iteration 2 --phase train_rollout" ]
+  [ "${#lines[@]}" -eq 4 ]
+}
+
 # signalled_wait: in run.sh's strict mode, a heartbeat beside the node and a SIGUSR1 to this shell while it waits
 # for a phase (the master's heartbeat sends one when it evicts a rank), trapped as run.sh traps it (loop_evicted).
 signalled_wait() {
