@@ -250,6 +250,10 @@ def cmd_wait(args: argparse.Namespace) -> int:
     bad = [rank for rank in ranks if not 0 <= rank < record.num_nodes]
     if bad:
         raise ConfigError(f"--ranks must be in 0..{record.num_nodes - 1} for this run (got {bad})")
+    if record.on_rank_failure == "continue" and args.planned is not None:
+        # A step waits for the ranks it was planned with: a worker that (re)joined since skips this step and
+        # is planned into the next, so waiting for it here would never end (issue 24, bug 1).
+        ranks = [rank for rank in ranks if rank in (0, args.rank) or rank in args.planned]
     watcher = LivenessWatcher(cluster, ranks, args.dead_after or record.dead_after_s)
 
     def tick(progress: BarrierWait) -> None:
@@ -431,7 +435,8 @@ def last_barriers(cluster: Cluster) -> dict[int, str]:
 
 
 PLANNED_HELP = (
-    "continue runs: rank=host:pid:started,... the registrations the step was planned with (of them, the evicted)"
+    "continue runs: rank=host:pid:started,... the registrations the step was planned with (of them, the evicted; "
+    "'' for none: wait skips the workers the step was planned without)"
 )
 
 

@@ -196,14 +196,14 @@ nodes_continue() {
 # nodes_members <step> <var> [planned]: the master's view of who is in the step,
 # into the associative array <var>: "members" (csv), "weights" (the run's, 0 for a
 # rank that is out), "m_<r>" (host:pid:start time of each member's registration). With
-# [planned] (NODES_PLANNED of a step), those of the step's members not evicted since.
+# [planned] (NODES_PLANNED of a step; "" for no worker), those of the step's members not evicted since.
 # On the first step of a continue run it first waits (BATON_JOIN_WAIT_S) for every rank to join.
 nodes_members() {
   local wait=0 out key value
   local -n found=$2
   local -a extra=()
   ((${1:-0} != 1)) || wait=${BATON_JOIN_WAIT_S:-600}
-  [[ -z ${3:-} ]] || extra=(--planned "$3")
+  (($# < 3)) || extra=(--planned "$3")
   out=$(nodes_cli members --run-id "$NODES_RUN_ID" --rank 0 --wait-all "$wait" "${extra[@]}") ||
     nodes_exit $? "reading the members of step $1"
   found=()
@@ -229,7 +229,9 @@ nodes_plan_members() {
 nodes_wait_bg() {
   local out=$1 n=$2 phase=$3 rc=0
   shift 3
-  [[ -z ${NODES_PLANNED:-} ]] || set -- "$@" --planned "$NODES_PLANNED"
+  # A continue run's barrier waits for the workers its step was planned with (none: ""), never for one that
+  # joined since: that one skips the step and is planned into the next.
+  ! nodes_continue || set -- "$@" --planned "${NODES_PLANNED:-}"
   (LOOP_PY_EXEC=1 nodes_cli wait --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --iteration "$n" --phase "$phase" "$@" >"$out") &
   LOOP_WAIT_PID=$!
   loop_wait "$LOOP_WAIT_PID" || rc=$?

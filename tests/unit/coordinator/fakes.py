@@ -36,9 +36,9 @@ class Beaters:
 def old_run(log: Path, *, host: str = "gone-host", pid: int = 999_999, dead_after_s: float = 0.2, **kw) -> RunRecord:
     """run.json and a frozen master heartbeat, as a master that died left them."""
     values = {"num_nodes": 2, "rank_weights": [1, 1], "torchrun_port": None, "start_iteration": 0}
-    values.update(kw)
+    values |= {"on_rank_failure": "abort", **kw}
     values.update(run_id=uuid.uuid4().hex, created=0.0, master=Endpoint(host, "10.0.0.9", pid))
-    record = RunRecord(on_rank_failure="abort", heartbeat_interval_s=0.05, dead_after_s=dead_after_s, **values)
+    record = RunRecord(heartbeat_interval_s=0.05, dead_after_s=dead_after_s, **values)
     cluster = Cluster(log, record.run_id)
     save_json(cluster.paths.record, asdict(record))
     save_json(Layout(log).run_record, asdict(record))
