@@ -51,6 +51,7 @@ from coordinator.cluster import (
     RunFinished,
     RunNotRunning,
     RunRecord,
+    RunStopped,
     StopRequest,
     load_run,
 )
@@ -338,6 +339,17 @@ def cmd_finish(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fence(args: argparse.Namespace) -> int:
+    """Exit 0 while --run-id is the log path's run; 4 once a newer master's start superseded it. The master asks
+    before it writes the run's state (run/state): a node of an older run writes nothing more there (the
+    processes it starts are fenced by rollout_engine.fence)."""
+    cluster, _ = this_run(args)
+    newer = cluster.superseded_by()
+    if newer is not None:
+        raise RunStopped(f"run {cluster.run_id} was superseded by run {newer.run_id} (master {newer.master.host})")
+    return 0
+
+
 def cmd_members(args: argparse.Namespace) -> int:
     """The master's view of who is in the next step, as key<TAB>value lines for its plan: `members` (csv),
     `weights` (the run's, 0 for a rank that is out) and `m_<r>` (host:pid:started of each member's registration).
@@ -494,6 +506,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     stop.add_argument("--if-running", action="store_true", help="only a run whose master beats (else exit 4)")
     finish = _run_parser(subparsers, "finish", cmd_finish, "the master: the run ended well", rank_required=False)
     finish.add_argument("--reason", required=True)
+    _run_parser(subparsers, "fence", cmd_fence, "exit 0 while the run is the log path's (4: superseded)", False)
     members = _run_parser(subparsers, "members", cmd_members, "who is in the next step (the master's plan)")
     members.add_argument("--wait-all", type=float, default=None, help="seconds to wait for every rank to join")
     members.add_argument("--poll", type=float, default=0.5)

@@ -41,6 +41,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from rollout_engine.fence import check_fence
+
 
 @dataclass
 class JsonlRead:
@@ -91,6 +93,7 @@ def append_line(path: str | Path, line: str) -> None:
     When the file does not end with a newline (a torn last line), the write
     starts with one, so the new line is not glued to the torn one.
     """
+    check_fence()  # a node of a superseded run appends nothing (rollout_engine.fence)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (line if line.endswith("\n") else line + "\n").encode("utf-8")

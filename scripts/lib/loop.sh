@@ -355,13 +355,19 @@ loop_timed() {
   shift 2
   LOOP_PHASE=$phase
   "$@" || rc=$?
-  ! nodes_is_master || iteration_add_time "$RUN_LOG" "$n" "$phase" $((SECONDS - start))
+  if nodes_is_master; then
+    nodes_fence "recording the time of $phase of iteration $n"
+    iteration_add_time "$RUN_LOG" "$n" "$phase" $((SECONDS - start))
+  fi
   return "$rc"
 }
 
-# loop_mark <log> <n> <phase> [content]: iteration_mark on the master (and a single node) only.
+# loop_mark <log> <n> <phase> [content]: iteration_mark on the master (and a single node) only, while its run
+# is the log path's (nodes_fence).
 loop_mark() {
-  ! nodes_is_master || iteration_mark "$@"
+  nodes_is_master || return 0
+  nodes_fence "marking $3 of iteration $2"
+  iteration_mark "$@"
 }
 
 # loop_rollout <split> <iteration>: one rollout phase (skipped when done; resumed
@@ -730,6 +736,7 @@ loop_finish() {
   plot=$(loop_py "$BATON_APP_PY" -m coordinator plot --log-path "$RUN_LOG") || common_warn "could not draw the plot"
   [[ -z ${LOOP_TRACKERS:-} ]] || loop_py "$BATON_APP_PY" -m coordinator track --log-path "$RUN_LOG" >/dev/null ||
     common_warn "could not log iteration $n to the trackers ($LOOP_TRACKERS); the next iteration logs it"
+  nodes_fence "marking the end of iteration $n"
   iteration_mark "$RUN_LOG" "$n" iteration
   [[ -z ${line:-} ]] || common_log "$line"
   common_log "iteration $n done; metrics: $RUN_LOG/metrics.jsonl, plot: ${plot:-none}"
@@ -741,6 +748,7 @@ loop_begin() {
   # shellcheck disable=SC2034 # LOOP_PHASE is read by nodes_leave (the failure flag)
   LOOP_N=$n LOOP_PHASE=begin
   if nodes_is_master; then
+    nodes_fence "beginning iteration $n"
     ((LOOP_RESUME)) || iteration_restart "$RUN_LOG" "$n"
     dir=$(iteration_state_dir "$RUN_LOG" "$n")
     mkdir -p "$dir"

@@ -86,6 +86,9 @@ nodes_start() {
   group=$(nodes_group)
   # A split deployment's two runs share this rank's run directory: each has its own heartbeat and reason file.
   NODES_BEAT=heartbeat${group:+-$group} NODES_ENDED=$LOOP_RUN_DIR/ended${group:+-$group}
+  # Every process this node starts from now on writes into the log path only while this run is the one the
+  # run record names (rollout_engine/fence.py): a newer master's start fences an older run's node off.
+  export BATON_RUN_ID=$NODES_RUN_ID BATON_RUN_FENCE=$RUN_LOG/${group:+roles/$group/}cluster/run.json
   rm -f "$NODES_ENDED"
   NODES_BEAT_CMD=(env PYTHONPATH="$LOOP_ROOT" "$BATON_APP_PY" -m coordinator heartbeat --log-path "$RUN_LOG"
     ${group:+--group "$group"} --run-id "$NODES_RUN_ID" --rank "$RUN_RANK" --node-pid $$ --stop-node
@@ -186,6 +189,14 @@ nodes_beat_lost() {
   common_warn "the heartbeat of rank $RUN_RANK exited ($how) while this node runs; starting it again" \
     "($NODES_BEAT_RESTARTS of 3) before the other ranks count this node dead"
   nodes_beat_start
+}
+
+# nodes_fence <what>: before the master writes the run's state (run/state), make sure this node's run is still
+# the log path's: once a newer master's start superseded it, this node writes nothing more there and stops
+# (exit 143, as a stopped run).
+nodes_fence() {
+  [[ -n ${NODES_RUN_ID:-} ]] || return 0
+  nodes_cli fence --run-id "$NODES_RUN_ID" || nodes_exit $? "$1"
 }
 
 # nodes_continue: true in a run that goes on without a failed worker (--on-rank-failure continue).

@@ -234,3 +234,21 @@ leave() {
   [ "$status" -eq 0 ]
   [ "$stderr" = "[baton] the plan barrier of step 2: the run finished (the master ran its last step and exited); this node stops" ]
 }
+
+@test "a master of a superseded run writes no marker of run/state and stops (exit 143)" {
+  source "$ROOT/scripts/lib/iteration.sh"
+  # shellcheck disable=SC2329 # called by nodes_fence: the protocol's answer for a superseded run
+  nodes_cli() {
+    printf '%s\n' "$*" >>"$BATS_TEST_TMPDIR/calls"
+    return 4
+  }
+  NODES_RUN_ID=r1 RUN_RANK=0
+  run --separate-stderr loop_mark "$RUN_LOG" 2 train_rollout
+  [ "$status" -eq 143 ]
+  [ ! -e "$RUN_LOG/run/state/iter_0002/train_rollout.done" ]
+  [ "$(cat "$BATS_TEST_TMPDIR/calls")" = "fence --run-id r1" ]
+  [ "$stderr" = "[baton] the run was asked to stop (marking train_rollout of iteration 2); this node stops" ]
+  NODES_RUN_ID="" # a single node has no run: nothing to fence
+  loop_mark "$RUN_LOG" 2 train_rollout
+  [ -f "$RUN_LOG/run/state/iter_0002/train_rollout.done" ]
+}

@@ -239,3 +239,18 @@ def test_continue_mode_a_step_s_barrier_waits_only_for_the_ranks_it_was_planned_
     argv[argv.index("--timeout") + 1] = "0.3"
     assert dispatch(build_parser().parse_args(argv)) == 1
     assert "ranks 1 missing after 0.3 s" in capsys.readouterr().err
+
+
+def test_fence_exits_4_once_a_newer_master_start_superseded_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24, bug 7: the master asks before it writes run/state (`python -m coordinator fence`)."""
+    from coordinator.__main__ import build_parser
+    from coordinator.protocol_cli import dispatch
+
+    old = old_run(tmp_path)
+    argv = ["fence", "--log-path", str(tmp_path), "--run-id", old.run_id]
+    assert dispatch(build_parser().parse_args(argv)) == 0
+    new = old_run(tmp_path)  # a new master start rewrote run.json
+    assert dispatch(build_parser().parse_args(argv)) == 4
+    assert f"run stopped: run {old.run_id} was superseded by run {new.run_id}" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout_engine.errors import BatonError
 from rollout_engine.layout import version_name
 from training import promotion
 from training.promotion import promote
@@ -161,3 +162,20 @@ def test_the_next_update_trains_from_a_versions_fp32_copy_which_goes_with_the_ve
         promote(out, root, i, root / "current" if i > 1 else tmp_path, keep_last=1)
     assert training_weights(root / "v0002") == root / "v0002" / "fp32"
     assert promotion.versions(root) == [2] and not (root / "v0001").exists()
+
+
+def test_a_node_of_a_superseded_run_promotes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, bug 7: after a newer master's start, the older run's promotion writes no version folder and
+    leaves `current` alone."""
+    root, base, record = tmp_path / "policy", tmp_path / "base", tmp_path / "cluster" / "run.json"
+    base.mkdir()
+    record.parent.mkdir()
+    record.write_text(json.dumps({"run_id": "old"}))
+    monkeypatch.setenv("BATON_RUN_FENCE", str(record))
+    monkeypatch.setenv("BATON_RUN_ID", "old")
+    assert promote(fake_output(tmp_path / "out1", "w1"), root, iteration=1, parent_model=base, keep_last=2) == 1
+    record.write_text(json.dumps({"run_id": "new"}))
+    with pytest.raises(BatonError, match="run old was superseded by run new"):
+        promote(fake_output(tmp_path / "out2", "w2"), root, iteration=2, parent_model=root / "current", keep_last=2)
+    assert os.readlink(root / "current") == "v0001"
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["current", "v0001"]

@@ -1,0 +1,45 @@
+"""Fencing by run id: once a newer multi-node run started on a log path, a node of an older one (its heartbeat
+dead or late, so nothing stopped it yet) writes nothing more there (issue 24, bug 7).
+
+    check_fence()   # raises StaleRun when this process belongs to a run the log path has left behind
+
+run.sh exports, on every node of a multi-node run once it started or joined it, BATON_RUN_ID (its run) and
+BATON_RUN_FENCE (the run record a new master's start rewrites: `<log>/cluster/run.json`, or a split
+deployment's `<log>/roles/<group>/cluster/run.json`) to every process it starts. The shared appends
+(trajectory journals, metrics.jsonl: `rollout_engine.files`) and the policy's promotion check it first.
+Without BATON_RUN_ID (a single node, a tool run by hand) nothing is fenced. It is read at each call, not at
+import: importing this module does no work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from rollout_engine.errors import InfraError
+
+RUN_ID_VAR = "BATON_RUN_ID"
+FENCE_VAR = "BATON_RUN_FENCE"
+
+
+class StaleRun(InfraError):
+    """This process's run is no longer the log path's: its write is refused."""
+
+
+def check_fence() -> None:
+    """Raise StaleRun when BATON_RUN_ID is set and the run record names another run (or none can be read)."""
+    run_id = os.environ.get(RUN_ID_VAR, "")
+    if not run_id:
+        return
+    record = os.environ.get(FENCE_VAR, "")
+    try:
+        with open(record, encoding="utf-8") as handle:
+            current = json.load(handle).get("run_id")
+    except (OSError, ValueError, AttributeError) as exc:
+        where = record or "(BATON_RUN_FENCE unset)"
+        raise StaleRun(f"run {run_id}: cannot read the run record {where} ({exc})") from exc
+    if current != run_id:
+        raise StaleRun(
+            f"run {run_id} was superseded by run {current} on this log path ({record}): "
+            "a node of the older run writes nothing more there"
+        )
