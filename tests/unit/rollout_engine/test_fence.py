@@ -11,13 +11,14 @@ import pytest
 
 from rollout_engine.errors import BatonError
 from rollout_engine.journal import Journal
+from rollout_engine.layout import Layout
 from rollout_engine.metrics import save_metrics
 from rollout_engine.types import Trajectory
 
 
 def start_run(log: Path, run_id: str) -> Path:
     """run.json as a master's start writes it (only the field the fence reads matters here)."""
-    record = log / "cluster" / "run.json"
+    record = Layout(log).run_record
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"run_id": run_id}))
     return record
@@ -33,7 +34,7 @@ def test_a_node_of_a_superseded_run_appends_nothing_to_the_log_path(
     log = tmp_path / "log"
     monkeypatch.setenv("BATON_RUN_FENCE", str(start_run(log, "old")))
     monkeypatch.setenv("BATON_RUN_ID", "old")
-    journal = Journal(log / "trajectories" / "train" / "iter_0001" / "rank_1.jsonl", resume=False)
+    journal = Journal(Layout(log).journal("train", 1, rank=1), resume=False)
     journal.append(episode(0))  # the node's own run: written
     save_metrics(log / "metrics.jsonl", {"kind": "rollout", "iteration": 1})
     start_run(log, "new")  # a new master's start: the old run's node lives on (its heartbeat dead)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rollout_engine.errors import BatonError
-from rollout_engine.layout import version_name
+from rollout_engine.layout import Layout, version_name
 from training import promotion
 from training.promotion import promote
 
@@ -167,7 +167,7 @@ def test_the_next_update_trains_from_a_versions_fp32_copy_which_goes_with_the_ve
 def test_a_node_of_a_superseded_run_promotes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 24, bug 7: after a newer master's start, the older run's promotion writes no version folder and
     leaves `current` alone."""
-    root, base, record = tmp_path / "policy", tmp_path / "base", tmp_path / "cluster" / "run.json"
+    root, base, record = tmp_path / "policy", tmp_path / "base", Layout(tmp_path).run_record
     base.mkdir()
     record.parent.mkdir()
     record.write_text(json.dumps({"run_id": "old"}))
