@@ -93,7 +93,9 @@ print(json.dumps({
 """
 
 
-@pytest.mark.parametrize("preset", ["zero2", "zero3"])
+# ZeRO-2 stands for ZeRO-1 (the GPU default) too: both save through stage_1_and_2. ZeRO-3's fp32 save is
+# checked on a GPU by bench/gpu/check.sh (rft_zero3) and costs this 2-core suite 76 s more.
+@pytest.mark.parametrize("preset", ["zero2"])
 def test_a_deepspeed_update_in_bf16_saves_fp32_weights_and_the_next_trains_from_them(
     preset: str, model_dir: Path, tmp_path: Path
 ) -> None:
