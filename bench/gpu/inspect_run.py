@@ -84,11 +84,9 @@ def main(case: str, log_path: Path, iteration: int, rc: int, wall_s: float, samp
         if cfg.exists():
             data = json.loads(cfg.read_text())
             figures["policy"]["config_dtype"] = data.get("dtype", data.get("torch_dtype"))
-    full = [p for p in log_path.glob("policy/**/*.safetensors") if "fp32" in str(p) or "master" in str(p)]
-    if full:
-        figures["full_precision_copy"] = tensor_dtypes(full[0].parent) | {
-            "path": str(full[0].parent.relative_to(log_path))
-        }
+    full = current / "fp32"  # the trainer's fp32 weights the next update starts from (docs/formats.md)
+    if full.is_dir():
+        figures["full_precision_copy"] = tensor_dtypes(full)
     figures |= trainer_figures(run_dir) | log_lines(run_dir / "train.log")
     figures["gpu_mib_peak"] = gpu_memory(case, samples)
     print(json.dumps(figures))
