@@ -12,6 +12,8 @@ driver reads the variables itself.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -23,6 +25,11 @@ class Setting:
     default: float
     #: what it sets, for the reader
     meaning: str
+
+    def value(self, env: Mapping[str, str] = os.environ) -> int:
+        """The setting for this run: its variable when set (the driver validated it up front), else the default."""
+        text = env.get(self.env, "")
+        return int(text) if text.strip() else int(self.default)
 
 
 # Several nodes (coordinator: membership, heartbeat, barrier)
