@@ -73,27 +73,10 @@ def cmd_keep_best(args: argparse.Namespace) -> int:
     """--keep-best after iteration N's held-out rollout: print the decision, one value a line (an empty line
     for an unknown one): action, served, best, source (the folder to copy for a revert), served_rate,
     best_rate, message; keep policy/best on the best policy's folder."""
-    from coordinator.keep_best import decide
-    from coordinator.summary import load_metrics
-    from training.promotion import mark_best
+    from coordinator.keep_best import decide_and_mark
 
-    log_path = Path(args.log_path)
-    layout = Layout(args.log_path)
-    policy, folder = layout.policy, layout.policy_version
-
-    decision = decide(load_metrics(log_path), args.iteration, args.margin, lambda v: folder(v).is_dir())
-    source = ""
-    if decision.action == "revert":
-        source = args.base_model if decision.source == 0 else str(folder(decision.source))
-    if decision.action in ("keep", "revert"):
-        mark_best(policy, decision.source or None)
-
-    def text(value: object) -> str:
-        return "" if value is None else str(value)
-
-    fields = [decision.action, text(decision.served), text(decision.best), source]
-    fields += [text(decision.served_rate), text(decision.best_rate), decision.message()]
-    print("\n".join(fields))
+    found = decide_and_mark(Path(args.log_path), args.iteration, args.margin, args.base_model)
+    print("\n".join(found.lines()))
     return 0
 
 

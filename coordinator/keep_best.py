@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: a success rate difference below this is a tie (floating-point noise, not evaluation noise)
@@ -168,3 +169,48 @@ def decide(
     if best.policy != served and table[served].rate < best.rate - margin_points / 100 - EPS:
         decision.action = "revert"
     return decision
+
+
+@dataclass(frozen=True)
+class Found:
+    """A decision as the driver acts on it: each value as text ("" when unknown), and the folder to copy."""
+
+    action: str
+    served: str
+    best: str
+    source: str
+    served_rate: str
+    best_rate: str
+    message: str
+
+    def lines(self) -> list[str]:
+        return [self.action, self.served, self.best, self.source, self.served_rate, self.best_rate, self.message]
+
+
+def decide_and_mark(log_path: Path, iteration: int, margin: float, base_model: str) -> Found:
+    """Decide for iteration `iteration` from the run's metrics; keep policy/best on the best policy's folder."""
+    from coordinator.summary import load_metrics
+    from rollout_engine.layout import Layout
+    from training.promotion import mark_best
+
+    layout = Layout(log_path)
+    folder = layout.policy_version
+    decision = decide(load_metrics(log_path), iteration, margin, lambda v: folder(v).is_dir())
+    source = ""
+    if decision.action == "revert":
+        source = base_model if decision.source == 0 else str(folder(decision.source))
+    if decision.action in ("keep", "revert"):
+        mark_best(layout.policy, decision.source or None)
+
+    def text(value: object) -> str:
+        return "" if value is None else str(value)
+
+    return Found(
+        decision.action,
+        text(decision.served),
+        text(decision.best),
+        source,
+        text(decision.served_rate),
+        text(decision.best_rate),
+        decision.message(),
+    )

@@ -6,16 +6,22 @@
     load_times(log, 3)                 # [("train_rollout", 41.2), ...]: one pair per line of `times`
     phase_times(log, 3)                # {"train_rollout": 41.2, ...}: seconds summed per phase
 
-`scripts/lib/iteration.sh` writes these files today: `<phase>.done` (its
-content: what the phase did, or only the Unix time it finished) and `times`
-("<phase> <seconds>" lines). Reads only; a file that vanishes or does not
-parse is left out, never an error: the run may be rewriting it.
+    is_done(log, 3, "update")          # its marker exists
+    mark(log, 3, "update", "promoted v3")   # the driver's writes: atomic markers,
+    add_time(log, 3, "update", 41)          # appended times,
+    restart(log, 3)                    # and an interrupted iteration started again
+
+The files: `<phase>.done` (its content: what the phase did, or only the Unix
+time it finished) and `times` ("<phase> <seconds>" lines). Reads never fail: a
+file that vanishes or does not parse is left out (the run may be rewriting it).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+from rollout_engine.files import save_text
 from rollout_engine.layout import MARKER_SUFFIX, Layout, iterations
 
 
@@ -63,3 +69,37 @@ def phase_times(log: str | Path, iteration: int) -> dict[str, float]:
     for name, seconds in load_times(log, iteration):
         times[name] = times.get(name, 0.0) + seconds
     return times
+
+
+def is_done(log: str | Path, iteration: int, phase: str) -> bool:
+    return Layout(log).marker(iteration, phase).is_file()
+
+
+def mark(log: str | Path, iteration: int, phase: str, content: str = "") -> None:
+    """Record that `phase` of `iteration` finished (atomically), with what it did or the time."""
+    marker = Layout(log).marker(iteration, phase)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    save_text(marker, (content or str(int(time.time()))) + "\n")
+
+
+def add_time(log: str | Path, iteration: int, phase: str, seconds: float) -> None:
+    """Append how long `phase` took (one short line: an append of it is whole)."""
+    path = Layout(log).times(iteration)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as out:
+        out.write(f"{phase} {int(seconds)}\n")
+
+
+def restart(log: str | Path, iteration: int) -> bool:
+    """Forget the finished phases of an interrupted `iteration` so that it runs again from the start
+    (its journals are moved aside by the rollout engine, never overwritten); True when there were some."""
+    folder = Layout(log).state_dir(iteration)
+    markers = list(folder.glob(f"*{MARKER_SUFFIX}")) if folder.is_dir() else []
+    for path in [*markers, Layout(log).times(iteration)] if markers else []:
+        path.unlink(missing_ok=True)
+    return bool(markers)
+
+
+def eval_due(iteration: int, interval: int) -> bool:
+    """Iteration `iteration` evaluates on the held-out tasks (n % interval == 1; interval 1: every one)."""
+    return interval == 1 or iteration % interval == 1

@@ -1,0 +1,67 @@
+"""--dry-run: print the commands the next iteration's phases would run; nothing started or written."""
+
+from __future__ import annotations
+
+from coordinator import runstate
+from coordinator.driver import cli
+from coordinator.driver.context import Run
+from coordinator.driver.rollout import rollout_cmd
+from coordinator.driver.shellquote import line
+from coordinator.driver.update import update_cmd
+
+
+def dry_run(run: Run) -> None:
+    a = run.args
+    n = runstate.next_iteration(a.log)
+    env = ["env", f"PYTHONPATH={run.root}"]
+    out = [f"# iteration {n}, --rl-phase {a.phase} (dry run: nothing started or written)"]
+    if cli.slurm_describe(a):
+        out.append(f"# {cli.slurm_describe(a)}")
+    if run.node.multi:
+        out.append(
+            f"# rank {a.rank} of {a.num_nodes}; the master (rank 0) numbers the iterations"
+            " and chooses the torchrun port"
+        )
+        run.node.master_addr, run.node.torchrun_port = "<master address>", "<torchrun port>"  # type: ignore[assignment]
+    if a.phase != "rollout":
+        out.append(
+            line("update-check (once per run, before the first rollout or update)", env + update_cmd(run, n, "check"))
+        )
+    if a.phase != "update" and run.server is not None:
+        run.server.choose(run.policy_path(), record=False)
+        out.append(line("serve", run.server.command(run.policy_path())))
+    if a.phase == "both" or a.split == "train-only":
+        out.append(line("train rollout", env + rollout_cmd(run, "train", n, a.resume)))
+    if a.split == "eval-only" or (a.phase == "both" and runstate.eval_due(n, a.eval_interval)):
+        out.append(line("eval rollout", env + rollout_cmd(run, "test", n, a.resume)))
+    if a.keep_best and run.node.is_master:
+        cmd = [run.pythons.app, "-m", "coordinator", "keep-best", "--log-path", a.log, "--iteration", str(n)]
+        cmd += ["--margin", a.keep_best_margin, "--base-model", run.base_model]
+        out.append(
+            line(
+                "keep-best (after each held-out rollout; a worse policy: python -m training ... phase=revert)",
+                env + cmd,
+            )
+        )
+    if a.final_eval:
+        out.append(
+            line("final eval rollout (after the last iteration)", env + rollout_cmd(run, "test", "<last+1>", False))
+        )  # type: ignore[arg-type]
+    if a.phase != "rollout" and run.node.multi:
+        label = (
+            "update (this node's part of one torchrun; the master runs phase=prepare before and phase=promote after)"
+        )
+        out.append(line(label, env + update_cmd(run, n, "train")))
+    elif a.phase != "rollout":
+        out.append(line("update", env + update_cmd(run, n, "all")))
+    if a.dashboard_port is not None:
+        from coordinator.driver.run import dashboard_cmd
+
+        out.append(line("dashboard (for the whole run)", env + dashboard_cmd(run)))
+    if a.phase == "both" and not a.debug:
+        out.append(
+            f"[serve new policy] POST http://127.0.0.1:{run.port}/collective_rpc "
+            f'{{"method":"reload_weights","kwargs":{{"weights_path":"{a.log}/policy/v<NNNN>"}}}}; '
+            "POST /reset_prefix_cache (restart if the outputs do not change)"
+        )
+    print("\n".join(out))

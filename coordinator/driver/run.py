@@ -1,0 +1,247 @@
+"""run.sh's main: --help, --stop, --dry-run, or a run — owned from its claims to its clean-up.
+
+Bad input exits 2 before anything starts or is written; Ctrl+C / SIGTERM stop every process group this
+run started and exit 130 / 143; on several nodes a node's failure is flagged for the others on its way out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from types import FrameType
+
+from coordinator import runstate
+from coordinator.driver import cli, procs
+from coordinator.driver.context import Composed, Pythons, Run
+from coordinator.driver.nodes import Node
+from coordinator.driver.procs import Groups
+from coordinator.driver.say import BadInput, Die, Ended, error_lines, log
+from coordinator.driver.supervise import Supervisor
+from coordinator.driver.vllm import PolicyServer
+from rollout_engine.defaults import VLLM_PORT
+from rollout_engine.layout import Layout
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = cli.parse(argv)
+        if args.help:
+            print(cli.usage(), end="")
+            return 0
+        if args.stop:
+            from coordinator.driver.stop import stop_run
+
+            stop_run(args, ROOT)
+            return 0
+        cli.validate(args)
+        cli.apply_node_file(args)
+        cli.slurm_default_addr(args)
+        if args.dry_run:
+            from coordinator.driver.dryrun import dry_run
+
+            dry_run(build(args))
+            return 0
+        with tempfile.TemporaryDirectory() as tmp:
+            resolved = Path(tmp) / "resolved.yaml"
+            run = build(args, resolved)
+            return execute(run, resolved)
+    except Ended as exc:
+        for line in error_lines(exc):
+            print(line, file=sys.stderr, flush=True)
+        return exc.code
+
+
+def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
+    """Compose every config once with this rank's keys (the overrides' only validation); save the resolved one."""
+    from coordinator.overrides import Request, route_and_compose
+    from rollout_engine.errors import ConfigError
+
+    weights = "[" + ",".join(map(str, args.weights)) + "]"
+    request = Request(
+        args.data, args.log, base_model, list(args.overrides), args.debug, args.rank, weights, args.num_nodes
+    )
+    try:
+        routed = route_and_compose(request)
+    except ConfigError as exc:
+        raise Die(2, "\n[baton] error: ".join(exc.problems)) from exc
+    if save is not None:
+        from omegaconf import OmegaConf
+
+        from rollout_engine.files import save_text
+
+        save_text(save, OmegaConf.to_yaml(OmegaConf.create(routed.resolved)))
+    trackers = [name for name, on in routed.resolved["update"]["tracker"].items() if on]
+    return Composed(
+        routed.rollout, routed.update, routed.policy_base_url, routed.policy_model, routed.max_sessions, trackers
+    )
+
+
+def build(args: cli.Args, save: Path | None = None) -> Run:
+    """The run's state: paths, port, the composed configuration, its children's owners."""
+    base_model = os.environ.get("BATON_BASE_MODEL") or f"{args.data}/models/SmolLM2-135M-Instruct"
+    composed = compose(args, base_model, save)
+    port = VLLM_PORT.value()
+    if not args.debug:
+        composed.base_url = f"http://127.0.0.1:{port}/v1"
+    run_dir = Layout(args.log).rank_dir(args.rank)
+    groups, supervisor = Groups(run_dir), Supervisor()
+    pythons = Pythons.from_env()
+    node = Node(args, run_dir, groups, supervisor, ROOT, pythons.app, port)
+    server = None
+    if not args.debug:
+        server = PolicyServer(run_dir, port, composed.model, groups, supervisor, pythons.serve, composed.max_sessions)
+    run = Run(args, ROOT, pythons, composed, groups, supervisor, node, server, base_model, port)
+    run.rank_weights = list(args.weights)
+    run.watch_name = "watch-update" if args.phase == "update" else "watch"
+    roles = {"both": ["rollout", "update"], "rollout": ["rollout"], "update": ["update"]}[args.phase]
+    names = {
+        "both": ["update", "update-check", "revert", "rollout-train", "rollout-test", "vllm"],
+        "rollout": ["rollout-train", "rollout-test", "vllm"],
+        "update": ["update", "update-check"],
+    }[args.phase]
+    run.group_names = [*names, "track", run.watch_name]
+    if args.dashboard_port is not None:
+        run.dashboard_name = run.watch_name.replace("watch", "dashboard")
+        run.group_names.append(run.dashboard_name)
+    run.roles = roles
+    return run
+
+
+def execute(run: Run, resolved: Path) -> int:
+    """A run: claim its roles, install the signal handlers, run the steps; clean up whatever happened."""
+    if not run.args.debug and not (Path(run.policy_path()) / "config.json").is_file():
+        raise BadInput(
+            f"no model to serve at {run.policy_path()} (config.json missing); "
+            f"run: bash scripts/prepare.sh --data-path {run.args.data}"
+        )
+    code = 0
+    try:
+        claim(run)
+        install_signals(run)
+        (run.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        from rollout_engine.files import save_bytes
+
+        save_bytes(run.layout.resolved(run.rank), resolved.read_bytes())
+        a = run.args
+        log(f"run: --rl-phase {a.phase}, log path {a.log}, policy {run.composed.base_url} ({run.composed.model})")
+        dashboard_start(run)
+        if cli.slurm_describe(a):
+            log(cli.slurm_describe(a))
+        run.node.start(runstate.next_iteration(a.log))
+        from coordinator.driver.loop import steps
+
+        steps(run)
+        log(f"run finished: {a.log}/metrics.jsonl, {a.log}/plots/success.png")
+    except Ended as exc:
+        for line in error_lines(exc):
+            print(line, file=sys.stderr, flush=True)
+        if isinstance(exc, Die):
+            run.last_error = exc.message
+        code = exc.code
+    except Exception:
+        traceback.print_exc()
+        run.last_error = "internal error in the driver (traceback above)"
+        code = 1
+    return cleanup(run, code)
+
+
+def claim(run: Run) -> None:
+    """Own this run's roles in this rank's run directory; a live run.sh of the same role there is bad input.
+    A run of these roles that died may have left its children running: stop them (a healthy vLLM is reused)."""
+    for role in run.roles:
+        try:
+            procs.claim(run.run_dir, role)
+        except procs.Claimed as exc:
+            release(run)
+            raise BadInput(
+                f"another run.sh (pid {exc.owner_pid}) is running the {role} phase of rank {run.rank} on --log-path "
+                f"{run.log}; stop it (kill {exc.owner_pid}: it cleans up) or use another --log-path"
+            ) from exc
+        except procs.LockBusy as exc:
+            release(run)
+            print(exc.message, file=sys.stderr, flush=True)
+            raise Die(
+                1,
+                f"could not claim the {role} phase of rank {run.rank} on --log-path {run.log} (lock busy); "
+                "retry when it is free",
+            ) from exc
+        run.claimed.append(role)
+    for name in run.group_names:
+        if name != "vllm":
+            run.groups.stop_stale(name)
+
+
+def release(run: Run) -> None:
+    for role in run.claimed:
+        procs.release(run.run_dir, role)
+    run.claimed = []
+
+
+def install_signals(run: Run) -> None:
+    """SIGINT / SIGTERM end the run (130 / 143) wherever it waits; SIGUSR1 (the master's heartbeat evicted
+    a rank) stops a training that rank was part of, at the next tick."""
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise Ended(128 + signum)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    evicted: list[bool] = []
+    signal.signal(signal.SIGUSR1, lambda _s, _f: evicted.append(True))
+
+    def on_evicted() -> None:
+        if evicted:
+            evicted.clear()
+            from coordinator.driver.update import on_evicted as stop_training
+
+            stop_training(run)
+
+    run.supervisor.add(on_evicted)
+
+
+def dashboard_start(run: Run) -> None:
+    """With --dashboard-port, serve the web page for the whole run (the clean-up stops it); a port it cannot
+    bind is a warning in its log, never the run's end."""
+    if not run.dashboard_name:
+        return
+    logfile = run.layout.logs_dir(run.rank) / f"{run.dashboard_name}.log"
+    run.groups.start(run.dashboard_name, dashboard_cmd(run), logfile, env=run.env())
+    port = run.args.dashboard_port
+    log(
+        f"dashboard: http://127.0.0.1:{port}/ (log: {logfile}; from another host: ssh -L {port}:127.0.0.1:{port} "
+        f"{os.uname().nodename})"
+    )
+
+
+def dashboard_cmd(run: Run) -> list[str]:
+    cmd = [run.pythons.app, "-m", "coordinator", "dashboard", "--log-path", run.log]
+    return [*cmd, "--port", str(run.args.dashboard_port), "--host", "127.0.0.1"]
+
+
+def cleanup(run: Run, code: int) -> int:
+    """Stop the groups of this run's roles (an update run never stops a rollout run's vLLM), give up the roles;
+    on several nodes flag this node's failure first, so that the others stop now. Runs to the end: a second
+    Ctrl+C or SIGTERM (or a heartbeat that stops this node) must not cut it short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    code = run.node.leave(code, iteration=run.iteration, phase=run.phase, last_error=run.last_error)
+    if run.claimed:
+        if "update" in run.group_names:
+            from coordinator.driver.update import stop_update
+
+            stop_update(run)
+        for name in run.group_names:
+            run.groups.stop(name, 10)
+    run.node.stop_heartbeat()
+    release(run)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,291 @@
+"""The update: its command, the check before the first rollout, one node's and several nodes' update,
+and stopping a running one so that its training groups end too."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from coordinator.driver import procs
+from coordinator.driver.context import Run
+from coordinator.driver.phase import mark, run_group, tail, timed
+from coordinator.driver.say import Die, log, warn
+from coordinator.driver.supervise import EXPIRED
+from coordinator.driver.vllm import device
+from coordinator.summary import load_metrics
+from rollout_engine.defaults import CHECK_TIMEOUT_S
+from rollout_engine.exits import Exit
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (29500 may be another job's)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def update_cmd(run: Run, iteration: int, phase: str, *extra: str) -> list[str]:
+    """`python -m training` for `phase`. A single node takes a free torchrun port; on several, every node
+    uses the master's address and the port it chose at the start of the run. An override of
+    launch.master_port, which comes later, still wins."""
+    launch = [
+        f"launch.nnodes={run.train_nodes or run.args.num_nodes}",
+        f"launch.node_rank={run.rank if run.train_rank is None else run.train_rank}",
+    ]
+    if run.node.multi:
+        launch += [f"launch.master_addr={run.node.master_addr}", f"launch.master_port={run.node.torchrun_port}"]
+        if run.args.node_addr:
+            launch.append(f"launch.node_addr={run.args.node_addr}")
+    else:
+        launch.append(f"launch.master_port={free_port()}")
+    cmd = [run.pythons.train, "-m", "training", "--config-name", "update", f"log_path={run.log}"]
+    cmd += [f"iteration={iteration}", f"model_path={run.policy_path()}", f"phase={phase}"]
+    return cmd + launch + list(extra) + run.composed.update
+
+
+# The check ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    """The update-check started beside vLLM's start-up (None when not run)."""
+
+    logfile: Path
+    key: str
+    started: float
+
+
+def check_key(run: Run, cmd: list[str]) -> str:
+    """A hash of what decides the check's verdict: its command (not the iteration, whose output the check
+    never writes, nor its free torchrun port), the device, and the training code and configs."""
+    digest = hashlib.sha256()
+    for part in cmd:
+        if not re.match(r"^(launch\.master_port|iteration)=", part):
+            digest.update(part.encode() + b"\n")
+    digest.update(device().encode() + b"\n")
+    files = [p for d in ("training", "configs") for p in Path(run.root, d).rglob("*") if p.suffix in (".py", ".yaml")]
+    for path in sorted(files):
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def check_start(run: Run, next_iteration: int) -> Check | None:
+    """A run that trains: start `python -m training phase=check` (group update-check) beside vLLM's start-up;
+    on several nodes the master checks. A check that passed with the same key is not run again."""
+    if run.args.phase == "rollout" or not run.node.is_master:
+        return None
+    cmd = update_cmd(run, next_iteration, "check")
+    check = Check(run.run_dir / "logs" / "update-check.log", check_key(run, cmd), time.monotonic())
+    ok = run.run_dir / "update-check.ok"
+    if ok.is_file() and ok.read_text().strip() == check.key:
+        log("update-check: passed before with this command, environment and code; not run again")
+        return None
+    check.logfile.parent.mkdir(parents=True, exist_ok=True)
+    check.logfile.write_text("")
+    log(f"update-check: started (log: {check.logfile})")
+    run.groups.start("update-check", cmd, check.logfile, env=run.env())
+    return check
+
+
+def check_wait(run: Run, check: Check | None) -> None:
+    """Wait for the check; a rejection ends the run with exit 2 and its message, a failure with 1."""
+    group = run.groups.group("update-check") if check else None
+    if check is None or group is None:
+        return
+    limit = CHECK_TIMEOUT_S.value()
+    left = max(1.0, limit - (time.monotonic() - check.started))  # counted from its start beside vLLM's
+    code = run.supervisor.wait(group, total_s=left)
+    if code == EXPIRED:
+        run.groups.stop("update-check", 10)
+        raise Die(
+            1,
+            f"the check of the update configuration did not finish within {limit}s (BATON_CHECK_TIMEOUT_S); "
+            f"stopped it. Its log: {check.logfile}",
+        )
+    run.groups.forget("update-check")
+    if code == Exit.BAD_INPUT:
+        raise Die(
+            2,
+            "the update would reject this configuration (checked in the train environment before any rollout; "
+            f"log: {check.logfile}):\n{check_problems(check.logfile)}",
+        )
+    if code != 0:
+        print(tail(check.logfile), file=sys.stderr, flush=True)
+        raise Die(1, f"the check of the update configuration failed (exit {code}; last lines of {check.logfile} above)")
+    ok = run.run_dir / "update-check.ok"
+    ok.with_suffix(".ok.tmp").write_text(check.key + "\n")
+    ok.with_suffix(".ok.tmp").replace(ok)
+    log(f"update-check: the update configuration is accepted ({int(time.monotonic() - check.started)}s)")
+
+
+def check_problems(logfile: Path) -> str:
+    """The check's report: its log after "bad config:" / "bad input:", else its last 15 lines."""
+    lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
+    starts = [i for i, line in enumerate(lines) if line in ("bad config:", "bad input:")]
+    return "\n".join(lines[starts[-1] + 1 :] if starts else lines[-15:])
+
+
+# One update -----------------------------------------------------------------------------------------
+
+
+def update_phase(run: Run, iteration: int, resume: bool) -> str:
+    """ "all", or "promote" when --resume finds a finished training of `iteration` not yet promoted."""
+    trained = (run.layout.training_dir(iteration) / "output" / "config.json").is_file()
+    if not (resume and trained):
+        return "all"
+    rows = load_metrics(Path(run.log))
+    return "promote" if any(r.get("kind") == "training" and r.get("iteration") == iteration for r in rows) else "all"
+
+
+def update(run: Run, iteration: int, resume: bool) -> None:
+    """Train on the new trajectories and promote; a failure keeps the old policy (and ends the run after
+    --max-update-failures in a row; a rejected input ends it at once, exit 2)."""
+    from coordinator import runstate
+
+    if runstate.is_done(run.log, iteration, "update"):
+        return
+    logfile = run.layout.phase_log(run.rank, iteration, "update")
+    serving = run.args.phase == "both" and not run.args.debug and run.server is not None
+    # Only a run that serves may put its own vLLM to sleep; an update-only run leaves servers alone.
+    if serving and not run.server.sleep():
+        warn("could not put vLLM to sleep; training beside it")
+    run.update_running = iteration
+    with timed(run, iteration, "update"):
+        if run.node.multi:
+            code = update_nodes(run, iteration, logfile, resume)
+        else:
+            code = run_group(run, "update", logfile, update_cmd(run, iteration, update_phase(run, iteration, resume)))
+    run.update_running = 0
+    if serving and not run.server.wake():
+        warn("could not wake vLLM up")
+    if not run.node.is_master:
+        return
+    if code == 0:
+        run.failures = 0
+        outcome = f"promoted v{run.policy_version()}"
+    elif code == Exit.BAD_INPUT:  # python -m training: bad input (a config only the train environment checks)
+        mark(run, iteration, "update", "failed (exit 2: bad input)")
+        raise Die(
+            2,
+            f"iteration {iteration}: the update rejected its input (see {logfile}); fix the configuration, then "
+            "rerun with --resume (the rollouts are kept; every further update would fail the same way)",
+        )
+    elif code == Exit.NOTHING_TO_TRAIN:
+        outcome = "skipped: too little to train on"
+        warn(f"iteration {iteration}: too few usable samples to train on (see {logfile}); keeping the served policy")
+    else:
+        run.failures += 1
+        outcome = f"failed (exit {code})"
+        warn(f"iteration {iteration}: update failed ({run.failures} in a row); keeping the served policy")
+        if run.failures >= run.args.max_failures:
+            raise Die(
+                1,
+                f"{run.failures} updates failed in a row (--max-update-failures {run.args.max_failures}); "
+                f"see {logfile}",
+            )
+    mark(run, iteration, "update", outcome)
+
+
+def train_on(run: Run, members: list[int]) -> bool:
+    """Train as one of `members` (torchrun's nodes: run.train_nodes, run.train_rank); False when this rank
+    is not among them."""
+    run.train_nodes = len(members)
+    if run.rank in members:
+        run.train_rank = members.index(run.rank)
+        return True
+    return False
+
+
+def update_nodes(run: Run, iteration: int, logfile: Path, resume: bool) -> int:
+    """The update on several nodes. The master prepares the dataset and tells the others whether to train;
+    every node runs its torchrun node of the training; the master promotes; all wait for that.
+    The master's outcome: 0 promoted, 3 nothing to train, else failed."""
+    node = run.node
+    code, train, sha, trained = 0, True, "", 0
+    if node.is_master:
+        if update_phase(run, iteration, resume) == "all":
+            code = run_group(run, "update", logfile, update_cmd(run, iteration, "prepare"))
+            train = code == 0
+        else:
+            train = False  # --resume: trained already, promote only
+        plan: dict = {"train": int(train), "prepare_exit": code}
+        if node.continue_mode:  # the step's members that are still in: they train
+            now = node.members(0, node.planned)
+            plan["members"] = now.ranks
+            train_on(run, now.ranks)
+        if train:  # every node trains on exactly the files the master prepared
+            plan["dataset_sha256"] = (run.layout.training_dir(iteration) / "dataset.sha256").read_text().strip()
+        # the model trained from, which a --keep-best revert may have changed since the step's plan
+        plan["version"] = run.policy_version()
+        node.publish(iteration, "update_plan", plan)
+        sha = plan.get("dataset_sha256", "")
+    else:
+        decided = node.receive(iteration, "update_plan")
+        if "version" in decided:
+            run.pin_version = str(decided["version"])
+        train, sha = bool(decided.get("train", 0)), str(decided.get("dataset_sha256", ""))
+        if decided.get("members") and not train_on(run, [int(r) for r in decided["members"]]):
+            train = False
+    if train:
+        node.watch_partners(iteration, lambda rank, exit_code: partner_failed(run, rank, exit_code))
+        try:
+            code = run_group(
+                run, "update", logfile, update_cmd(run, iteration, "train", f"launch.dataset_sha256={sha}")
+            )
+        finally:
+            node.unwatch_partners()
+        trained = code
+    if node.is_master and code == 0:
+        code = run_group(run, "update", logfile, update_cmd(run, iteration, "promote"))
+    if node.is_master:
+        node.sync(iteration, "update", {"exit": code, "train_exit": trained, "version": run.policy_version()})
+        return code
+    # Serve the version the master promoted (its word, not policy/current, which NFS may show late).
+    decided = node.sync(iteration, "update", {"train_exit": trained}).data.get(0, {})
+    run.pinned, run.pin_version = True, str(decided.get("version", ""))
+    return int(decided.get("exit", 1))
+
+
+def partner_failed(run: Run, rank: int, exit_code: int) -> None:
+    warn(
+        f"the update of iteration {run.update_running or '?'}: rank {rank}'s part of the training failed "
+        f"(exit {exit_code}); it cannot finish without it: stopping this node's part instead of waiting for it"
+    )
+    stop_update(run)
+
+
+def on_evicted(run: Run) -> None:
+    """SIGUSR1 from the master's heartbeat: it evicted a rank (continue mode); a training that rank was part of
+    would wait for it forever: stop it (the update fails, the served policy stays, the next iteration goes on)."""
+    if run.update_running:
+        warn(f"a rank of this training was evicted; stopping the update of iteration {run.update_running}")
+        stop_update(run)
+
+
+def stop_update(run: Run) -> None:
+    """Stop a running update so that its training groups end too: SIGTERM makes python -m training stop the
+    LLaMA-Factory and torchrun groups it started (within launch.grace_s); as a last resort SIGKILL the groups
+    it listed in training/iter_<N>/*.log.pgid, each only while its pid names the recorded leader."""
+    recorded = run.groups.recorded("update")
+    if recorded is None:
+        return
+    pgid, start = recorded
+    if procs.signal_group(pgid, start, signal.SIGTERM):
+        deadline = time.monotonic() + 15
+        while procs.group_ours(pgid, start) and procs.group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    run.groups.stop("update", 5)
+    if not run.update_running:
+        return
+    for listing in run.layout.training_dir(run.update_running).glob("*.log.pgid"):
+        for line in listing.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0].isdigit():
+                procs.signal_group(int(parts[0]), parts[1], signal.SIGKILL)
