@@ -9,10 +9,13 @@ killed heartbeat or a dead peer is noticed in every phase, not only in some.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 #: a child exited by deadline (`Supervisor.wait` with total_s / stall_s), as timeout(1) says
 EXPIRED = 124
@@ -90,3 +93,23 @@ class Supervisor:
                 self.expired = f"no progress for {stall_s:g}s (no episode finished; BATON_ROLLOUT_STALL_S)"
                 return EXPIRED
             time.sleep(self.poll_s)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """`fn()`, run in a thread while the watches tick here: a blocking call (an HTTP request to vLLM that
+        may take minutes, a reload) does not blind the run. What `fn` raises is raised here."""
+        box: dict[str, object] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        while thread.is_alive():
+            self.tick()
+            thread.join(self.poll_s)
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["value"]  # type: ignore[return-value]
