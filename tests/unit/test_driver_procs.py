@@ -77,7 +77,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10) -> N
         time.sleep(0.05)
 
 
-def test_start_records_a_group_whose_children_stop_ends(groups: Groups, run_dir: Path) -> None:
+def test_start_records_a_group_whose_children_stop_ends(
+    groups: Groups, run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     job = groups.start("job", ["bash", "-c", "sleep 300 & sleep 300 & wait"], run_dir / "logs" / "job.log")
     assert job.pgid == job.popen.pid and os.getpgid(job.pgid) == job.pgid
     assert (run_dir / "pids" / "job.pgid").read_text() == f"{job.pgid} {start_time(job.pgid)}\n"
@@ -87,6 +89,7 @@ def test_start_records_a_group_whose_children_stop_ends(groups: Groups, run_dir:
 
     groups.stop("job", 5)
 
+    assert capsys.readouterr().err == ""  # gone on SIGTERM: the leader's zombie, until reaped, is not alive
     assert not group_alive(job.pgid)
     wait_for(lambda: members(job.pgid) == [], "the sleeps' zombies to be reaped by init")
     assert not (run_dir / "pids" / "job.pgid").exists()
