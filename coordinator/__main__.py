@@ -11,7 +11,6 @@ import argparse
 import json
 import logging
 import sys
-import urllib.request
 from pathlib import Path
 
 from rollout_engine.defaults import PROGRESS_S
@@ -20,8 +19,6 @@ from rollout_engine.exits import Exit
 from rollout_engine.layout import Layout
 
 log = logging.getLogger(__name__)
-#: a fixed greedy probe whose logprobs identify the served weights
-PROBE = [{"role": "user", "content": "What is 3 + 4?\nAnswer with only the final number."}]
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
@@ -138,89 +135,50 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
     """Print the greedy tokens and logprobs of a fixed prompt (they change when the weights do)."""
-    body = {"model": args.model, "messages": PROBE, "max_tokens": 6, "temperature": 0, "logprobs": True}
-    request = urllib.request.Request(
-        f"{args.base_url.rstrip('/')}/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
+    from coordinator.serving import fingerprint
+
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout) as response:
-            reply = json.loads(response.read())
+        print(fingerprint(args.base_url, args.model, args.timeout))
     except OSError as exc:
         print(f"[baton] error: no fingerprint from {args.base_url}: {exc}", file=sys.stderr)
         return Exit.FAILED
-    tokens = reply["choices"][0]["logprobs"]["content"]
-    print(json.dumps([[t["token"], round(t["logprob"], 5)] for t in tokens]))
     return 0
 
 
 def cmd_reloadable(args: argparse.Namespace) -> int:
     """Exit 0 when vLLM can reload args.model in place exactly; 1, saying why, when its config ties the
     output head to the embeddings and no file holds the head (rollout_engine/checkpoint.py)."""
-    from rollout_engine.checkpoint import missing_tied_head
+    from coordinator.serving import reload_blocker
 
-    embedding = missing_tied_head(Path(args.model))
-    if embedding is None:
+    why = reload_blocker(Path(args.model))
+    if why is None:
         return 0
-    print(f"{args.model} ties its output head to {embedding} and holds no lm_head.weight", file=sys.stderr)
+    print(why, file=sys.stderr)
     return Exit.FAILED
 
 
 def cmd_serving(args: argparse.Namespace) -> int:
     """Print `dtype<TAB>kv_cache_gib<TAB>reason` for a server of args.model; save it to --record."""
     import os
-    import subprocess
-    import time
 
-    from coordinator.serving import SHAPE_KEYS, choose_dtype, kv_cache_gib, model_config_problem, parse_cpuinfo
+    from coordinator.serving import serving_plan
     from rollout_engine.files import save_json
 
-    cpuinfo = Path(args.cpuinfo).read_text() if Path(args.cpuinfo).exists() else ""
-    caps: list[str] = []
-    if args.device == "cuda":
-        query = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]
-        try:
-            caps = subprocess.run(query, capture_output=True, text=True, check=False).stdout.split()
-        except OSError:  # no nvidia-smi: the capability is unknown (bf16 assumed, and said so)
-            caps = []
     try:
-        choice = choose_dtype(args.device, cpuinfo, caps, os.environ.get("BATON_VLLM_DTYPE", ""))
+        plan = serving_plan(
+            args.device,
+            Path(args.model),
+            args.sessions,
+            args.max_model_len,
+            Path(args.cpuinfo),
+            os.environ.get("BATON_VLLM_DTYPE", ""),
+        )
     except ValueError as exc:
         print(f"[baton] error: {exc}", file=sys.stderr)
         return Exit.BAD_INPUT
-    path = Path(args.model) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        problem = f"is not readable JSON ({exc.msg if isinstance(exc, json.JSONDecodeError) else exc})"
-    else:
-        problem = model_config_problem(config)
-    if problem:
-        print(
-            f"[baton] error: model config {path} {problem}; point BATON_BASE_MODEL (or the policy) at a "
-            "Hugging Face model folder whose config.json has " + ", ".join(SHAPE_KEYS),
-            file=sys.stderr,
-        )
-        return Exit.BAD_INPUT
-    kv = kv_cache_gib(config, choice.dtype, args.sessions, args.max_model_len)
     if args.record:
-        info = parse_cpuinfo(cpuinfo)
-        record = {
-            "device": args.device,
-            "dtype": choice.dtype,
-            "reason": choice.reason,
-            "forced": choice.forced,
-            "kv_cache_gib": kv if args.device == "cpu" else None,
-            "sessions": args.sessions,
-            "max_model_len": args.max_model_len,
-            "cpu_model": info.model,
-            "cpu_flags": info.relevant_flags(),
-            "gpu_compute_capabilities": caps,
-            "time": time.time(),
-        }
-        save_json(args.record, record)
-    print(f"{choice.dtype}\t{kv}\t{choice.reason}")
+        save_json(args.record, plan.record())
+    print(f"{plan.precision.dtype}\t{plan.kv_cache_gib}\t{plan.precision.reason}")
     return 0
 
 

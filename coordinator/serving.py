@@ -3,6 +3,9 @@
     choice = choose_dtype("cpu", Path("/proc/cpuinfo").read_text())      # Precision
     choice.dtype, choice.reason        # "float32", "this CPU has no native bf16 (...)"
     kv_cache_gib(model_config, "float32", sessions=32, tokens_per_request=2048)   # 4
+    plan = serving_plan("cpu", Path("models/m"), sessions=32, max_model_len=2048)  # all of it, for one model
+    fingerprint("http://127.0.0.1:8999/v1", "policy")   # what the served weights answer a fixed probe
+    reload_blocker(Path("policy/v0001"))               # why vLLM cannot reload it in place, or None
 
 On a CPU, bfloat16 is fast only with native bf16 instructions (x86:
 `avx512_bf16` or `amx_bf16`; Arm: `bf16`); without them vLLM's CPU kernels
@@ -14,9 +17,14 @@ dtype. Standard library only: run.sh calls it before anything else is up.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import subprocess
+import time
+import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: bytes per element of each dtype
@@ -134,3 +142,103 @@ def kv_cache_gib(model_config: dict, dtype: str, sessions: int, tokens_per_reque
     """Whole GiB of KV cache so that `sessions` requests of `tokens_per_request` tokens fit at once."""
     need = kv_bytes_per_token(model_config, dtype) * sessions * tokens_per_request * KV_HEADROOM
     return max(1, math.ceil(need / 2**30))
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """How one model is served on this machine: its precision and CPU KV cache, and what decided them."""
+
+    device: str
+    precision: Precision
+    kv_cache_gib: int
+    sessions: int
+    max_model_len: int
+    cpu: CpuInfo
+    compute_capabilities: tuple[str, ...]
+
+    def record(self) -> dict:
+        """The run directory's serving.json (benchmarks print it beside a figure)."""
+        return {
+            "device": self.device,
+            "dtype": self.precision.dtype,
+            "reason": self.precision.reason,
+            "forced": self.precision.forced,
+            "kv_cache_gib": self.kv_cache_gib if self.device == "cpu" else None,
+            "sessions": self.sessions,
+            "max_model_len": self.max_model_len,
+            "cpu_model": self.cpu.model,
+            "cpu_flags": self.cpu.relevant_flags(),
+            "gpu_compute_capabilities": list(self.compute_capabilities),
+            "time": time.time(),
+        }
+
+
+def gpu_compute_capabilities() -> list[str]:
+    """Each visible GPU's compute capability as nvidia-smi says it ("8.0"); [] without nvidia-smi."""
+    query = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]
+    try:
+        return subprocess.run(query, capture_output=True, text=True, check=False).stdout.split()
+    except OSError:  # no nvidia-smi: the capability is unknown (bf16 assumed, and said so)
+        return []
+
+
+def serving_plan(
+    device: str,
+    model: Path,
+    sessions: int,
+    max_model_len: int,
+    cpuinfo: Path = Path("/proc/cpuinfo"),
+    forced: str = "",
+) -> ServingPlan:
+    """The plan to serve the model folder `model` on `device` ("cpu" or "cuda"); `forced` is
+    BATON_VLLM_DTYPE. Raises ValueError with the message for people: a bad `forced`, or a config.json
+    that cannot size the KV cache (bad input, both)."""
+    text = cpuinfo.read_text() if cpuinfo.exists() else ""
+    caps = gpu_compute_capabilities() if device == "cuda" else []
+    precision = choose_dtype(device, text, caps, forced)
+    path = Path(model) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        problem = f"is not readable JSON ({exc.msg if isinstance(exc, json.JSONDecodeError) else exc})"
+    else:
+        problem = model_config_problem(config)
+    if problem:
+        raise ValueError(
+            f"model config {path} {problem}; point BATON_BASE_MODEL (or the policy) at a "
+            "Hugging Face model folder whose config.json has " + ", ".join(SHAPE_KEYS)
+        )
+    kv = kv_cache_gib(config, precision.dtype, sessions, max_model_len)
+    return ServingPlan(device, precision, kv, sessions, max_model_len, parse_cpuinfo(text), tuple(caps))
+
+
+#: a fixed greedy probe whose logprobs identify the served weights
+PROBE = [{"role": "user", "content": "What is 3 + 4?\nAnswer with only the final number."}]
+
+
+def fingerprint(base_url: str, model: str, timeout: float = 60.0) -> str:
+    """The greedy tokens and logprobs of PROBE as JSON (they change when the served weights do).
+    Raises OSError when the server does not answer, ValueError/LookupError/TypeError on an answer
+    without logprobs."""
+    body = {"model": model, "messages": PROBE, "max_tokens": 6, "temperature": 0, "logprobs": True}
+    request = urllib.request.Request(
+        f"{base_url.rstrip('/')}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        reply = json.loads(response.read())
+    tokens = reply["choices"][0]["logprobs"]["content"]
+    return json.dumps([[t["token"], round(t["logprob"], 5)] for t in tokens])
+
+
+def reload_blocker(model: Path) -> str | None:
+    """Why vLLM cannot reload the model folder `model` in place exactly, or None when it can: a config
+    that ties the output head to the embeddings with no file holding the head
+    (rollout_engine/checkpoint.py)."""
+    from rollout_engine.checkpoint import missing_tied_head
+
+    embedding = missing_tied_head(Path(model))
+    if embedding is None:
+        return None
+    return f"{model} ties its output head to {embedding} and holds no lm_head.weight"

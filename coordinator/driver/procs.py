@@ -1,0 +1,389 @@
+"""Process groups the driver starts: each in its own session, recorded, and stopped exactly.
+
+    groups = Groups(run_dir)
+    job = groups.start("rollout", cmd, run_dir / "logs" / "rollout.log")   # pid == pgid
+    job.poll()                        # None while its leader runs, else its exit code (signal n: 128 + n)
+    groups.stop("rollout", grace_s=10)   # SIGTERM (+ SIGCONT), grace, SIGKILL; the record goes
+    claim(run_dir, "rollout")         # owner.rollout names this process; Claimed / LockBusy otherwise
+
+The files are scripts/lib/procs.sh's, which other tools read: `<run_dir>/pids/<name>.pgid`
+holds "pgid start_time" (the leader's start time, field 22 of /proc/<pid>/stat, in clock
+ticks since boot), and `<run_dir>/owner.<role>` holds "host pid start_time". A pid with its
+start time names one process even after the pid is reused, so a group is signalled only
+while its recorded leader (or, the leader gone, members that outlived it) is still the one
+recorded; nothing that was not recorded is ever signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from coordinator.driver import say
+
+#: Bash's `wait` on a pid that is not its child; Group.poll's code for a group it did not start
+NOT_OUR_CHILD = 127
+#: seconds between looks at a group that was asked to stop
+STOP_POLL_S = 0.1
+#: seconds to wait for a SIGKILLed leader to be reaped (one stuck in the kernel is left to later)
+REAP_S = 10.0
+#: seconds between tries of the owner lock
+LOCK_POLL_S = 0.05
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (which may hold spaces and parens):
+    [0] is field 3 (state), [2] field 5 (pgrp), [19] field 22 (start time); None without the process."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    _, sep, rest = data.rpartition(b") ")  # the name is any bytes, not always UTF-8
+    fields = rest.decode("ascii", "replace").split()
+    return fields if sep and len(fields) > 19 else None
+
+
+def start_time(pid: int) -> str | None:
+    """The start time of `pid` in clock ticks since boot (with the pid, it names one process)."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None else None
+
+
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, stat fields) of every process (as `ps -e` lists them: thread-group leaders)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if name.isdigit():
+            fields = _stat_fields(name)
+            if fields is not None:
+                yield int(name), fields
+
+
+def _members(pgid: int, *, zombies: bool) -> list[int]:
+    """The pids of group `pgid`; zombies (which only wait for their parent to reap them) when asked."""
+    return [pid for pid, fields in _processes() if fields[2] == str(pgid) and (zombies or fields[0] not in ("Z", "X"))]
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a process of group `pgid` runs (zombies do not count)."""
+    return pgid > 0 and bool(_members(pgid, zombies=False))
+
+
+def group_ours(pgid: int, start: str) -> bool:
+    """False when pid `pgid` now names another process than the leader recorded with `start` (a reused
+    pid). With no process of that pid, members that outlived the leader are still the recorded group:
+    Linux does not reuse a pid while a group of that id has members. Ids 0 and 1 are never ours (a
+    signal to group 0 is one to the caller's own group)."""
+    if pgid <= 1:
+        return False
+    now = start_time(pgid)
+    return now is None or now == start
+
+
+def signal_group(pgid: int, start: str, sig: int) -> bool:
+    """Send `sig` to group `pgid` while it runs and is the group recorded with `start` (group_ours);
+    False when nothing was sent. A SIGTERM is followed by a SIGCONT (as systemd does), so a stopped
+    group (SIGSTOP, ^Z) handles it now."""
+    if not (group_ours(pgid, start) and group_alive(pgid)):
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        return False
+    if sig == signal.SIGTERM:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGCONT)
+    return True
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes of the TCP sockets listening on `port` (IPv4 and IPv6)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st ... inode; st 0A is LISTEN
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def group_listens(pgid: int, port: int) -> bool:
+    """True when a process of group `pgid` holds the listening TCP socket of `port` (so that whoever
+    answers there is that group)."""
+    inodes = _listening_inodes(port)
+    if not inodes or pgid <= 0:
+        return False
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for pid in _members(pgid, zombies=True):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _exit_code(returncode: int) -> int:
+    """A shell's exit status for a Popen return code (killed by signal n: 128 + n)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class Group:
+    """A process group: its name, id (its leader's pid), leader's start time and log."""
+
+    name: str
+    pgid: int
+    start: str
+    log: Path | None
+    popen: subprocess.Popen | None = None
+
+    def poll(self) -> int | None:
+        """The leader's exit code once it exited (killed by signal n: 128 + n), None while it runs.
+        A group this process did not start (no popen) has no code to read: NOT_OUR_CHILD (127, as
+        Bash's `wait` says) once its recorded leader is gone."""
+        if self.popen is not None:
+            code = self.popen.poll()
+            return None if code is None else _exit_code(code)
+        return None if start_time(self.pgid) == self.start else NOT_OUR_CHILD
+
+
+class Groups:
+    """The groups recorded under one run directory (`<run_dir>/pids/<name>.pgid`)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.pids = self.run_dir / "pids"
+        self._started: dict[str, Group] = {}
+
+    def _file(self, name: str) -> Path:
+        return self.pids / f"{name}.pgid"
+
+    def _read(self, name: str) -> tuple[str, str] | None:
+        """The record's two words (pgid, start time) as written; None without a record."""
+        try:
+            words = self._file(name).read_text().split()
+        except OSError:
+            return None
+        return (words[0] if words else "", words[1] if len(words) > 1 else "")
+
+    def start(self, name: str, cmd: Sequence[str], log: Path | None, env: Mapping[str, str] | None = None) -> Group:
+        """Start `cmd` in a new session (its own process group: pid == pgid) with stdin from /dev/null
+        and its output appended to `log` (None: to the driver's stderr); record the group. `env` None
+        inherits os.environ, else the child gets exactly `env`. A command that cannot be executed is
+        Die(1) (Bash's setsid would have exited 127)."""
+        self.pids.mkdir(parents=True, exist_ok=True)
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as stack:
+            # the child keeps its own descriptor of the log; ours closes when it has started
+            out = stack.enter_context(open(log, "ab")) if log is not None else 2
+            try:
+                popen = subprocess.Popen(
+                    list(cmd),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=dict(env) if env is not None else None,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise say.Die(1, f"cannot start {name} ({cmd[0]}): {exc.strerror or exc}") from exc
+        # not reaped yet, so /proc/<pid>/stat is there even when it already exited
+        group = Group(name, popen.pid, start_time(popen.pid) or "", log, popen)
+        tmp = self.pids / f"{name}.pgid.tmp"
+        tmp.write_text(f"{group.pgid} {group.start}\n")
+        os.replace(tmp, self._file(name))
+        self._started[name] = group
+        return group
+
+    def group(self, name: str) -> Group | None:
+        """The group this object started under `name`, while the record still names it."""
+        group = self._started.get(name)
+        if group is None or self.recorded(name) != (group.pgid, group.start):
+            return None
+        return group
+
+    def recorded(self, name: str) -> tuple[int, str] | None:
+        """(pgid, leader's start time) of the record of `name`; None without a usable record."""
+        words = self._read(name)
+        if words is None or not words[0].isdigit():
+            return None
+        return int(words[0]), words[1]
+
+    def leader_alive(self, name: str) -> bool:
+        """True while the recorded group's leader runs: the same pid with the same start time."""
+        record = self.recorded(name)
+        return record is not None and bool(record[1]) and start_time(record[0]) == record[1]
+
+    def signal(self, name: str, sig: int) -> bool:
+        """signal_group on the recorded group of `name`; False when nothing was sent."""
+        record = self.recorded(name)
+        return record is not None and signal_group(record[0], record[1], sig)
+
+    def listens(self, name: str, port: int) -> bool:
+        """group_listens on the recorded group of `name`."""
+        record = self.recorded(name)
+        return record is not None and group_listens(record[0], port)
+
+    def stop(self, name: str, grace_s: float = 20) -> None:
+        """SIGTERM the recorded group, wait up to `grace_s` seconds, then SIGKILL what is left; reap
+        the leader when it is our child; forget the record. A record whose pid now names another
+        process is never signalled (a warning says so). No record: nothing to do."""
+        words = self._read(name)
+        if words is None:
+            return
+        record = self.recorded(name)
+        if record is not None and signal_group(*record, signal.SIGTERM):
+            pgid, start = record
+            deadline = time.monotonic() + grace_s
+            while group_ours(pgid, start) and group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(STOP_POLL_S)
+            if group_ours(pgid, start) and group_alive(pgid):
+                say.warn(f"{name} (group {pgid}) ignored SIGTERM for {grace_s:g}s; sending SIGKILL")
+                signal_group(pgid, start, signal.SIGKILL)
+                time.sleep(0.2)
+            self._reap(name, pgid, REAP_S)
+        elif record is not None and not group_ours(*record):
+            say.warn(f"{name}: the recorded pid {record[0]} now names another process; not signalled")
+        else:
+            self._reap(name, record[0] if record is not None else -1, 0)
+        self._file(name).unlink(missing_ok=True)
+        self._started.pop(name, None)
+
+    def stop_stale(self, name: str) -> None:
+        """A record left by a run that died: stop its group when the leader is verifiably ours;
+        otherwise only forget the record (warning when its group still has members)."""
+        words = self._read(name)
+        if words is None:
+            return
+        if self.leader_alive(name):
+            say.warn(f"{name} (group {words[0]}) was left running by an earlier run; stopping it")
+            self.stop(name, 10)
+            return
+        record = self.recorded(name)
+        if record is not None and group_alive(record[0]):
+            say.warn(f"{name}: recorded group {record[0]} outlived its leader; not ours to stop, check it")
+        self._file(name).unlink(missing_ok=True)
+        self._started.pop(name, None)
+
+    def forget(self, name: str) -> None:
+        """Remove the record of `name` (its group exited) and reap its leader when it is our child."""
+        record = self.recorded(name)
+        self._reap(name, record[0] if record is not None else -1, 0)
+        self._file(name).unlink(missing_ok=True)
+        self._started.pop(name, None)
+
+    def _reap(self, name: str, pgid: int, wait_s: float) -> None:
+        """Collect the exit status of our child leading group `pgid` (so no zombie stays), waiting up to
+        `wait_s` seconds for it to exit."""
+        group = self._started.get(name)
+        if group is None or group.popen is None or (pgid > 0 and group.pgid != pgid):
+            return
+        if wait_s <= 0:
+            group.popen.poll()
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            group.popen.wait(timeout=wait_s)
+
+
+class Claimed(Exception):
+    """Another live process on this host owns the role."""
+
+    def __init__(self, owner_pid: int, role: str = "") -> None:
+        super().__init__(f"pid {owner_pid} owns {role}")
+        self.owner_pid = owner_pid
+        self.role = role
+
+
+class LockBusy(Exception):
+    """The owner lock stayed busy; `message` is the line procs_claim printed ("[baton] error: ...")."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _owner(file: Path) -> tuple[str, str, str] | None:
+    """(host, pid, start time) of an owner record; None without one."""
+    try:
+        words = [*file.read_text().split(), "", "", ""]
+    except OSError:
+        return None
+    return words[0], words[1], words[2]
+
+
+def _lives_here(host: str, pid: str, start: str) -> bool:
+    """The recorded process runs on this host: the same pid with the same start time (not a reused pid)."""
+    return host == socket.gethostname() and pid.isdigit() and start_time(int(pid)) == start
+
+
+def _lock(lock: Path, wait_s: float) -> int | None:
+    """An open descriptor of `lock` holding its exclusive flock, or None after `wait_s` seconds."""
+    fd = os.open(lock, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(LOCK_POLL_S)
+
+
+def claim(run_dir: Path, role: str, wait_s: float = 10) -> None:
+    """Make this process the owner of `role` under `run_dir` (owner.<role>: "host pid start_time").
+    Raises Claimed while another live process on this host owns it. The check and the write are one
+    step under a flock on <run_dir>/owner.lock; when that lock is not free within `wait_s` seconds,
+    nothing is claimed and LockBusy says which lock."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / "owner.lock"
+    fd = _lock(lock, wait_s)
+    if fd is None:
+        raise LockBusy(
+            f"[baton] error: waited {wait_s:g}s for the lock {lock} to claim {role}; another process holds it "
+            f"(check: fuser {lock})"
+        )
+    try:
+        file = run_dir / f"owner.{role}"
+        host, me = socket.gethostname(), os.getpid()
+        owner = _owner(file)
+        if owner is not None and _lives_here(*owner) and int(owner[1]) != me:
+            raise Claimed(int(owner[1]), role)
+        tmp = run_dir / f"owner.{role}.tmp"
+        tmp.write_text(f"{host} {me} {start_time(me) or ''}\n")
+        os.replace(tmp, file)
+    finally:
+        os.close(fd)
+
+
+def release(run_dir: Path, role: str) -> None:
+    """Forget the owner record of `role` if it is this process's."""
+    file = Path(run_dir) / f"owner.{role}"
+    owner = _owner(file)
+    if owner is not None and owner[0] == socket.gethostname() and owner[1] == str(os.getpid()):
+        file.unlink(missing_ok=True)

@@ -1,0 +1,415 @@
+"""The policy server (vLLM's OpenAI server): arguments that fit the machine, a start in a recorded
+process group with a deadline, reuse of only the server this run directory started, in-place weight
+reloads, sleep/wake around a colocated training, and a stop of exactly that group.
+
+    server = PolicyServer(run_dir, port=8999, name="policy", groups=groups, supervisor=supervisor,
+                          serve_py=os.environ["BATON_SERVE_PY"], max_sessions=32)
+    server.start(policy_dir)           # reuses the recorded server when it still serves policy_dir
+    how = server.serve_new(new_dir)    # "reload" | "restart" | "unchanged"
+    server.stop()
+
+The port of scripts/lib/vllm.sh (and envs_device / envs_gpu_count of envs.sh): the same lines, the
+same files (`<run_dir>/serving.json`, `<run_dir>/vllm.weights`, `<run_dir>/logs/vllm.log`, the group
+record `<run_dir>/pids/vllm.pgid`) and the same variables (BATON_DEVICE, BATON_VLLM_DTYPE,
+VLLM_MAX_MODEL_LEN, VLLM_GPU_MEMORY_UTILIZATION, VLLM_CPU_KVCACHE_SPACE, BATON_VLLM_START_S,
+BATON_VLLM_RELOAD_S). A server on the port that this run directory did not start is never reused,
+reloaded or stopped.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coordinator import serving
+from coordinator.driver import say
+from coordinator.driver.procs import Groups, group_alive
+from coordinator.driver.supervise import Supervisor
+from rollout_engine.defaults import VLLM_RELOAD_S, VLLM_START_S
+from rollout_engine.files import save_json
+
+#: the name of the server's process group under <run_dir>/pids
+GROUP = "vllm"
+#: start attempts before the run ends
+ATTEMPTS = 3
+#: vLLM's context length unless VLLM_MAX_MODEL_LEN says otherwise
+MAX_MODEL_LEN = 2048
+#: the share of each GPU's memory vLLM takes unless VLLM_GPU_MEMORY_UTILIZATION says otherwise
+GPU_MEMORY_UTILIZATION = "0.85"
+#: seconds a health or model-list request may take (curl --max-time of vllm.sh)
+HTTP_S = 5.0
+#: seconds the health request to a server we did not start may take
+FOREIGN_HTTP_S = 2.0
+#: lines of vllm.log shown after a failed start
+LOG_TAIL = 15
+#: seconds nvidia-smi may take to list the GPUs
+NVIDIA_SMI_S = 60.0
+#: the server is always on loopback: a proxy from the environment (http_proxy) must not carry the requests
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _listed_gpus(env: Mapping[str, str]) -> int:
+    """How many GPUs `nvidia-smi -L` lists (its "GPU n: ..." lines); 0 without nvidia-smi."""
+    exe = shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
+    if exe is None:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, check=False, timeout=NVIDIA_SMI_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def device(env: Mapping[str, str] = os.environ) -> str:
+    """ "cuda" when an NVIDIA GPU is usable, else "cpu"; BATON_DEVICE=cpu|cuda overrides the detection
+    (any other value is exit 2)."""
+    value = env.get("BATON_DEVICE", "")
+    if value in ("cpu", "cuda"):
+        return value
+    if value:
+        raise say.Die(2, f"BATON_DEVICE must be cpu or cuda (got '{value}'); unset it to auto-detect")
+    return "cuda" if _listed_gpus(env) > 0 else "cpu"
+
+
+def gpu_count(env: Mapping[str, str] = os.environ) -> int:
+    """The NVIDIA GPUs this process may use (0 without any): those `nvidia-smi -L` lists, or fewer when
+    CUDA_VISIBLE_DEVICES names fewer (torch, and so the trainer, counts the same way; Slurm sets it for
+    a job given part of a node, and nvidia-smi may still list them all)."""
+    if device(env) != "cuda":
+        return 0
+    listed = _listed_gpus(env)
+    if "CUDA_VISIBLE_DEVICES" in env:
+        visible = sum(1 for name in env["CUDA_VISIBLE_DEVICES"].split(",") if name.strip())
+        listed = min(listed, visible)
+    return listed
+
+
+def _whole(variable: str, default: int, unit: str, least: int = 1) -> int:
+    """The whole number >= `least` in environment variable `variable` (its default when unset or empty)."""
+    text = os.environ.get(variable, "")
+    if not text.strip():
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise say.Die(2, f"{variable} must be a whole number of {unit} >= {least} (got '{text}')")
+    return value
+
+
+def _tail(log: Path, lines: int = LOG_TAIL) -> None:
+    """Print the last `lines` lines of `log` to stderr (as `tail -n` does; nothing when it is absent)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 256 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return
+    for line in text.splitlines()[-lines:]:
+        print(line, file=sys.stderr)
+    sys.stderr.flush()
+
+
+@dataclass
+class PolicyServer:
+    """This node's vLLM: served as `name` on 127.0.0.1:`port`, recorded under `run_dir` as group "vllm"."""
+
+    run_dir: Path
+    port: int
+    name: str
+    groups: Groups
+    supervisor: Supervisor
+    #: BATON_SERVE_PY: the serve environment's interpreter
+    serve_py: str
+    #: VLLM_MAX_SESSIONS (the composed max_vllm_sessions): requests the CPU KV cache holds at full length
+    max_sessions: int = 32
+    #: seconds between polls while the server starts (each poll ticks the supervisor's watches)
+    poll_s: float = 1.0
+    #: the serving dtype, and the CPU KV cache in GiB (set by choose)
+    dtype: str = field(default="", init=False)
+    kv_gib: int | None = field(default=None, init=False)
+
+    @property
+    def log(self) -> Path:
+        return Path(self.run_dir) / "logs" / "vllm.log"
+
+    def _url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _get(self, path: str, timeout: float) -> bytes | None:
+        """The body of a GET of `path` that answered 2xx; None otherwise (curl -f)."""
+        try:
+            with _OPENER.open(self._url(path), timeout=timeout) as response:
+                return response.read()
+        except (OSError, http.client.HTTPException):
+            return None
+
+    def _post(self, path: str, body: object = None) -> bytes | None:
+        """POST to the server's dev endpoint `path` (JSON `body`, when given), waiting at most
+        BATON_VLLM_RELOAD_S seconds for the answer; its body when 2xx, else None."""
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        request = urllib.request.Request(self._url(path), data=data, headers=headers, method="POST")
+        try:
+            with _OPENER.open(request, timeout=VLLM_RELOAD_S.value()) as response:
+                return response.read()
+        except (OSError, http.client.HTTPException):
+            return None
+
+    def choose(self, model: str, record: bool = True) -> tuple[str, int]:
+        """Pick the serving dtype and the CPU KV-cache size for this machine (coordinator/serving.py),
+        say so, and (when `record`) save the choice to <run_dir>/serving.json. The KV cache holds
+        max_sessions requests of the full model length at once, unless VLLM_CPU_KVCACHE_SPACE is set.
+        Die(2) on a GPU node whose job may use none of its GPUs, a bad BATON_VLLM_DTYPE, or a model
+        config that cannot size the cache."""
+        where = device()
+        if where == "cuda" and gpu_count() < 1:
+            raise say.Die(
+                2,
+                "no GPU to serve on: nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES "
+                f"('{os.environ.get('CUDA_VISIBLE_DEVICES', '')}') names none; give the job a GPU, or set "
+                "BATON_DEVICE=cpu",
+            )
+        max_len = _whole("VLLM_MAX_MODEL_LEN", MAX_MODEL_LEN, "tokens")
+        forced = os.environ.get("BATON_VLLM_DTYPE", "")
+        try:
+            plan = serving.serving_plan(where, Path(model), self.max_sessions, max_len, forced=forced)
+        except ValueError as exc:
+            raise say.Die(2, str(exc)) from exc
+        if record:
+            save_json(Path(self.run_dir) / "serving.json", plan.record())
+        self.dtype = plan.precision.dtype
+        self.kv_gib = _whole("VLLM_CPU_KVCACHE_SPACE", plan.kv_cache_gib, "GiB", least=0)
+        if where == "cuda":
+            say.log(f"serving {self.dtype}: {plan.precision.reason}")
+        else:
+            say.log(
+                f"serving {self.dtype}: {plan.precision.reason}; KV cache {self.kv_gib} GiB for "
+                f"{self.max_sessions} requests of {max_len} tokens"
+            )
+        return self.dtype, self.kv_gib
+
+    def args(self, model: str) -> list[str]:
+        """The server's arguments for this machine (CPU: eager mode; GPU: data parallel over the local
+        GPUs, sleep mode) in the dtype `choose` picked (bfloat16 before it)."""
+        args = ["-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", self.name]
+        args += ["--host", "127.0.0.1", "--port", str(self.port)]
+        args += ["--max-model-len", str(_whole("VLLM_MAX_MODEL_LEN", MAX_MODEL_LEN, "tokens"))]
+        args += ["--dtype", self.dtype or "bfloat16", "--generation-config", "vllm"]
+        if device() == "cuda":
+            memory = os.environ.get("VLLM_GPU_MEMORY_UTILIZATION") or GPU_MEMORY_UTILIZATION
+            args += ["--data-parallel-size", str(gpu_count()), "--gpu-memory-utilization", memory]
+            args += ["--enable-sleep-mode"]
+        else:
+            args += ["--enforce-eager"]
+        return args
+
+    def command(self, model: str) -> list[str]:
+        """The whole command line of the server (after `choose`): dev mode for the in-place reloads."""
+        kv = "" if self.kv_gib is None else str(self.kv_gib)
+        return ["env", "VLLM_SERVER_DEV_MODE=1", f"VLLM_CPU_KVCACHE_SPACE={kv}", self.serve_py, *self.args(model)]
+
+    def answers(self) -> bool:
+        """Something answers the health check on the port (ours or not)."""
+        return self._get("/health", FOREIGN_HTTP_S) is not None
+
+    def serves(self, model: str | None = None) -> bool:
+        """A healthy server on the port serves `name` (from the folder `model`, when given)."""
+        if self._get("/health", HTTP_S) is None:
+            return False
+        body = self._get("/v1/models", HTTP_S)
+        try:
+            listed = json.loads(body or b"").get("data") or []
+        except (ValueError, AttributeError):
+            return False
+        return any(
+            isinstance(entry, dict) and entry.get("id") == self.name and (not model or entry.get("root") == model)
+            for entry in listed
+        )
+
+    def reuse(self, model: str | None = None) -> bool:
+        """Keep the server this run directory recorded when its leader still runs (same start time), its
+        group holds the port and it answers there with `name` (from `model`, when given). Otherwise stop
+        it (a record whose pid now names another process is only forgotten) and return False, so that
+        the caller starts a new one."""
+        record = self.groups.recorded(GROUP)
+        if record is None:
+            return False
+        if not self.groups.leader_alive(GROUP):
+            self.groups.stop_stale(GROUP)
+            return False
+        source = f" from {model}" if model else ""
+        if self.groups.listens(GROUP, self.port) and self.serves(model):
+            say.log(
+                f"vLLM on port {self.port} (group {record[0]}, started by this run) already serves "
+                f"{self.name}{source}; reusing it"
+            )
+            return True
+        say.warn(
+            f"the vLLM this run started (group {record[0]}) does not serve {self.name}{source} on port "
+            f"{self.port}; restarting it"
+        )
+        self.groups.stop(GROUP, 10)
+        return False
+
+    def _wait(self, deadline_s: float) -> int:
+        """Wait until the server we started answers (0); 1 past the deadline; 2 at once when its process
+        group is gone. Each poll ticks the supervisor's watches (which may end the wait by raising)."""
+        record = self.groups.recorded(GROUP)
+        if record is None:
+            return 2
+        began = time.monotonic()
+        while time.monotonic() - began < deadline_s:
+            if self.serves():
+                return 0
+            if not group_alive(record[0]):
+                return 2
+            self.supervisor.tick()
+            time.sleep(self.poll_s)
+        return 1
+
+    def start(self, model: str, deadline_s: float | None = None) -> None:
+        """Serve the folder `model`: reuse the recorded server if it still serves it on the port (reuse),
+        else start one (up to 3 attempts, each given `deadline_s` seconds to answer; default
+        BATON_VLLM_START_S) and wait for it, its output in <run_dir>/logs/vllm.log. Die(1) when the port
+        is held by a server this run did not start, or after 3 failed attempts; Die(2) when no way to
+        serve fits (choose). A watch that raises during the wait leaves the group recorded, for the
+        run's clean-up to stop."""
+        deadline = VLLM_START_S.value() if deadline_s is None else deadline_s
+        if self.reuse(model):
+            return
+        if self.answers():
+            raise say.Die(
+                1,
+                f"port {self.port} is held by a server that this run did not start; stop it or choose another "
+                "port (BATON_VLLM_PORT), or use it with --debug-mode",
+            )
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.choose(model)
+            cmd = self.command(model)
+        except say.Die as exc:
+            for line in say.error_lines(exc):
+                print(line, file=sys.stderr, flush=True)
+            raise say.Die(exc.code, f"cannot choose how to serve {model} (message above)") from exc
+        for attempt in range(1, ATTEMPTS + 1):
+            say.log(
+                f"starting vLLM ({self.name} from {model}, port {self.port}, attempt {attempt}/{ATTEMPTS}, "
+                f"log: {self.log})"
+            )
+            self.groups.start(GROUP, cmd, self.log)
+            began = time.monotonic()
+            code = self._wait(deadline)
+            if code == 0:
+                say.log(f"vLLM ready on port {self.port}")
+                self.record_weights(model)
+                return
+            if code == 2:
+                seconds = int(time.monotonic() - began)
+                say.warn(f"vLLM exited during its start-up (after {seconds}s); last lines of {self.log}:")
+            else:
+                say.warn(
+                    f"vLLM did not become healthy within {deadline:g}s (BATON_VLLM_START_S); last lines of {self.log}:"
+                )
+            _tail(self.log)
+            self.groups.stop(GROUP, 10)
+        raise say.Die(1, f"vLLM failed to start {ATTEMPTS} times; see {self.log}")
+
+    def stop(self, grace_s: float = 30) -> None:
+        """Stop the server this run started (nothing else); forget which weights it held."""
+        self.groups.stop(GROUP, grace_s)
+        (Path(self.run_dir) / "vllm.weights").unlink(missing_ok=True)
+
+    def recorded_weights(self) -> str:
+        """The weights the recorded server holds ("" when unknown)."""
+        try:
+            lines = (Path(self.run_dir) / "vllm.weights").read_text().splitlines()
+        except OSError:
+            return ""
+        return lines[0] if lines else ""
+
+    def record_weights(self, model: str) -> None:
+        """Note which weights the recorded server holds now (after a start or an in-place reload), so that
+        a later run that reuses the server knows."""
+        tmp = Path(self.run_dir) / ".vllm.weights.tmp"
+        tmp.write_text(f"{model}\n")
+        os.replace(tmp, Path(self.run_dir) / "vllm.weights")
+
+    def reload(self, model: str) -> bool:
+        """Load `model`'s weights into the running server without a restart (needs VLLM_SERVER_DEV_MODE=1,
+        which `command` sets), then drop the prefix cache computed with the old weights. False when vLLM
+        refuses either, or says the cache was not dropped ({"success":false}: blocks still held)."""
+        body = {"method": "reload_weights", "kwargs": {"weights_path": model}}
+        if self._post("/collective_rpc", body) is None:
+            return False
+        reset = self._post("/reset_prefix_cache")
+        try:
+            return reset is not None and json.loads(reset).get("success") is True
+        except (ValueError, AttributeError):
+            return False
+
+    def sleep(self) -> bool:
+        """Free the accelerator's memory for a colocated training (a no-op on CPU)."""
+        return device() != "cuda" or self._post("/sleep?level=1") is not None
+
+    def wake(self) -> bool:
+        """Undo `sleep` (a no-op on CPU)."""
+        return device() != "cuda" or self._post("/wake_up") is not None
+
+    def fingerprint(self) -> str:
+        """The greedy tokens and logprobs of a fixed prompt (they identify the served weights); "" when
+        the server gives none."""
+        base_url = f"http://127.0.0.1:{self.port}/v1"
+        try:
+            return serving.fingerprint(base_url, self.name)
+        except OSError as exc:
+            print(f"[baton] error: no fingerprint from {base_url}: {exc}", file=sys.stderr, flush=True)
+        except (ValueError, LookupError, TypeError):
+            pass
+        return ""
+
+    def serve_new(self, model: str) -> str:
+        """Serve `model` in place of the current weights: an in-place reload when the fingerprint changes,
+        else (reload refused, no visible change, or a folder that cannot be reloaded exactly) a restart.
+        Returns "reload", "restart", or "unchanged" when even a restart serves the same outputs (the
+        update did not move the weights at served precision)."""
+        began = time.monotonic()
+        before = self.fingerprint()
+        try:
+            why = serving.reload_blocker(Path(model))
+        except Exception:  # an unreadable folder: vllm.sh's helper failed the same way, without a reason
+            why = ""
+        if why is not None:
+            say.warn(
+                f"{why or f'{model} cannot be reloaded in place'}; restarting vLLM on it (an in-place reload "
+                "would keep the old output head)"
+            )
+        elif self.reload(model):
+            after = self.fingerprint()
+            if after and after != before:
+                seconds = int(time.monotonic() - began)
+                say.log(f"vLLM reloaded {model} in place in {seconds}s (served outputs changed)")
+                self.record_weights(model)
+                return "reload"
+            say.warn(f"in-place reload left the served outputs unchanged; restarting vLLM on {model} to make sure")
+        else:
+            say.warn(f"in-place reload is unavailable on port {self.port}; restarting vLLM on {model}")
+        self.stop()
+        self.start(model)
+        after = self.fingerprint()
+        if before and after == before:
+            say.warn(
+                f"the new policy {model} gives the same greedy outputs as the old one (an update too small to show)"
+            )
+            return "unchanged"
+        return "restart"
