@@ -160,11 +160,16 @@ class PolicyServer:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if body is not None else {}
         request = urllib.request.Request(self._url(path), data=data, headers=headers, method="POST")
-        try:
-            with _OPENER.open(request, timeout=VLLM_RELOAD_S.value()) as response:
-                return response.read()
-        except (OSError, http.client.HTTPException):
-            return None
+
+        def send() -> bytes | None:
+            try:
+                with _OPENER.open(request, timeout=VLLM_RELOAD_S.value()) as response:
+                    return response.read()
+            except (OSError, http.client.HTTPException):
+                return None
+
+        # A reload or a wake-up may take minutes: the run's watches (its heartbeat) tick meanwhile.
+        return self.supervisor.call(send)
 
     def choose(self, model: str, record: bool = True) -> tuple[str, int]:
         """Pick the serving dtype and the CPU KV-cache size for this machine (coordinator/serving.py),
