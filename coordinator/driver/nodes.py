@@ -363,11 +363,15 @@ class Node:
 
     def publish(self, step: int, phase: str, data: dict[str, Any]) -> None:
         """The master tells every rank what it decided (its arrival at the step's `phase` barrier)."""
+        if not self.multi:
+            return
         with self._protocol(f"publishing the {phase} of step {step}"):
             arrive(Cluster(self.protocol_root, self.run_id, rank=0), step, phase, pid=self.me[1], data=data)
 
     def receive(self, step: int, phase: str) -> dict[str, Any]:
         """A worker waits for the master's decision (`publish`) and returns it."""
+        if not self.multi:
+            return {}
         return self._wait(step, phase, [0], RECEIVE_REPORT_S).merged()
 
     def _wait(self, iteration: int, phase: str, ranks: list[int] | None, report_s: float) -> Synced:
@@ -381,9 +385,9 @@ class Node:
         master's loss ends the wait."""
         cluster, record, rank = self._cluster(), self._run_record(), self.args.rank
         expected = list(range(record.num_nodes)) if ranks is None else ranks
-        continuing = record.on_rank_failure == "continue"
+        continuing, planned = record.on_rank_failure == "continue", dict(self.planned)
         if continuing:
-            expected = [r for r in expected if r in (0, rank) or r in self.planned]
+            expected = [r for r in expected if r in (0, rank) or r in planned]
         watcher = LivenessWatcher(cluster, expected, record.dead_after_s)
 
         def tick(progress: BarrierWait) -> None:
@@ -396,7 +400,7 @@ class Node:
         membership: dict[str, Any] = {}
         if continuing:
             peers = PeerWatch(cluster, list(range(record.num_nodes)), record.dead_after_s, "continue")
-            membership = {"drop": lambda missing: peers.drop(missing, self.planned), "fatal": [0]}
+            membership = {"drop": lambda missing: peers.drop(missing, planned), "fatal": [0]}
         result = wait_barrier(
             cluster,
             iteration,
