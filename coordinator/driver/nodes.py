@@ -585,28 +585,9 @@ def _ended_exit(rc: int, code: int, reason: str) -> int:
     return rc
 
 
-def apply_node_file(args: Args) -> str:
-    """Export this rank's settings from --node-file (or BATON_NODE_FILE) into os.environ: environment
-    variables, interpreters, vLLM port, address. Returns the node address to use (--node-addr, else the
-    file's or the environment's BATON_NODE_ADDR). A bad file ends the run with exit 2, naming each problem."""
-    from coordinator.nodefile import load_node_file, node_env
-
-    path = getattr(args, "node_file", "") or os.environ.get("BATON_NODE_FILE", "")
-    if path:
-        try:
-            exports = node_env(load_node_file(Path(path), args.num_nodes), args.rank)
-        except ConfigError as exc:
-            for problem in exc.problems:
-                say.log(f"error: {problem}")
-            raise say.Ended(Exit.BAD_INPUT) from exc
-        os.environ.update(exports)
-        if exports:
-            say.log(f"node file {path}: rank {args.rank} sets {' '.join(exports)}")
-    return args.node_addr or os.environ.get("BATON_NODE_ADDR", "")
-
-
 def slurm_in_step() -> bool:
-    """A task of a Slurm job step (srun): a batch script's own shell has SLURM_PROCID but no step id."""
+    """A task of a Slurm job step (srun): a batch script's own shell has SLURM_PROCID but no step id.
+    (cli.py has the same test; this one keeps nodes.py free of the command line's module.)"""
     step = os.environ.get("SLURM_STEP_ID", "")
     return bool(step and os.environ.get("SLURM_PROCID", "")) and step != "batch"
 

@@ -25,7 +25,7 @@ import pytest
 from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Eviction, StopRequest
 from coordinator.driver import say
-from coordinator.driver.nodes import Members, Node, apply_node_file
+from coordinator.driver.nodes import Members, Node
 from coordinator.driver.supervise import Supervisor
 from coordinator.membership import pid_running, pid_started, start_run
 from tests.unit.coordinator.fakes import old_run
@@ -74,22 +74,29 @@ except ImportError:  # procs.py is not there yet
     Groups = LocalGroups  # type: ignore[misc,assignment]
 
 
-@dataclass
-class Args:
-    """cli.Args as far as Node reads it."""
+try:
+    from coordinator.driver.cli import Args  # type: ignore[attr-defined]
+except ImportError:  # cli.py is not there yet
 
-    log: str
-    rank: int
-    num_nodes: int = 2
-    rank_weights: str = "1,1"
-    phase: str = "both"
-    node_addr: str = "127.0.0.1"
-    on_failure: str = "abort"
-    node_file: str = ""
+    @dataclass
+    class Args:  # type: ignore[no-redef]
+        """cli.Args as far as Node reads it."""
 
-    @property
-    def weights(self) -> list[int]:
-        return [int(w) for w in self.rank_weights.split(",")]
+        log: str = ""
+        phase: str = ""
+        num_nodes: int = 1
+        rank_weights: str = ""
+        rank: int = 0
+        node_addr: str = ""
+        on_failure: str = "abort"
+
+        @property
+        def weights(self) -> list[int]:
+            return [int(w) for w in self.rank_weights.split(",")] if self.rank_weights else [1]
+
+
+#: the command line of a node of the tests' runs (2 nodes, weights 1,1, --rl-phase both, on the loopback)
+NODE_ARGS: dict[str, object] = {"num_nodes": 2, "rank_weights": "1,1", "phase": "both", "node_addr": "127.0.0.1"}
 
 
 #: every wait of a test ends within this (a wait that should end but does not fails the test instead of hanging)
@@ -133,7 +140,15 @@ class Nodes:
         run_dir = self.log / "run" / f"rank_{rank}"
         supervisor = Supervisor(poll_s=0.1)
         supervisor.add(self.signals.watch)
-        node = Node(Args(str(self.log), rank, **args), run_dir, Groups(run_dir), supervisor, ROOT, sys.executable, 8999)
+        node = Node(
+            Args(log=str(self.log), rank=rank, **{**NODE_ARGS, **args}),
+            run_dir,
+            Groups(run_dir),
+            supervisor,
+            ROOT,
+            sys.executable,
+            8999,
+        )
         self.made.append(node)
         return node
 
@@ -443,27 +458,3 @@ def test_a_training_partner_s_failed_part_stops_this_node_s_part_once(
         " finish without it: stopping this node's part instead of waiting for it"
     ) in capsys.readouterr().err
     master.unwatch_partners()
-
-
-def test_the_node_file_exports_this_rank_s_settings_and_a_bad_one_exits_2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.delenv("BATON_NODE_ADDR", raising=False)
-    monkeypatch.setenv("NODE_FILE_PROBE", "")
-    monkeypatch.setenv("BATON_VLLM_PORT", "")
-    good = tmp_path / "nodes.yaml"
-    good.write_text(
-        "node_groups:\n  - {label: one, node_ranks: 1, env_vars: {NODE_FILE_PROBE: x}, vllm_port: 8123,"
-        " node_addr: 10.0.0.2}\n"
-    )
-    args = Args("/log", 1, node_addr="", node_file=str(good))
-    assert apply_node_file(args) == "10.0.0.2"
-    assert (os.environ["NODE_FILE_PROBE"], os.environ["BATON_VLLM_PORT"]) == ("x", "8123")
-    assert capsys.readouterr().err == (
-        f"[baton] node file {good}: rank 1 sets NODE_FILE_PROBE BATON_VLLM_PORT BATON_NODE_ADDR\n"
-    )
-    assert apply_node_file(Args("/log", 1, node_addr="10.9.9.9", node_file=str(good))) == "10.9.9.9"
-    with pytest.raises(say.Ended) as caught:
-        apply_node_file(Args("/log", 1, node_file=str(tmp_path / "missing.yaml")))
-    assert caught.value.code == 2 and say.error_lines(caught.value) == []
-    assert "[baton] error: --node-file" in capsys.readouterr().err
