@@ -149,12 +149,15 @@ def wait_barrier(
     clock: Callable[[], float] = time.monotonic,
     drop: Callable[[list[int]], list[int]] | None = None,
     fatal: list[int] | None = None,
+    on_poll: Callable[[], None] | None = None,
 ) -> BarrierResult:
     """Return when every rank in `ranks` has arrived; raise as soon as waiting can no longer succeed.
 
     `on_tick` is called every `tick_s` seconds of waiting with who is missing. With `drop`
     (--on-rank-failure continue), the missing ranks it returns are out of the run: the wait goes on
     without them (BarrierResult.gone), and only the `fatal` ranks' loss fails it (default: all).
+    `on_poll` runs before every sleep: the driver's watches (its heartbeat, its signals) tick during the wait,
+    and whatever it raises ends the wait.
     """
     check_phase(phase)
     start = clock()
@@ -178,4 +181,6 @@ def wait_barrier(
         if on_tick is not None and now >= next_tick:
             on_tick(BarrierWait(iteration, phase, missing, now - start))
             next_tick = now + tick_s
+        if on_poll is not None:
+            on_poll()
         time.sleep(poll_s)

@@ -216,13 +216,15 @@ def start_run(
     poll_s: float = 0.2,
     on_wait: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    on_poll: Callable[[], None] | None = None,
 ) -> RunRecord:
     """Start a run as its master (rank 0): check, write run.json (new run_id), pinned.json once, register rank 0.
 
     Refused (ConfigError) when the values disagree with pinned.json; refused (MasterAlive) when
     the master that run.json names still beats, watched for up to `alive_window_s` (default: its
     dead_after_s). Then run.sh starts the heartbeat of rank 0. `me` (default: this process) registers as rank 0;
-    `started` is its pid's start time (default: read here, pid_started).
+    `started` is its pid's start time (default: read here, pid_started). `on_poll` runs before every sleep
+    of the watch (the driver's watches tick; what it raises ends the start).
     """
     problems = check_nodes(num_nodes, rank_weights) + _check_timing(heartbeat_interval_s, dead_after_s, on_rank_failure)
     if problems:
@@ -235,7 +237,7 @@ def start_run(
             f" ({Layout(log_path).pinned}, run {pinned.first_run_id});"
             " start with the pinned values, or use a new --log-path"
         )
-    _refuse_live_master(MasterWatch(log_path, alive_window_s, clock), poll_s, on_wait)
+    _refuse_live_master(MasterWatch(log_path, alive_window_s, clock), poll_s, on_wait, on_poll)
     me = me or Endpoint(socket.gethostname(), default_addr(), os.getpid())
     record = RunRecord(
         run_id=uuid.uuid4().hex,
@@ -260,13 +262,18 @@ def start_run(
     return record
 
 
-def _refuse_live_master(watch: MasterWatch, poll_s: float, on_wait: Callable[[str], None] | None) -> None:
+def _refuse_live_master(
+    watch: MasterWatch,
+    poll_s: float,
+    on_wait: Callable[[str], None] | None,
+    on_poll: Callable[[], None] | None = None,
+) -> None:
     told = False
     while (state := watch.poll()) == "watching" and not watch.gone_here():
         if on_wait is not None and not told:
             on_wait(watch.describe(state))
             told = True
-        time.sleep(poll_s)
+        _pause(poll_s, on_poll)
     if state == "alive":
         rec = watch.record
         assert rec is not None
@@ -294,13 +301,15 @@ def join_run(
     poll_s: float = 0.2,
     on_wait: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    on_poll: Callable[[], None] | None = None,
 ) -> RunRecord:
     """Join the run of the live master as `rank`; wait up to `wait_s` for one; register this node.
 
     A run.json left by a master that is gone never counts: the master must be seen beating.
     `on_wait` gets a line each time what we wait for changes. `me` (default: this process) and `started`
     (its pid's start time, default: read here) name this start of the node: an eviction of an earlier start
-    with the same host name and pid (a restarted container) is not this one's.
+    with the same host name and pid (a restarted container) is not this one's. `on_poll` runs before every
+    sleep of the waits (the driver's watches tick: a signal to the node ends the join at once).
     """
     problems = check_nodes(num_nodes, rank_weights)
     if num_nodes >= 2 and not 1 <= rank < num_nodes:
@@ -322,7 +331,7 @@ def join_run(
         told = line
         if clock() >= deadline:
             raise JoinTimeout(f"no live master on {log_path} after {wait_s:g} s: {line}")
-        time.sleep(poll_s)
+        _pause(poll_s, on_poll)
     record = watch.record
     assert record is not None
     if (record.num_nodes, record.rank_weights) != (num_nodes, list(rank_weights)):
@@ -335,7 +344,7 @@ def join_run(
     mine = (me.host, me.pid, pid_started(me.pid) if started is None else started)
     cluster = Cluster(Path(log_path), record.run_id, rank=rank, me=mine)
     if record.on_rank_failure == "continue":
-        _await_eviction(cluster, rank, mine, record.dead_after_s * 2 + 10, poll_s, on_wait, clock)
+        _await_eviction(cluster, rank, mine, record.dead_after_s * 2 + 10, poll_s, on_wait, clock, on_poll)
     _refuse_taken_rank(cluster, rank, mine)
     cluster.register(NodeRecord(rank, me.host, me.addr, me.pid, vllm_port, time.time(), mine[2]))
     cluster.check_standing()  # a stopped or superseded run (an eviction of an earlier incarnation is not ours)
@@ -350,6 +359,7 @@ def _await_eviction(
     poll_s: float,
     on_wait: Callable[[str], None] | None,
     clock: Callable[[], float],
+    on_poll: Callable[[], None] | None = None,
 ) -> None:
     """A continue run: a restarted rank whose earlier registration is not evicted yet waits (up to wait_s)
     for the master to evict it, so that every step knows which of the two it planned with."""
@@ -363,7 +373,14 @@ def _await_eviction(
                 f"rank {rank} is still registered to {other.host} (pid {other.pid}): waiting for the master to evict it"
             )
             told = True
-        time.sleep(poll_s)
+        _pause(poll_s, on_poll)
+
+
+def _pause(poll_s: float, on_poll: Callable[[], None] | None) -> None:
+    """One poll's pause of a wait: `on_poll` first (the caller's watches; what it raises ends the wait)."""
+    if on_poll is not None:
+        on_poll()
+    time.sleep(poll_s)
 
 
 def _refuse_taken_rank(cluster: Cluster, rank: int, me: Incarnation) -> None:

@@ -254,3 +254,19 @@ def test_fence_exits_4_once_a_newer_master_start_superseded_the_run(
     new = old_run(tmp_path)  # a new master start rewrote run.json
     assert dispatch(build_parser().parse_args(argv)) == 4
     assert f"run stopped: run {old.run_id} was superseded by run {new.run_id}" in capsys.readouterr().err
+
+
+def test_on_poll_ticks_during_the_wait_and_what_it_raises_ends_it(tmp_path: Path) -> None:
+    class Signalled(Exception):
+        pass
+
+    polls: list[float] = []
+
+    def driver_watches() -> None:  # the driver's watches: a signal seen at the third poll ends the wait
+        polls.append(time.monotonic())
+        if len(polls) == 3:
+            raise Signalled
+
+    with pytest.raises(Signalled):
+        wait_barrier(node(tmp_path, 1), 2, "update", [0, 1], None, on_poll=driver_watches, **QUICK)
+    assert len(polls) == 3

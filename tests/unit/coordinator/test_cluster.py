@@ -237,3 +237,22 @@ def test_not_running_tells_a_running_run_from_an_earlier_run_s_record(tmp_path: 
     stopped = start_run(tmp_path / "stopped", 2, [1, 1], me=ME, **QUICK)
     Cluster(tmp_path / "stopped", stopped.run_id).request_stop(StopRequest("operator", None, "h", 1))
     assert not_running(tmp_path / "stopped") == "it was asked to stop already (stop.json)"
+
+
+def test_the_waits_of_start_and_join_tick_on_poll_and_end_on_what_it_raises(tmp_path: Path) -> None:
+    class Signalled(Exception):
+        pass
+
+    polls: list[str] = []
+
+    def driver_watches(who: str) -> None:  # the driver's watches: a signal seen at the third poll ends the wait
+        polls.append(who)
+        if polls.count(who) == 3:
+            raise Signalled
+
+    with pytest.raises(Signalled):  # no master yet: the join waits
+        join_run(tmp_path, 1, 2, [1, 1], wait_s=30, me=ME, poll_s=0.02, on_poll=lambda: driver_watches("join"))
+    old_run(tmp_path, host=socket.gethostname(), pid=1, dead_after_s=30)  # a master elsewhere, watched for 30 s
+    with pytest.raises(Signalled):
+        start_run(tmp_path, 2, [1, 1], me=ME, **QUICK, on_poll=lambda: driver_watches("start"))
+    assert polls == ["join"] * 3 + ["start"] * 3
