@@ -360,7 +360,7 @@ def cmd_members(args: argparse.Namespace) -> int:
     members = ranks
     if record.on_rank_failure == "continue":
         deadline = time.monotonic() + (args.wait_all or 0)
-        while len(cluster.nodes()) < record.num_nodes - 1 and time.monotonic() < deadline:
+        while len(cluster.nodes()) < record.num_nodes and time.monotonic() < deadline:
             time.sleep(args.poll)
         members = cluster.members(record.num_nodes, args.planned)
     nodes = cluster.nodes()

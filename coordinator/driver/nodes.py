@@ -336,8 +336,8 @@ class Node:
         members = ranks
         if record.on_rank_failure == "continue":
             end = self.supervisor.clock() + wait_s
-            # (as `coordinator members --wait-all`: until num_nodes - 1 registrations, the master's included)
-            while len(cluster.nodes()) < record.num_nodes - 1 and self.supervisor.clock() < end:
+            # every rank registered (the master's registration is one of them)
+            while len(cluster.nodes()) < record.num_nodes and self.supervisor.clock() < end:
                 self.supervisor.sleep(MEMBERS_POLL_S)
             members = cluster.members(record.num_nodes, planned)
         nodes = cluster.nodes()

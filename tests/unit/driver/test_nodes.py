@@ -458,3 +458,16 @@ def test_a_training_partner_s_failed_part_stops_this_node_s_part_once(
         " finish without it: stopping this node's part instead of waiting for it"
     ) in capsys.readouterr().err
     master.unwatch_partners()
+
+
+def test_the_first_step_of_a_continue_run_waits_for_every_rank_to_join(nodes: Nodes) -> None:
+    master, worker = nodes.make(0, on_failure="continue"), nodes.make(1, on_failure="continue")
+    master.start(1)
+    joined = threading.Timer(1.0, worker.start, args=(0,))
+    joined.start()
+    try:
+        members = master.members(1)
+    finally:
+        joined.join()
+    assert members.ranks == [0, 1]
+    assert members.incarnations[1] == worker.me
