@@ -315,20 +315,33 @@ def cmd_fail(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     """Ask the run to stop; with --if-running only a run that runs (exit 4 naming why it does not, asking nothing):
     run.sh --stop then stops a single-node run of the log path instead of an earlier multi-node run's record."""
-    cluster, _ = this_run(args)
-    if args.if_running:
-        why = not_running(args.log_path, on_wait=say)
+    ask_stop(args.log_path, args.reason, os.getppid(), run_id=args.run_id, rank=args.rank, if_running=args.if_running)
+    return 0
+
+
+def ask_stop(
+    log_path: str,
+    reason: str,
+    pid: int,
+    *,
+    run_id: str | None = None,
+    rank: int | None = None,
+    if_running: bool = False,
+) -> None:
+    """`stop` in-process: ask the run on `log_path` (a protocol root, as `protocol_root` gives it) to stop, as
+    process `pid` (the driver: its own pid) of this host. Raises what `stop` turns into its exit code (`report`):
+    RunNotRunning with `if_running` for a run that is not running, ConfigError where no run is recorded."""
+    cluster, _ = this_run(argparse.Namespace(log_path=log_path, run_id=run_id, rank=rank))
+    if if_running:
+        why = not_running(log_path, on_wait=say)
         if why is not None:
-            raise RunNotRunning(
-                f"run {cluster.run_id} on {args.log_path} is not running ({why}): not asking it to stop"
-            )
+            raise RunNotRunning(f"run {cluster.run_id} on {log_path} is not running ({why}): not asking it to stop")
     earlier = cluster.stop_request()
     if earlier is not None:  # the first request's reason is the one every node reports
         say(f"run {cluster.run_id} was already asked to stop: {earlier.reason}")
-        return 0
-    cluster.request_stop(StopRequest(args.reason, args.rank, socket.gethostname(), os.getppid()))
-    say(f"asked run {cluster.run_id} to stop: {args.reason}")
-    return 0
+        return
+    cluster.request_stop(StopRequest(reason, rank, socket.gethostname(), pid))
+    say(f"asked run {cluster.run_id} to stop: {reason}")
 
 
 def cmd_finish(args: argparse.Namespace) -> int:
@@ -572,15 +585,21 @@ def dispatch(args: argparse.Namespace) -> int:
         args.log_path = str(protocol_root(args.log_path, args.group))
     try:
         return args.func(args)
-    except ConfigError as exc:
+    except (ConfigError, ClusterError) as exc:
+        return report(exc)
+    except KeyboardInterrupt:
+        return Exit.SIGINT
+
+
+def report(exc: ConfigError | ClusterError) -> int:
+    """Say a subcommand's bad input or protocol outcome on stderr as the CLI does; return its exit code
+    (2 bad input, 3 a rank failed, 4 not running, ...). An in-process caller reports the same way."""
+    if isinstance(exc, ConfigError):
         for problem in exc.problems:
             say(f"error: {problem}")
         return Exit.BAD_INPUT
-    except ClusterError as exc:
-        say(f"{'' if isinstance(exc, (RunFinished, RunNotRunning)) else 'error: '}{exc}")
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return Exit.SIGINT
+    say(f"{'' if isinstance(exc, (RunFinished, RunNotRunning)) else 'error: '}{exc}")
+    return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@
 
 Names inside a folder someone already holds (`iteration_name`, `journal_name`,
 `manifest_name`, `version_name`, ...) are plain functions; `iterations(folder)`
-lists a folder's `iter_<NNNN>` entries (the one listing here; the rest is
-path arithmetic, and nothing reads or writes a file). It sits at the bottom of the import graph so that
+lists a folder's `iter_<NNNN>` entries and `Layout.owners()` every rank's owner
+records (the two listings here; the rest is path arithmetic, and nothing reads or
+writes a file). It sits at the bottom of the import graph so that
 rollout_engine, training and coordinator (and bench) all spell a path one way;
 tests/unit/test_layout.py checks that no other module formats `iter_%04d` or
 `v%04d`. Bash still spells some of these paths (scripts/lib/iteration.sh,
@@ -35,6 +36,8 @@ JOURNAL = re.compile(r"rank_(\d+)(?:\.takeover_(\d+))?\.jsonl")
 TAKEOVER_JOURNAL = re.compile(r"rank_(\d+)\.takeover_(\d+)\.jsonl")
 #: phases of an iteration that leave a marker `<phase>.done` in its state folder
 MARKER_SUFFIX = ".done"
+#: a rank's owner record of one role, `owner.<role>` in its run folder (and `owner.lock`, the claims' lock)
+OWNER_PREFIX = "owner."
 
 
 def iteration_name(iteration: int) -> str:
@@ -98,6 +101,11 @@ def manifest_name(journal: str) -> str:
 def rollout_config_name(rank: int, takeover: bool = False) -> str:
     """The resolved config a rollout saves beside its journal (a takeover's apart from the rank's own)."""
     return f"rank_{rank}.takeover.config.yaml" if takeover else f"rank_{rank}.config.yaml"
+
+
+def owner_role(name: str) -> str | None:
+    """The role of an owner record's name (`owner.rollout` -> rollout), None for any other name."""
+    return name.removeprefix(OWNER_PREFIX) if name.startswith(OWNER_PREFIX) else None
 
 
 def rank_file_name(rank: int, suffix: str = "") -> str:
@@ -189,6 +197,14 @@ class Layout:
     def phase_log(self, rank: int, iteration: int, what: str) -> Path:
         """`run/rank_<r>/logs/iter_<NNNN>.<what>.log` (what: update, train, test, revert, ...)."""
         return self.logs_dir(rank) / f"{iteration_name(iteration)}.{what}.log"
+
+    def owner(self, rank: int, role: str) -> Path:
+        """`run/rank_<r>/owner.<role>`: `host pid start_time` of the run.sh that runs `role` on rank r."""
+        return self.rank_dir(rank) / f"{OWNER_PREFIX}{role}"
+
+    def owners(self) -> list[Path]:
+        """Every rank's `run/rank_*/owner.*` (owner.lock, the claims' lock file, among them), sorted."""
+        return sorted(self.root.glob(f"run/rank_*/{OWNER_PREFIX}*"))
 
     def pids_dir(self, rank: int) -> Path:
         return self.rank_dir(rank) / "pids"

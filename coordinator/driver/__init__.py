@@ -5,6 +5,7 @@
 
     cli.py        the command line: flags, usage, every rule of the argument table (exit 2)
     say.py        [baton] lines on stderr, and the exceptions that end the run with an exit code
+    stop.py       --stop: ask a multi-node run to stop, else SIGTERM this host's run.sh of the log path
     procs.py      process groups: start in a new session, record, stop exactly those; role claims
     supervise.py  waiting for a child while the run's watches (heartbeat, peers, signals) tick
     vllm.py       the policy server: arguments, start, reuse, reload, sleep/wake, stop
