@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     try:
         args = cli.parse(argv)
         if args.help:
-            print(cli.usage(), end="")
+            print(cli.usage())
             return 0
         if args.stop:
             from coordinator.driver.stop import stop_run

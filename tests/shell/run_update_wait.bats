@@ -73,8 +73,7 @@ join_of() {
   [ -e "$LOG/run/rank_0/owner.update" ]
 
   local kids rc=0
-  kids=$(ps -o pid= --ppid "$BG" | tr -d ' ')
-  [ -n "$kids" ]
+  kids=$(ps -o pid= --ppid "$BG" | tr -d ' ') # (none, usually: the driver waits in-process, not in a sleep child)
   kill -TERM "$BG"
   # SIGTERM ends the wait (in seconds): a wait it did not end would last its 600 s poll
   ends_within 60 "$BG" "run.sh after SIGTERM during its wait for a train rollout"
