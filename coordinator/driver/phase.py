@@ -46,12 +46,13 @@ def run_group(
         watch_start(run, name)
     try:
         code = run.supervisor.wait(group, total_s=total_s, stall_s=stall_s, progress=progress)
-        if code == EXPIRED:
-            warn(f"{name}: {run.supervisor.expired}; stopping it")
-            run.groups.stop(name, 10)
     finally:
-        run.groups.forget(name)
+        # (a wait ended by a signal or a dead peer leaves the group recorded: the clean-up stops it)
         watch_stop(run)  # before the driver prints again: a terminal's live block is cleared first
+    if code == EXPIRED:
+        warn(f"{name}: {run.supervisor.expired}; stopping it")
+        run.groups.stop(name, 10)
+    run.groups.forget(name)
     took = int(time.monotonic() - start)
     if code == EXPIRED:
         warn(f"{name}: stopped after {took}s (log: {logfile})")
