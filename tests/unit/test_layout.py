@@ -99,6 +99,21 @@ def test_iterations_lists_only_iteration_entries(tmp_path):
     assert iterations(tmp_path) == [(2, tmp_path / "iter_0002"), (10, tmp_path / "iter_0010")]
 
 
+def path_strings(path: Path) -> list[ast.Constant]:
+    """The string constants of the module at `path`, its docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    }
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
 def test_the_driver_keeps_its_iteration_state_where_the_layout_says(tmp_path):
     """The driver marks phases through coordinator/runstate (Layout.state_dir), in the folder and files the Bash
     loop wrote (`<log>/run/state/iter_<NNNN>/<phase>.done`, `times`): a log path it left resumes; and no driver
@@ -111,9 +126,7 @@ def test_the_driver_keeps_its_iteration_state_where_the_layout_says(tmp_path):
     spelled = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
         for path in sorted((ROOT / "coordinator" / "driver").glob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and (node.value in ("state", "times") or "run/state" in node.value or node.value.endswith(".done"))
+        for node in path_strings(path)
+        if node.value in ("state", "times") or "run/state" in node.value or node.value.endswith(".done")
     ]
     assert not spelled, "use Layout.state_dir / coordinator.runstate:\n" + "\n".join(spelled)
