@@ -11,7 +11,7 @@ waits until the fault's phase runs (its group's record `run/rank_0/pids/<name>.p
 until the iteration is done, and checks the log path (bench/chaos_checks.py): every planned episode once,
 the policy chain, one record per iteration, no phase past its deadline, nothing left running. Every
 signal goes to the run.sh this harness started (its Popen) or to a group the run recorded, after the
-leader's start time is checked as scripts/lib/procs.sh does; nothing else is ever signalled.
+leader's start time is checked as coordinator/driver/procs.py does; nothing else is ever signalled.
 
 Prints a line per round and a table by fault (stdout; run.sh's output goes to `<log>/chaos/`), and the
 same as JSON with `--out`. docs/reliability.md has the catalogue, the deadlines and a soak's table.

@@ -323,7 +323,7 @@ def check_deadlines(log: Path, deadlines: dict[str, float]) -> list[str]:
 
 
 def start_time(pid: int) -> str | None:
-    """The start time of `pid` in clock ticks since boot, as scripts/lib/procs.sh reads it; None when it is gone."""
+    """The start time of `pid` in clock ticks since boot, as coordinator/driver/procs.py reads it; None when gone."""
     try:
         return str(start_ticks(psutil.Process(pid)))
     except psutil.NoSuchProcess:
@@ -359,8 +359,8 @@ def ancestors() -> set[int]:
 
 
 def leftover_processes(log: Path, needles: list[str] = ()) -> list[str]:
-    """Live processes of the run: recorded groups still running (leader's start time checked, as procs.sh
-    does), and processes whose command line names the log path or a needle."""
+    """Live processes of the run: recorded groups still running (leader's start time checked, as the
+    driver's procs.py does), and processes whose command line names the log path or a needle."""
     left = []
     for path, pgid, start in recorded_groups(log):
         now = start_time(pgid)

@@ -27,7 +27,7 @@ included; the policy chain; one record per iteration; phase deadlines; nothing l
 surviving nodes took to stop after the fault (the deadline: `dead_after_s`, two beats and the clean-up's).
 
 Every signal goes to a run.sh this harness started (its Popen: a session of its own) or to a group the run
-recorded, after the leader's start time is checked (bench/chaos_checks.start_time, as scripts/lib/procs.sh does).
+recorded, after the leader's start time is checked (bench/chaos_checks.start_time, as coordinator/driver/procs.py does).
 Nothing is found by name. docs/reliability.md ("Several nodes") has a soak's table and what it found.
 """
 
@@ -51,7 +51,7 @@ from bench.chaos_checks import check_log, start_time
 from coordinator.runstate import next_iteration
 from rollout_engine.layout import Layout
 
-#: what a node's clean-up may take once it noticed (procs_stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
+#: what a node's clean-up may take once it noticed (Groups.stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
 CLEANUP_S = 60.0
 #: how far into a phase a fault may strike (seconds; on 2 cores a node's 48 episodes take ~15 s, its training ~30 s)
 SPREAD_S = {"train_rollout": 6.0, "training": 10.0}
@@ -351,7 +351,7 @@ class ChaosNodes:
             time.sleep(0.2)
 
     def next_iteration(self) -> int:
-        """The iteration the master runs now (scripts/lib/iteration.sh iteration_next)."""
+        """The iteration the master runs now (coordinator/runstate.py next_iteration, as the driver reads it)."""
         return next_iteration(self.log)
 
     def round(self, number: int, fault: NodeFault, delay: float, deadlines: dict[str, float]) -> NodeRound:

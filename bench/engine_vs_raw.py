@@ -12,8 +12,8 @@ time, journal fsyncs, status.json and scoring included). The raw side sends
 exactly the messages the engine sent (read back from its journal) with the
 plain `openai` async client: same max_tokens, same temperature, same
 concurrency, no environment, nothing written. The prefix cache is reset before
-every measured run when the server allows it (dev-mode vLLM, as vllm.sh
-starts it). The last line printed is the ratio engine / raw.
+every measured run when the server allows it (dev-mode vLLM, as the driver's
+PolicyServer starts it). The last line printed is the ratio engine / raw.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `serve(args)` is a context manager yielding the OpenAI base URL. Without
 `--base-url` it prepares the data path with `scripts/prepare.sh` (default
 model under `<data>/models/SmolLM2-135M-Instruct`), starts vLLM through the
-product's shell library (`scripts/lib/vllm.sh`: `vllm_start` records the
+product's driver (coordinator/driver/vllm.py: `PolicyServer.start` records the
 server's process group under a run directory) and stops exactly that group on
 exit, SIGINT and SIGTERM included.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -20,8 +21,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from coordinator.driver import say
+from coordinator.driver.procs import Groups
+from coordinator.driver.supervise import Supervisor
+from coordinator.driver.vllm import PolicyServer
+
 REPO = Path(__file__).resolve().parents[1]
-LIBS = "; ".join(f"source scripts/lib/{lib}.sh" for lib in ("common", "envs", "procs", "vllm"))
 MODEL = "models/SmolLM2-135M-Instruct"
 
 logger = logging.getLogger(__name__)
@@ -39,9 +44,15 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None, help="where vLLM's log and pid go (default: a temp dir)")
 
 
-def _bash(command: str) -> subprocess.CompletedProcess[str]:
-    script = f"set -Eeuo pipefail; {LIBS}; envs_export; {command}"
-    return subprocess.run(["bash", "-c", script], cwd=REPO, text=True, check=False, stdout=subprocess.PIPE)
+def serve_python() -> str:
+    """The serve environment's interpreter: BATON_SERVE_PY (envs_export), else the one envs.sh names."""
+    if os.environ.get("BATON_SERVE_PY"):
+        return os.environ["BATON_SERVE_PY"]
+    script = "source scripts/lib/common.sh; source scripts/lib/envs.sh; envs_python serve"
+    out = subprocess.run(["bash", "-c", script], cwd=REPO, text=True, check=False, stdout=subprocess.PIPE)
+    if out.returncode != 0:
+        raise SystemExit("the serve environment is not set up (message above); run: bash scripts/setup.sh")
+    return out.stdout.strip()
 
 
 def prepare_data(data_path: Path) -> Path:
@@ -78,14 +89,16 @@ def serve(args: argparse.Namespace) -> Iterator[str]:
     model_dir = prepare_data(args.data_path)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="baton-bench-"))
     port = free_port()
+    server = PolicyServer(run_dir, port, args.model, Groups(run_dir), Supervisor(), serve_python())
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        logger.info("starting vLLM on port %d (log: %s/logs/vllm.log)", port, run_dir)
-        out = _bash(f'vllm_start "{run_dir}" "{model_dir}" {port} "{args.model}" 600')
-        if out.returncode != 0:
-            raise SystemExit(f"vLLM did not start (exit {out.returncode}); see {run_dir}/logs/vllm.log")
+        logger.info("starting vLLM on port %d (log: %s)", port, server.log)
+        try:
+            server.start(str(model_dir), deadline_s=600)
+        except say.Ended as exc:
+            raise SystemExit(f"vLLM did not start (exit {exc.code}: {exc.message}); see {server.log}") from exc
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         logger.info("stopping the vLLM we started (process group in %s/pids)", run_dir)
-        _bash(f'vllm_stop "{run_dir}"')
+        server.stop()
         signal.signal(signal.SIGTERM, previous)

@@ -190,8 +190,8 @@ def pid_running(pid: int) -> bool:
 
 def pid_started(pid: int) -> int:
     """When the process `pid` of this host started (clock ticks since boot, field 22 of /proc/<pid>/stat, as
-    scripts/lib/procs.sh reads it); 0 when there is no such process. With the host and pid it names one start
-    of a process: a container restarted with the same host name and pid started later."""
+    coordinator/driver/procs.py reads it); 0 when there is no such process. With the host and pid it names one
+    start of a process: a container restarted with the same host name and pid started later."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except OSError:

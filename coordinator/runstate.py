@@ -1,7 +1,7 @@
 """The one reader of a run's iteration state, `<log>/run/state/iter_<NNNN>/` (docs/cli.md).
 
     state_iterations(log)              # [1, 2, 3]: iterations with a state folder
-    next_iteration(log)                # the one to run now (scripts/lib/iteration.sh iteration_next)
+    next_iteration(log)                # the one to run now (the driver's loop and dry run)
     load_markers(log, 3)               # {"train_rollout": "1795503157", "update": "promoted v3", ...}
     load_times(log, 3)                 # [("train_rollout", 41.2), ...]: one pair per line of `times`
     phase_times(log, 3)                # {"train_rollout": 41.2, ...}: seconds summed per phase

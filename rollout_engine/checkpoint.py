@@ -11,7 +11,7 @@ but not that packed head: the server then serves new layers under the old
 model's head (measured: the greedy logprobs differ from a fresh start on the same
 weights). A checkpoint that carries `lm_head.weight` is reloaded exactly. So a
 promoted policy gets the head written beside its weights (training/promotion.py),
-and a folder without one is served by a restart, not a reload (vllm.sh).
+and a folder without one is served by a restart, not a reload (coordinator/driver/vllm.py PolicyServer.serve_new).
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@
     parser.add_argument("--dead-after", type=float, default=DEAD_AFTER_S.default)
 
 Every value is what run.sh uses when its variable is unset (docs/cli.md#environment
-lists them for people). Bash cannot import this module: scripts/lib spells the
-same numbers as `${BATON_X:-N}`, and tests/unit/test_defaults.py checks that
-every such spelling and docs/cli.md agree with this table, until the Python
-driver reads the variables itself.
+lists them for people). The driver (coordinator/driver/) reads each variable
+through its Setting (`.value()`); tests/unit/test_defaults.py checks that the
+driver spells none of them itself, that any `${BATON_X:-N}` left in scripts/
+and docs/cli.md agree with this table.
 """
 
 from __future__ import annotations

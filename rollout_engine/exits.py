@@ -3,7 +3,7 @@
     raise SystemExit(Exit.BAD_INPUT)
     return Exit.POLICY_DOWN
 
-Callers (scripts/lib/loop.sh and nodes.sh today) act on the numbers, so a
+Callers (the driver: coordinator/driver/rollout.py, update.py, nodes.py) act on them, so a
 number never changes meaning within one command. Across commands some numbers
 mean different things; the names below say which command means what, and
 the aliases make each collision visible here (an alias is the same number:

@@ -14,8 +14,7 @@ records (the two listings here; the rest is path arithmetic, and nothing reads o
 writes a file). It sits at the bottom of the import graph so that
 rollout_engine, training and coordinator (and bench) all spell a path one way;
 tests/unit/test_layout.py checks that no other module formats `iter_%04d` or
-`v%04d`. Bash still spells some of these paths (scripts/lib/iteration.sh,
-loop.sh): keep them in step until the Python driver replaces that Bash.
+`v%04d` (the driver, coordinator/driver/, included).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import pytest
 SLOWEST_TOKENS_PER_S = 8.0
 #: a process's own start: Python imports, environment and scorer start-up, the first request
 START_S = 120.0
-#: vLLM's start on 2 cores (about 45 s in eager mode; scripts/lib/vllm.sh allows 600 s per attempt)
+#: vLLM's start on 2 cores (about 45 s in eager mode; PolicyServer.start allows 600 s per attempt)
 VLLM_START_S = 300.0
 #: one LLaMA-Factory update with its start-up on 2 cores, for the few optimizer steps the tests run
 UPDATE_S = 900.0

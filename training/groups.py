@@ -8,7 +8,7 @@ lists its descendants' process groups (psutil) while the training runs, and
 stops all of them.
 
 A group is recorded with its leader's start time (`Group`; clock ticks after
-boot, /proc/<pid>/stat field 22, the unit scripts/lib/procs.sh compares), and is
+boot, /proc/<pid>/stat field 22, the unit coordinator/driver/procs.py compares), and is
 signalled only while its id does not name another process: a pid reused after
 the group ended is never signalled.
 
@@ -57,7 +57,7 @@ class Group:
 
 
 def start_ticks(proc: psutil.Process) -> int:
-    """`proc`'s start time in clock ticks after boot, as run.sh records it (procs.sh reads field 22 of
+    """`proc`'s start time in clock ticks after boot, as run.sh records it (driver/procs.py reads field 22 of
     /proc/<pid>/stat). psutil gives seconds since the epoch (boot time + ticks / CLK_TCK): exact back to ticks."""
     return round((proc.create_time() - psutil.boot_time()) * os.sysconf("SC_CLK_TCK"))
 

@@ -30,7 +30,7 @@ from coordinator.summary import iteration_records, load_metrics
 from rollout_engine.journal import load_manifest
 from rollout_engine.layout import Layout, journal_name, manifest_name
 
-#: tracked groups that are helpers of a phase, not a phase (scripts/lib/loop.sh LOOP_GROUPS)
+#: tracked groups that are helpers of a phase, not a phase (coordinator/driver/run.py: run.group_names)
 _HELPERS = re.compile(r"watch.*|vllm|heartbeat.*|dashboard.*")
 #: a rollout with at least this share of failed episodes (and 3 or more) is trouble
 FAILED_SHARE = 0.2

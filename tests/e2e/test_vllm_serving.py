@@ -1,5 +1,5 @@
-"""The real vLLM serves the default model through the product's shell library,
-answers the official openai client, and leaves no process behind when stopped."""
+"""The real vLLM serves the default model through the product's driver (coordinator/driver/vllm.py:
+PolicyServer), answers the official openai client, and leaves no process behind when stopped."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.conftest import env_python
-from tests.e2e.conftest import start_vllm, stop_vllm, vllm_shell
+from coordinator.driver import say
+from tests.e2e.conftest import policy_server, start_vllm, stop_vllm
 
 pytestmark = pytest.mark.e2e
 
@@ -46,10 +46,11 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
 
 
-def test_chat_completion_then_clean_stop(model_dir: Path, tmp_path: Path) -> None:
+def test_chat_completion_then_clean_stop(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     server = start_vllm(tmp_path, model_dir)
     try:
-        started = _descendants(server.pgid())
+        pgid = server.pgid()
+        started = _descendants(pgid)
         assert len(started) >= 2, "vLLM runs an API server and an engine process"
         client = OpenAI(base_url=server.base_url, api_key="unused")
         reply = client.chat.completions.create(
@@ -60,22 +61,25 @@ def test_chat_completion_then_clean_stop(model_dir: Path, tmp_path: Path) -> Non
         )
         assert reply.choices[0].message.content.strip()
         assert reply.usage.completion_tokens > 0
-        # a second start on the same port reuses the healthy server instead of racing it
-        again = vllm_shell(f'vllm_start "{tmp_path}" "{model_dir}" {server.port} {server.model} 60')
-        assert again.returncode == 0, again.stderr
-        assert "reusing it" in again.stderr
+        # a second start on the same port (a later run on this run directory) reuses the healthy server
+        # instead of racing it
+        capsys.readouterr()
+        policy_server(tmp_path, server.port, server.model).start(str(model_dir), deadline_s=60)
+        assert "reusing it" in capsys.readouterr().err
+        assert server.pgid() == pgid, "the recorded server was restarted instead of reused"
     finally:
         stop_vllm(server)
     left = [pid for pid in started if _alive(pid)]
-    assert left == [], f"processes left after vllm_stop: {left}"
+    assert left == [], f"processes left after PolicyServer.stop: {left}"
     assert not (tmp_path / "pids" / "vllm.pgid").exists()
 
 
 def test_a_server_this_run_did_not_start_is_never_reused(vllm_server, tmp_path: Path) -> None:
     # same model, same served name: still another run's server, whose weights a reload would replace
-    out = vllm_shell(f'vllm_start "{tmp_path}" "{vllm_server.model_path}" {vllm_server.port} {vllm_server.model} 30')
-    assert out.returncode == 1
-    assert f"port {vllm_server.port} is held by a server that this run did not start" in out.stderr
+    with pytest.raises(say.Die) as refused:
+        policy_server(tmp_path, vllm_server.port, vllm_server.model).start(str(vllm_server.model_path), deadline_s=30)
+    assert refused.value.code == 1
+    assert f"port {vllm_server.port} is held by a server that this run did not start" in refused.value.message
     assert not (tmp_path / "pids").exists(), "nothing may be started when the port is taken"
 
 
@@ -84,26 +88,23 @@ def _sleeping(port: int) -> bool:
         return json.load(answer)["is_sleeping"]
 
 
-def test_the_update_sequence_of_a_gpu_node_is_accepted(vllm_server, tmp_path: Path) -> None:
-    """What the loop sends around an update on a GPU node, in its order: `vllm_sleep` before training, `vllm_wake`
-    after, then `vllm_reload` of the promoted weights (here the same weights) and its prefix-cache reset.
-    BATON_DEVICE=cuda makes vllm.sh send sleep and wake (on CPU it skips them). vLLM's CPU worker accepts both
+def test_the_update_sequence_of_a_gpu_node_is_accepted(vllm_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the loop sends around an update on a GPU node, in its order: `PolicyServer.sleep` before training,
+    `wake` after, then `reload` of the promoted weights (here the same weights) and its prefix-cache reset.
+    BATON_DEVICE=cuda makes vllm.py send sleep and wake (on CPU it skips them). vLLM's CPU worker accepts both
     without freeing anything ("sleep mode is not supported on CPU, ignore it"), but the server still keeps and
     reports the state, so this proves the requests and their order, not the memory they free on a GPU."""
-    app = env_python("app")
-    port, name = vllm_server.port, vllm_server.model
-    before = vllm_shell(f"BATON_APP_PY={app} vllm_fingerprint {port} {name}")
-    assert before.returncode == 0, before.stderr
-    try:
-        asleep = vllm_shell(f"BATON_DEVICE=cuda vllm_sleep {port}")
-        assert asleep.returncode == 0, asleep.stderr
-        assert _sleeping(port)
-    finally:
-        awake = vllm_shell(f"BATON_DEVICE=cuda vllm_wake {port}")
-    assert awake.returncode == 0, awake.stderr
+    server, port = vllm_server.server, vllm_server.port
+    before = server.fingerprint()
+    assert before, "no fingerprint from the server (see stderr)"
+    with monkeypatch.context() as gpu:
+        gpu.setenv("BATON_DEVICE", "cuda")
+        try:
+            assert server.sleep()
+            assert _sleeping(port)
+        finally:
+            awake = server.wake()
+    assert awake
     assert not _sleeping(port)
-    reload = vllm_shell(f'vllm_reload {port} "{vllm_server.model_path}"')
-    assert reload.returncode == 0, reload.stderr
-    after = vllm_shell(f"BATON_APP_PY={app} vllm_fingerprint {port} {name}")
-    assert after.returncode == 0, after.stderr
-    assert after.stdout == before.stdout
+    assert server.reload(str(vllm_server.model_path))
+    assert server.fingerprint() == before

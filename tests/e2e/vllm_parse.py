@@ -2,24 +2,26 @@
 
     <serve python> tests/e2e/vllm_parse.py COMMANDS.json PARSED.json
 
-COMMANDS.json holds a list of interpreter argument lists as Baton builds them (`vllm_args`: `-m <module>
-<server args...>`). Each module is run as `python -m` runs it (runpy, as `__main__`), so vLLM's entry point
-builds its parser, parses, and validates the arguments exactly as at a real start; only `run_server`, which
-would build the engine, is replaced by a stop that records the parsed namespace and the engine arguments vLLM
-builds from it (`AsyncEngineArgs.from_cli_args`). PARSED.json gets one object per command line,
-{"args": {...}, "engine": {...}} (the namespace's SERVER_FIELDS and ENGINE_FIELDS, the engine arguments'
-ENGINE_FIELDS), or {"error": "..."} when vLLM refused it.
+COMMANDS.json holds a list of whole command lines as Baton builds them (coordinator/driver/vllm.py
+`PolicyServer.command`: `env NAME=VALUE... <serve python> -m <module> <server args...>`). Each module is run
+as `python -m` runs it (runpy, as `__main__`) with the command's assignments in the environment, so vLLM's
+entry point builds its parser, parses, and validates the arguments exactly as at a real start; only
+`run_server`, which would build the engine, is replaced by a stop that records the parsed namespace and the
+engine arguments vLLM builds from it (`AsyncEngineArgs.from_cli_args`). PARSED.json gets one object per
+command line, {"args": {...}, "engine": {...}} (the namespace's SERVER_FIELDS and ENGINE_FIELDS, the engine
+arguments' ENGINE_FIELDS), or {"error": "..."} when vLLM refused it.
 Runs in the serve environment (it imports vLLM); vLLM logs to stdout, so the results go to a file.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
 from pathlib import Path
 
-#: the server's settings Baton chooses (scripts/lib/vllm.sh vllm_args), as vLLM names them
+#: the server's settings Baton chooses (coordinator/driver/vllm.py PolicyServer.args), as vLLM names them
 SERVER_FIELDS = ("host", "port")
 #: the engine's settings Baton chooses per machine
 ENGINE_FIELDS = (
@@ -35,13 +37,27 @@ ENGINE_FIELDS = (
 )
 
 
-def parse(argv: list[str]) -> dict:
-    """Run `python <argv>` (`-m <module> ...`) until vLLM would start its engine; return what it parsed."""
+def split(command: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The environment assignments of `env NAME=VALUE... <python> <argv...>` and the interpreter's `argv`."""
+    words = list(command)
+    assigned: dict[str, str] = {}
+    if words[:1] == ["env"]:
+        words = words[1:]
+        while words and "=" in words[0] and not words[0].startswith("-"):
+            name, _, value = words.pop(0).partition("=")
+            assigned[name] = value
+    return assigned, words[1:]
+
+
+def parse(command: list[str]) -> dict:
+    """Run `command` (`[env NAME=VALUE...] <python> -m <module> ...`) until vLLM would start its engine; return
+    what it parsed."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server import entry
 
+    assigned, argv = split(command)
     if argv[:1] != ["-m"] or len(argv) < 2:
-        return {"error": f"not a `-m <module>` command line: {argv[:2]}"}
+        return {"error": f"not a `<python> -m <module>` command line: {command[:6]}"}
     seen: dict = {}
 
     async def stop_before_the_engine(args, **_kwargs) -> None:
@@ -49,8 +65,9 @@ def parse(argv: list[str]) -> dict:
         seen["args"] = {name: getattr(args, name) for name in SERVER_FIELDS + ENGINE_FIELDS}
         seen["engine"] = {name: getattr(engine, name) for name in ENGINE_FIELDS}
 
-    real = entry.run_server
+    real, environ = entry.run_server, dict(os.environ)
     entry.run_server = stop_before_the_engine
+    os.environ.update(assigned)
     sys.argv = [argv[1], *argv[2:]]
     try:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
@@ -60,6 +77,8 @@ def parse(argv: list[str]) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         entry.run_server = real
+        os.environ.clear()
+        os.environ.update(environ)
     return seen or {"error": f"{argv[1]} returned without starting the server"}
 
 

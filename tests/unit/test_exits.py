@@ -1,17 +1,67 @@
-"""The exit codes that scripts/lib acts on are the ones the Python entry points name (rollout_engine/exits.py).
+"""The exit codes the driver acts on are the ones the Python entry points name (rollout_engine/exits.py).
 
-Bash cannot import the table, so the numbers it compares with are checked here
-against it; docs/cli.md's table lists every code.
+The driver (coordinator/driver/) imports the table, so it compares a child's exit code with a name from
+it, never with a number of its own (only 0, success, is spelled); the codes the run loop acts on are
+checked by name in the module that acts on them. docs/cli.md's table lists every code.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
+
+import pytest
 
 from rollout_engine.exits import Exit, signal_exit
 
 ROOT = Path(__file__).resolve().parents[2]
+DRIVER = ROOT / "coordinator" / "driver"
+#: driver module -> the codes it acts on, by name (what scripts/lib/loop.sh and nodes.sh compared with)
+ACTS_ON = {
+    # the policy server stopped answering under a rollout (exit 75): restart vLLM, resume the rollout
+    "rollout.py": {"POLICY_DOWN"},
+    # python -m training: too little data (3) is recorded `skipped`; bad input (2) ends the run
+    "update.py": {"NOTHING_TO_TRAIN", "BAD_INPUT"},
+    # the protocol's outcomes (python -m coordinator's codes): another rank failed, asked to stop, evicted, done
+    "nodes.py": {"RANK_FAILED", "RUN_STOPPED", "EVICTED", "RUN_FINISHED"},
+}
+#: names an exit code goes by in the driver
+CODE_NAMES = {"code", "rc", "returncode", "exit_code"}
+#: vllm.py compares its own wait's outcomes (0 ready, 1 past the deadline, 2 exited), no child's exit code
+NOT_EXIT_CODES = {"vllm.py"}
+
+
+def exit_names(path: Path) -> set[str]:
+    """The X of every `Exit.X` in `path`."""
+    tree = ast.parse(path.read_text())
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Exit"
+    }
+
+
+def bare_codes(source: str, where: str) -> list[str]:
+    """`where:line comparison` for every exit code compared (==, !=, in, not in) with a number other than 0."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare) or not all(
+            isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops
+        ):
+            continue
+        sides = [node.left, *node.comparators]
+        if not any(isinstance(side, ast.Name) and side.id in CODE_NAMES for side in sides):
+            continue
+        numbers = [
+            item.value
+            for side in sides
+            for item in (side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side])
+            if isinstance(item, ast.Constant) and type(item.value) is int
+        ]
+        if any(number != 0 for number in numbers):
+            found.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+    return found
 
 
 def test_the_numbers_callers_rely_on():
@@ -21,16 +71,27 @@ def test_the_numbers_callers_rely_on():
     assert (Exit.SIGINT, Exit.SIGTERM) == (130, 143) == (signal_exit(2), signal_exit(15))
 
 
-def test_bash_compares_with_the_same_numbers():
-    loop = (ROOT / "scripts/lib/loop.sh").read_text()
-    nodes = (ROOT / "scripts/lib/nodes.sh").read_text()
-    assert f"LOOP_POLICY_DOWN={Exit.POLICY_DOWN.value}" in loop
-    assert f"elif ((rc == {Exit.NOTHING_TO_TRAIN.value})); then # python -m training: too little data" in loop
-    cases = dict(re.findall(r"^    (\d)\)(.*?);;", nodes[nodes.index("nodes_exit() {") :], re.M | re.S))
-    assert "another rank failed" in cases[str(Exit.RANK_FAILED.value)]
-    assert "asked to stop" in cases[str(Exit.RUN_STOPPED.value)]
-    assert "evicted" in cases[str(Exit.EVICTED.value)]
-    assert "the run finished" in cases[str(Exit.RUN_FINISHED.value)]
+@pytest.mark.parametrize("module", list(ACTS_ON))
+def test_the_driver_acts_on_the_codes_by_their_names(module: str):
+    path = DRIVER / module
+    missing = ACTS_ON[module] - exit_names(path)
+    assert not missing, f"coordinator/driver/{module} no longer acts on Exit.{', Exit.'.join(sorted(missing))}"
+    assert ACTS_ON[module] <= set(Exit.__members__)
+
+
+def test_the_driver_compares_exit_codes_with_names_not_numbers():
+    wrong = [
+        line
+        for path in sorted(DRIVER.glob("*.py"))
+        if path.name not in NOT_EXIT_CODES
+        for line in bare_codes(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert not wrong, "compare with rollout_engine.exits.Exit's names:\n" + "\n".join(wrong)
+
+
+def test_the_check_finds_a_bare_number_and_lets_0_and_names_pass():
+    source = "if code == 75 or rc in (0, 3) or code == 0 or code == Exit.EVICTED or code > 128:\n    pass\n"
+    assert bare_codes(source, "probe") == ["probe:1 code == 75", "probe:1 rc in (0, 3)"]
 
 
 def test_docs_list_every_code():

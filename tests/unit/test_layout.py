@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 from pathlib import Path
 
+from coordinator import runstate
 from rollout_engine.layout import Layout, iterations, manifest_name, parse_iteration, parse_journal_name, parse_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,34 @@ def test_iterations_lists_only_iteration_entries(tmp_path):
     assert iterations(tmp_path) == [(2, tmp_path / "iter_0002"), (10, tmp_path / "iter_0010")]
 
 
-def test_bash_spells_the_state_folder_as_the_layout_does(tmp_path):
-    script = f'source "{ROOT}/scripts/lib/iteration.sh" && iteration_state_dir "{tmp_path}" 7'
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
-    assert Path(out) == Layout(tmp_path).state_dir(7)
+def path_strings(path: Path) -> list[ast.Constant]:
+    """The string constants of the module at `path`, its docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    }
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_the_driver_keeps_its_iteration_state_where_the_layout_says(tmp_path):
+    """The driver marks phases through coordinator/runstate (Layout.state_dir), in the folder and files the Bash
+    loop wrote (`<log>/run/state/iter_<NNNN>/<phase>.done`, `times`): a log path it left resumes; and no driver
+    module spells that folder itself."""
+    runstate.mark(tmp_path, 7, "update", "promoted v2")
+    runstate.add_time(tmp_path, 7, "update", 12)
+    assert Layout(tmp_path).state_dir(7) == tmp_path / "run/state/iter_0007"
+    assert (tmp_path / "run/state/iter_0007/update.done").read_text() == "promoted v2\n"
+    assert (tmp_path / "run/state/iter_0007/times").read_text() == "update 12\n"
+    spelled = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
+        for path in sorted((ROOT / "coordinator" / "driver").glob("*.py"))
+        for node in path_strings(path)
+        if node.value in ("state", "times") or "run/state" in node.value or node.value.endswith(".done")
+    ]
+    assert not spelled, "use Layout.state_dir / coordinator.runstate:\n" + "\n".join(spelled)

@@ -204,7 +204,7 @@ def test_join_run_lets_a_rank_restarted_with_the_same_host_and_pid_join_again(tm
 
 
 def test_a_node_s_start_is_its_pid_s_start_time_on_this_host() -> None:
-    """The start time of a pid as scripts/lib/procs.sh reads it (field 22 of /proc/<pid>/stat); 0 for no process."""
+    """The start time of a pid as coordinator/driver/procs.py reads it (field 22 of /proc/<pid>/stat); 0: none."""
     import os
 
     from coordinator.membership import pid_started

@@ -1,7 +1,7 @@
 """coordinator/driver/procs.py: recorded process groups are stopped exactly, children included, and
 nothing that was not recorded (an outsider, a reused pid) is ever signalled; role claims.
 
-Real processes throughout (sleep, bash, python); the records are procs.sh's files, which other
+Real processes throughout (sleep, bash, python); the records keep the Bash loop's format, which other
 tools read, so their text is checked as written.
 """
 

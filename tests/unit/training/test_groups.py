@@ -25,7 +25,7 @@ from training.groups import (
 
 
 def _start_time(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat, read here as scripts/lib/procs.sh reads it: the record's unit."""
+    """Field 22 of /proc/<pid>/stat, read here as coordinator/driver/procs.py reads it: the record's unit."""
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
