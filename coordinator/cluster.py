@@ -38,6 +38,7 @@ from typing import Any
 
 from rollout_engine.errors import BatonError
 from rollout_engine.exits import Exit
+from rollout_engine.fence import read_run_record
 from rollout_engine.files import save_json
 from rollout_engine.layout import ClusterRun, Layout, rank_file_name
 
@@ -254,8 +255,11 @@ def load_json(path: Path) -> dict[str, Any] | None:
 
 
 def load_run(log_path: str | Path) -> RunRecord | None:
-    data = load_json(Layout(log_path).run_record)
-    return None if data is None else RunRecord.from_dict(data)
+    try:
+        data = read_run_record(Layout(log_path).run_record)
+    except FileNotFoundError:
+        return None
+    return RunRecord.from_dict(data)
 
 
 def load_pinned(log_path: str | Path) -> Pinned | None:
@@ -290,8 +294,10 @@ class Cluster:
 
     def record(self) -> RunRecord | None:
         """This run's own copy of its run.json (the top-level one names only the newest run)."""
-        data = load_json(self.paths.record)
-        return None if data is None else RunRecord.from_dict(data)
+        try:
+            return RunRecord.from_dict(read_run_record(self.paths.record))
+        except FileNotFoundError:
+            return None
 
     def heartbeat_files(self) -> dict[int, Path]:
         return scan_ranks(self.heartbeat_dir)

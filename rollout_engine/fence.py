@@ -26,6 +26,16 @@ class StaleRun(InfraError):
     """This process's run is no longer the log path's: its write is refused."""
 
 
+def read_run_record(path: str | os.PathLike[str]) -> dict:
+    """The run record's JSON (`<log>/cluster/run.json`): its one reader (coordinator.cluster.load_run builds its
+    RunRecord from this). OSError / ValueError when it cannot be read or parsed."""
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds no JSON object")
+    return data
+
+
 def check_fence() -> None:
     """Raise StaleRun when BATON_RUN_ID is set and the run record names another run (or none can be read)."""
     run_id = os.environ.get(RUN_ID_VAR, "")
@@ -33,9 +43,8 @@ def check_fence() -> None:
         return
     record = os.environ.get(FENCE_VAR, "")
     try:
-        with open(record, encoding="utf-8") as handle:
-            current = json.load(handle).get("run_id")
-    except (OSError, ValueError, AttributeError) as exc:
+        current = read_run_record(record).get("run_id")
+    except (OSError, ValueError) as exc:
         where = record or "(BATON_RUN_FENCE unset)"
         raise StaleRun(f"run {run_id}: cannot read the run record {where} ({exc})") from exc
     if current != run_id:
