@@ -114,9 +114,11 @@ def _descendant(proc: subprocess.Popen, depth: int, timeout: float = 30) -> int:
 
 
 def signal_run_sh(proc: subprocess.Popen, sig: signal.Signals) -> None:
-    """Send `sig` to the node's run.sh (not to unshare, which blocks it, nor to pid 1, which ignores it)."""
+    """Send `sig` to the node's run.sh (not to unshare, which blocks it, nor to pid 1, which ignores it): by the
+    time it runs, the driver run.sh execs (same pid), `python -m coordinator.driver`."""
     for pid in _children(_descendant(proc, 1)):
-        if "scripts/run.sh" in Path(f"/proc/{pid}/cmdline").read_text():
+        command = Path(f"/proc/{pid}/cmdline").read_text()
+        if "scripts/run.sh" in command or "coordinator.driver" in command:
             os.kill(pid, sig)
             return
     raise ProcessLookupError(f"no run.sh in the node of pid {proc.pid}")
