@@ -5,6 +5,7 @@ from __future__ import annotations
 from coordinator import runstate
 from coordinator.driver import cli
 from coordinator.driver.context import Run
+from coordinator.driver.phase import dashboard_cmd
 from coordinator.driver.rollout import rollout_cmd
 from coordinator.driver.shellquote import line
 from coordinator.driver.update import update_cmd
@@ -55,8 +56,6 @@ def dry_run(run: Run) -> None:
     elif a.phase != "rollout":
         out.append(line("update", env + update_cmd(run, n, "all")))
     if a.dashboard_port is not None:
-        from coordinator.driver.run import dashboard_cmd
-
         out.append(line("dashboard (for the whole run)", env + dashboard_cmd(run)))
     if a.phase == "both" and not a.debug:
         out.append(

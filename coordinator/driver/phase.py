@@ -97,3 +97,8 @@ def mark(run: Run, iteration: int, phase: str, content: str = "") -> None:
         return
     run.node.fence(f"marking {phase} of iteration {iteration}")
     runstate.mark(run.log, iteration, phase, content)
+
+
+def dashboard_cmd(run: Run) -> list[str]:
+    cmd = [run.pythons.app, "-m", "coordinator", "dashboard", "--log-path", run.log]
+    return [*cmd, "--port", str(run.args.dashboard_port), "--host", "127.0.0.1"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from coordinator import runstate
 from coordinator.driver.context import Run
-from coordinator.driver.phase import mark, run_group, timed
+from coordinator.driver.phase import mark, run_group, timed, watch_start, watch_stop
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
 from rollout_engine.defaults import POLICY_RESTARTS, ROLLOUT_STALL_S, ROLLOUT_TIMEOUT_S
@@ -131,8 +131,6 @@ def rollout_run(run: Run, split: str, iteration: int, resume: bool) -> list[int]
         raise Die(1, f"the {split} rollout of iteration {iteration} failed; fix the cause, then rerun with --resume")
     if not run.node.multi:
         return []
-    from coordinator.driver.phase import watch_start, watch_stop
-
     watch_start(run, f"rollout-{split}")  # the other ranks, while this one waits for them
     try:
         return run.node.sync(iteration, phase_name(split)).gone

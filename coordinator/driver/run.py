@@ -18,6 +18,7 @@ from coordinator import runstate
 from coordinator.driver import cli, procs
 from coordinator.driver.context import Composed, Pythons, Run
 from coordinator.driver.nodes import Node
+from coordinator.driver.phase import dashboard_cmd
 from coordinator.driver.procs import Groups
 from coordinator.driver.say import BadInput, Die, Ended, error_lines, log
 from coordinator.driver.supervise import Supervisor
@@ -217,11 +218,6 @@ def dashboard_start(run: Run) -> None:
         f"dashboard: http://127.0.0.1:{port}/ (log: {logfile}; from another host: ssh -L {port}:127.0.0.1:{port} "
         f"{os.uname().nodename})"
     )
-
-
-def dashboard_cmd(run: Run) -> list[str]:
-    cmd = [run.pythons.app, "-m", "coordinator", "dashboard", "--log-path", run.log]
-    return [*cmd, "--port", str(run.args.dashboard_port), "--host", "127.0.0.1"]
 
 
 def cleanup(run: Run, code: int) -> int:
