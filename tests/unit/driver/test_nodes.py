@@ -1,6 +1,6 @@
 """coordinator/driver/nodes.py: one node of a multi-node run, on a real log path with real heartbeat processes.
 
-What tests/shell/nodes.bats covers for nodes.sh: a start and a join, a plan published and received, a
+What it covers: a start and a join, a plan published and received, a
 barrier with data, a heartbeat killed during a wait started again (the 4th exit stops the node), one
 that ended the node on purpose left alone, leave's exit codes, a stop request that ends a barrier wait
 (143), an eviction, a training partner's failed part, the fence. Master and worker run in this process
