@@ -6,8 +6,8 @@
     slurm_default_addr(args)      # rank 0 of a Slurm step: the first host of SLURM_JOB_NODELIST
 
 Bad input raises `say.BadInput` (exit 2) before anything is started or written. Every message is
-run.sh's, byte for byte (scripts/lib/cli.sh, slurm.sh and nodes.sh's nodes_apply_file were its Bash;
-tests/shell/run_cli.bats, bad_input_corpus.bats and slurm.bats pin them).
+run.sh's, byte for byte (tests/shell/run_cli.bats, bad_input_corpus.bats and slurm.bats pin them through
+run.sh; tests/unit/driver/test_cli.py here).
 
 `parse` keeps each valued flag's text as given in `Args.given`; `validate` reads the texts there (a flag
 absent from it is read from its field, a field at its default being a flag not given) and fills the
@@ -159,7 +159,7 @@ _DEFAULTS = {f.name: f.default for f in fields(Args) if f.default is not MISSING
 
 
 def usage() -> str:
-    """run.sh's usage text (`print(usage())` writes cli_usage's bytes)."""
+    """run.sh's usage text (`print(usage())` writes run.sh --help's bytes)."""
     return USAGE
 
 
@@ -210,7 +210,7 @@ def _raw(args: Args, flag: str) -> str:
 
 
 def is_int(text: str, low: int) -> bool:
-    """`text` is a whole number in decimal digits, at least `low` (cli_is_int; leading zeros are decimal)."""
+    """`text` is a whole number in decimal digits, at least `low` (leading zeros are decimal)."""
     return bool(UNSIGNED.fullmatch(text)) and int(text) >= low
 
 

@@ -1,15 +1,14 @@
 """One node of a multi-node run: start or join, the heartbeat, plans, barriers, the way out.
 
-The port of scripts/lib/nodes.sh. The protocol (coordinator.membership, .barrier, .cluster) runs
-in this process, its waits ticking the driver's watches (`Supervisor.tick` every poll), so a
-dead child, a killed heartbeat or a signal is noticed during a join or a barrier too. The
-heartbeat alone is a process group of its own (`python -m coordinator heartbeat --stop-node`):
-it beats while the driver is busy or stuck, and it ends the node (SIGTERM, its reason in
+The protocol (coordinator.membership, .barrier, .cluster) runs in this process, its waits ticking the driver's
+watches (`Supervisor.tick` every poll), so a dead child, a killed heartbeat or a signal is noticed during a
+join or a barrier too. The heartbeat alone is a process group of its own (`python -m coordinator heartbeat
+--stop-node`): it beats while the driver is busy or stuck, and it ends the node (SIGTERM, its reason in
 `run/rank_<r>/ended`) when the run ends for this rank.
 
-A protocol outcome ends the run as nodes_exit did (`outcome`): 3 another rank failed or died
-(exit 1), 4 the run was stopped or superseded (exit 143), 5 this rank was evicted (exit 1),
-6 the run finished (exit 0), 2 bad input (exit 2). With --num-nodes 1 a Node does nothing.
+A protocol outcome ends the run (`outcome`): 3 another rank failed or died (exit 1), 4 the run was stopped or
+superseded (exit 143), 5 this rank was evicted (exit 1), 6 the run finished (exit 0), 2 bad input (exit 2).
+With --num-nodes 1 a Node does nothing.
 """
 
 from __future__ import annotations
@@ -55,16 +54,16 @@ if TYPE_CHECKING:
 POLL_S = 0.2
 #: how often the master looks whether every rank joined (members' --poll)
 MEMBERS_POLL_S = 0.5
-#: a worker waiting for the master's decision reports every ... (nodes_receive's --report-every)
+#: a worker waiting for the master's decision reports every ... (`receive`)
 RECEIVE_REPORT_S = 600.0
 #: a heartbeat that exits while the node runs is started again this many times; the next exit stops the node
 BEAT_RESTARTS = 3
-#: seconds the heartbeat has to stop on SIGTERM at the end (loop_cleanup's procs_stop ... 5)
+#: seconds the heartbeat has to stop on SIGTERM at the end (run.cleanup, through `stop_heartbeat`)
 BEAT_GRACE_S = 5
 
 
 def this_incarnation() -> Incarnation:
-    """This process's registration: (host, pid, start time of the pid), as run.sh's NODES_ME."""
+    """This process's registration: (host, pid, start time of the pid)."""
     return (socket.gethostname(), os.getpid(), pid_started(os.getpid()))
 
 
@@ -114,7 +113,7 @@ class Synced:
 
 @dataclass
 class Node:
-    """This node's part of a multi-node run (nodes.sh's NODES_* state); every method is a no-op on one node."""
+    """This node's part of a multi-node run ; every method is a no-op on one node."""
 
     args: Args
     run_dir: Path
@@ -134,7 +133,7 @@ class Node:
     _beat: Child | None = field(default=None, init=False, repr=False)
     _beat_restarts: int = field(default=0, init=False, repr=False)
     _partner: Callable[[], None] | None = field(default=None, init=False, repr=False)
-    #: a protocol outcome stopped this node (nodes_exit 4): its way out writes no stop request or failure
+    #: a protocol outcome stopped this node (`outcome` 4): its way out writes no stop request or failure
     _stopped: bool = field(default=False, init=False, repr=False)
     _record: RunRecord | None = field(default=None, init=False, repr=False)
 
@@ -459,7 +458,7 @@ class Node:
     # -- the way out -------------------------------------------------------------------------------------------
 
     def leave(self, rc: int, *, iteration: int, phase: str, last_error: str) -> int:
-        """The clean-up's part (nodes_leave); returns the code the run exits with. Why the heartbeat ended
+        """The clean-up's part (run.cleanup calls it); returns the code the run exits with. Why the heartbeat ended
         this node decides it; else a master whose run ended well says so (finished.json: a node still running
         stops with exit 0 rather than take the master's silence for its death); a SIGINT/SIGTERM on the master
         (or on any node of a Slurm step) asks the whole run to stop; any other failure of this node is flagged
@@ -531,7 +530,7 @@ class Node:
     @contextlib.contextmanager
     def _protocol(self, what: str) -> Iterator[None]:
         """Protocol calls as `python -m coordinator` made them: their problems on stderr as its lines, then
-        the run ends with nodes_exit's outcome for `what`."""
+        the run ends with `outcome` for `what`."""
         try:
             yield
         except ConfigError as exc:
@@ -546,7 +545,7 @@ class Node:
             raise self.outcome(Exit.FAILED, what) from exc
 
     def outcome(self, code: int, what: str) -> say.Ended:
-        """nodes_exit: the exception that ends this node after protocol outcome `code` during `what`."""
+        """The exception that ends this node after protocol outcome `code` during `what`."""
         if code == Exit.RANK_FAILED:
             return say.Die(
                 1,

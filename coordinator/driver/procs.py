@@ -6,12 +6,12 @@
     groups.stop("rollout", grace_s=10)   # SIGTERM (+ SIGCONT), grace, SIGKILL; the record goes
     claim(run_dir, "rollout")         # owner.rollout names this process; Claimed / LockBusy otherwise
 
-The files are scripts/lib/procs.sh's, which other tools read: `<run_dir>/pids/<name>.pgid`
-holds "pgid start_time" (the leader's start time, field 22 of /proc/<pid>/stat, in clock
-ticks since boot), and `<run_dir>/owner.<role>` holds "host pid start_time". A pid with its
-start time names one process even after the pid is reused, so a group is signalled only
-while its recorded leader (or, the leader gone, members that outlived it) is still the one
-recorded; nothing that was not recorded is ever signalled.
+The records are files other tools read too (run.sh --stop the owner records, the e2e tests both):
+`<run_dir>/pids/<name>.pgid` holds "pgid start_time" (the leader's start time, field 22 of
+/proc/<pid>/stat, in clock ticks since boot), and `<run_dir>/owner.<role>` holds "host pid start_time". A
+pid with its start time names one process even after the pid is reused, so a group is signalled only
+while its recorded leader (or, the leader gone, members that outlived it) is still the one recorded;
+nothing that was not recorded is ever signalled.
 """
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ class Claimed(Exception):
 
 
 class LockBusy(Exception):
-    """The owner lock stayed busy; `message` is the line procs_claim printed ("[baton] error: ...")."""
+    """The owner lock stayed busy; `message` is the line run.claim prints ("[baton] error: ...")."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

@@ -16,6 +16,9 @@ from rollout_engine.defaults import POLICY_RESTARTS, ROLLOUT_STALL_S, ROLLOUT_TI
 from rollout_engine.exits import Exit
 from rollout_engine.layout import iteration_name
 
+#: seconds the policy server has to answer a model list (a hung vLLM accepts connections and never answers)
+ANSWER_S = 10.0
+
 
 def rollout_cmd(run: Run, split: str, iteration: int, resume: bool) -> list[str]:
     cmd = [run.pythons.app, "-m", "rollout_engine", "--config-name", f"rollout_{split}"]
@@ -43,9 +46,9 @@ def progress(run: Run, split: str, iteration: int) -> list[tuple[str, int]]:
 
 
 def policy_answers(run: Run) -> bool:
-    """The policy server answers a model list within 10 s."""
+    """The policy server answers a model list within ANSWER_S seconds."""
     try:
-        with urllib.request.urlopen(f"{run.composed.base_url.rstrip('/')}/models", timeout=10):
+        with urllib.request.urlopen(f"{run.composed.base_url.rstrip('/')}/models", timeout=ANSWER_S):
             return True
     except OSError:
         return False

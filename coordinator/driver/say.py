@@ -40,7 +40,8 @@ class BadInput(Die):
 
 
 def error_lines(exc: Ended) -> list[str]:
-    """The lines `run.main` prints for `exc` (run.sh's wording: common_die, cli_bad, common_log)."""
+    """The lines `run.main` prints for `exc` (run.sh's wording: an error line, with a pointer to --help for
+    bad input, or a plain line)."""
     if isinstance(exc, BadInput):
         return [f"[baton] error: {exc.message}", "[baton] see: bash scripts/run.sh --help"]
     if isinstance(exc, Die):

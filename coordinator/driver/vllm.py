@@ -8,11 +8,11 @@ reloads, sleep/wake around a colocated training, and a stop of exactly that grou
     how = server.serve_new(new_dir)    # "reload" | "restart" | "unchanged"
     server.stop()
 
-The port of scripts/lib/vllm.sh (and envs_device / envs_gpu_count of envs.sh): the same lines, the
-same files (`<run_dir>/serving.json`, `<run_dir>/vllm.weights`, `<run_dir>/logs/vllm.log`, the group
-record `<run_dir>/pids/vllm.pgid`) and the same variables (BATON_DEVICE, BATON_VLLM_DTYPE,
-VLLM_MAX_MODEL_LEN, VLLM_GPU_MEMORY_UTILIZATION, VLLM_CPU_KVCACHE_SPACE, BATON_VLLM_START_S,
-BATON_VLLM_RELOAD_S). A server on the port that this run directory did not start is never reused,
+Its files: `<run_dir>/serving.json`, `<run_dir>/vllm.weights`, `<run_dir>/logs/vllm.log` and the group
+record `<run_dir>/pids/vllm.pgid`; its variables: BATON_DEVICE, BATON_VLLM_DTYPE, VLLM_MAX_MODEL_LEN,
+VLLM_GPU_MEMORY_UTILIZATION, VLLM_CPU_KVCACHE_SPACE, BATON_VLLM_START_S, BATON_VLLM_RELOAD_S. device() and
+gpu_count() count as envs_device / envs_gpu_count of scripts/lib/envs.sh do (setup.sh's choice of the serve
+environment). A server on the port that this run directory did not start is never reused,
 reloaded or stopped.
 """
 
@@ -45,7 +45,7 @@ ATTEMPTS = 3
 MAX_MODEL_LEN = 2048
 #: the share of each GPU's memory vLLM takes unless VLLM_GPU_MEMORY_UTILIZATION says otherwise
 GPU_MEMORY_UTILIZATION = "0.85"
-#: seconds a health or model-list request may take (curl --max-time of vllm.sh)
+#: seconds a health or model-list request may take
 HTTP_S = 5.0
 #: seconds the health request to a server we did not start may take
 FOREIGN_HTTP_S = 2.0
@@ -392,7 +392,7 @@ class PolicyServer:
         before = self.fingerprint()
         try:
             why = serving.reload_blocker(Path(model))
-        except Exception:  # an unreadable folder: vllm.sh's helper failed the same way, without a reason
+        except Exception:  # an unreadable folder: restart, without a reason
             why = ""
         if why is not None:
             say.warn(

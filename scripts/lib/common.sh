@@ -7,18 +7,10 @@ common_log() {
   printf '[baton] %s\n' "$*" >&2
 }
 
-# common_warn <msg...>: print a warning to stderr.
-common_warn() {
-  printf '[baton] warning: %s\n' "$*" >&2
-}
-
-# common_die <code> <msg...>: print an error to stderr and exit with <code>
-# (the message stays in COMMON_LAST_ERROR for the EXIT trap).
+# common_die <code> <msg...>: print an error to stderr and exit with <code>.
 common_die() {
   local code=$1
   shift
-  # shellcheck disable=SC2034 # read by nodes.sh's EXIT-trap part
-  COMMON_LAST_ERROR="$*"
   printf '[baton] error: %s\n' "$*" >&2
   exit "$code"
 }
@@ -33,24 +25,6 @@ common_repo_root() {
 # common_baton_home: print the cache directory for environments and downloads.
 common_baton_home() {
   printf '%s\n' "${BATON_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/baton}"
-}
-
-# common_atomic_copy <src> <dst>: replace <dst> with a copy of <src>, atomically
-# and durably: copy to a temp file in <dst>'s directory (so the rename never
-# crosses filesystems), fsync it, rename it over <dst>, fsync the directory.
-# Readers see the old <dst> or the whole new one, never a part. The copy is 0644
-# (the log path is shared). On failure <dst> is untouched, no temp file is left,
-# and it returns non-zero.
-common_atomic_copy() {
-  local src=$1 dst=$2 dir tmp
-  dir=$(dirname -- "$dst")
-  tmp=$(mktemp -- "$dir/.${dst##*/}.XXXXXX") || return 1
-  if cp -- "$src" "$tmp" && chmod 0644 -- "$tmp" && sync -- "$tmp" && mv -f -- "$tmp" "$dst"; then
-    sync -- "$dir"
-    return
-  fi
-  rm -f -- "$tmp"
-  return 1
 }
 
 # common_is_tty: true when stderr is a terminal.

@@ -97,7 +97,7 @@ def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: 
     assert os.readlink(log / "policy" / "current") == "v0002"  # iteration 2's update promoted the next one
     assert {t["policy_version"] for t in first} == {None} and {t["policy_version"] for t in second} == {1}
     served = (log / "run" / "state" / "iter_0001" / "serve.done").read_text().strip()
-    assert served == "v1 by reload", served  # in place (the restart fallback: tests/shell/vllm.bats)
+    assert served == "v1 by reload", served  # in place (the restart fallback: tests/unit/driver/test_vllm.py)
     iterations = {}
     for line in (log / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)

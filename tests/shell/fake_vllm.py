@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--same-outputs", action="store_true")
     parser.add_argument("--no-reload", action="store_true")
     args, _vllm_args = parser.parse_known_args()
-    # compact, as vLLM answers: vllm_serves matches "id":"<name>" and "root":"<model>"
+    # compact, as vLLM answers: PolicyServer.serves matches "id" to the name and "root" to the model
     models = {"object": "list", "data": [{"id": args.served_model_name, "object": "model", "root": args.model}]}
     answers = {"/health": b"", "/v1/models": json.dumps(models, separators=(",", ":")).encode()}
     posts = {

@@ -1,53 +1,18 @@
 #!/usr/bin/env bats
-# iteration.sh: the eval schedule, iteration numbers persisted on disk, phase
-# markers; run.sh --dry-run and override routing (needs the app environment).
+# run.sh --dry-run (the commands each phase would run, the numbering on disk, the eval schedule) and
+# override routing (needs the app environment). The state on disk itself: tests/unit/coordinator/test_runstate.py.
 
 bats_require_minimum_version 1.5.0
 
 setup() {
   load fake_data
   fake_data_setup
-  source "$ROOT/scripts/lib/iteration.sh"
 }
 
-@test "eval schedule: iteration % N == 1, and N = 1 evaluates every iteration" {
-  local n due=""
-  for n in 1 2 3 4 5 6 7 8 13; do iteration_eval_due "$n" 6 && due+="$n "; done
-  [ "$due" = "1 7 13 " ]
-  due=""
-  for n in 1 2 3; do iteration_eval_due "$n" 1 && due+="$n "; done
-  [ "$due" = "1 2 3 " ]
-  due=""
-  for n in 1 2 3 4 5; do iteration_eval_due "$n" 2 && due+="$n "; done
-  [ "$due" = "1 3 5 " ]
-}
-
-@test "iteration numbers persist: a finished iteration is followed by the next, an unfinished one is continued" {
-  run -0 iteration_next "$LOG"
-  [ "$output" = 1 ]
-  iteration_mark "$LOG" 1 train_rollout
-  run -0 iteration_next "$LOG"
-  [ "$output" = 1 ]
-  iteration_mark "$LOG" 1 iteration
-  run -0 iteration_next "$LOG"
-  [ "$output" = 2 ]
-  mkdir -p "$LOG/run/state/iter_0010"
-  run -0 iteration_last "$LOG"
-  [ "$output" = 10 ]
-}
-
-@test "markers: atomic files with content; a restart forgets the phases of an interrupted iteration" {
-  iteration_mark "$LOG" 3 update "promoted v2"
-  run -0 cat "$LOG/run/state/iter_0003/update.done"
-  [ "$output" = "promoted v2" ]
-  iteration_is_done "$LOG" 3 update
-  run -1 iteration_is_done "$LOG" 3 serve
-  iteration_add_time "$LOG" 3 update 12
-  run -0 iteration_restart "$LOG" 3
-  [[ $output == *"iteration 3 was interrupted; starting it again (pass --resume to continue it)"* ]]
-  run -1 iteration_is_done "$LOG" 3 update
-  [ ! -e "$LOG/run/state/iter_0003/times" ]
-  [ -z "$(ls "$LOG/run/state/iter_0003"/.*.tmp 2>/dev/null)" ]
+# finished <iteration>: the end marker of <iteration> under $LOG, as the driver writes it (runstate.mark).
+finished() {
+  mkdir -p "$LOG/run/state/$(printf 'iter_%04d' "$1")"
+  date +%s >"$LOG/run/state/$(printf 'iter_%04d' "$1")/iteration.done"
 }
 
 @test "--dry-run prints the serve, rollout, eval, update and reload commands and writes nothing" {
@@ -77,6 +42,13 @@ setup() {
   [[ $output == *"[keep-best (after each held-out rollout; a worse policy: python -m training ... phase=revert)] env PYTHONPATH=$ROOT "*"-m coordinator keep-best --log-path $LOG --iteration 1 --margin 2.5 --base-model $DATA/models/SmolLM2-135M-Instruct"* ]]
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 --dry-run
   [[ $output != *keep-best* ]]
+  [ ! -e "$LOG" ]
+}
+
+@test "--dry-run prints the dashboard's command" {
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --dry-run \
+    --dashboard-port 8765
+  [[ $output == *"[dashboard (for the whole run)] env PYTHONPATH=$ROOT "*" -m coordinator dashboard --log-path $LOG --port 8765 --host 127.0.0.1"* ]]
   [ ! -e "$LOG" ]
 }
 
@@ -118,10 +90,10 @@ setup() {
 
 @test "--dry-run follows the numbering on disk and the eval schedule" {
   mkdir -p "$LOG"
-  iteration_mark "$LOG" 1 iteration
+  finished 1
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 2 --dry-run
   [[ $output == *"# iteration 2,"* && $output != *"[eval rollout]"* ]]
-  iteration_mark "$LOG" 2 iteration
+  finished 2
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 2 --dry-run
   [[ $output == *"# iteration 3,"* && $output == *"[eval rollout]"* ]]
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split eval-only --dry-run

@@ -8,7 +8,6 @@ setup() {
   ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
   source "$ROOT/scripts/lib/common.sh"
   source "$ROOT/scripts/lib/envs.sh"
-  source "$ROOT/scripts/lib/procs.sh"
   CLI=(env PYTHONPATH="$ROOT" "$(envs_python app)" -m coordinator)
   LOG="$BATS_TEST_TMPDIR/log"
   mkdir -p "$LOG"
@@ -22,6 +21,17 @@ teardown() {
   done
 }
 
+# start_time <pid>: the start time of <pid> (field 22 of /proc/<pid>/stat, after the command name), as an
+# owner record holds it (coordinator/driver/procs.py's start_time).
+start_time() {
+  local stat
+  local -a fields
+  stat=$(<"/proc/$1/stat")
+  stat=${stat##*) }
+  read -r -a fields <<<"$stat"
+  printf '%s\n' "${fields[19]}"
+}
+
 # live_single_node: a process that owns the rollout role of rank 0 as a single-node run.sh does
 # (run/rank_0/owner.rollout: host pid start time); sets OWNER.
 live_single_node() {
@@ -29,7 +39,7 @@ live_single_node() {
   OWNER=$!
   BG+=("$OWNER")
   mkdir -p "$LOG/run/rank_0"
-  printf '%s %s %s\n' "$(hostname)" "$OWNER" "$(procs_start_time "$OWNER")" >"$LOG/run/rank_0/owner.rollout"
+  printf '%s %s %s\n' "$(hostname)" "$OWNER" "$(start_time "$OWNER")" >"$LOG/run/rank_0/owner.rollout"
 }
 
 # stale_multi_node: cluster/run.json of an earlier multi-node run whose master (on this host) and heartbeat

@@ -12,7 +12,6 @@ setup() {
   load hang_bound
   fake_data_setup
   fake_pythons_setup
-  source "$ROOT/scripts/lib/procs.sh"
   unset RANK NODE_RANK
 }
 
@@ -107,20 +106,4 @@ join_of() {
   wait_for 10 bash -c '! ps -eo args= | grep -F "$1" | grep -q "coordinator joi[n]"' _ "$LOG"
   [ ! -e "$LOG/run/rank_1/owner.update" ]
   [ -z "$(find "$LOG/run/rank_1" -name '.join.*')" ]
-}
-
-@test "procs_claim: a dead owner's record is taken over; a live owner keeps it" {
-  local dir="$BATS_TEST_TMPDIR/run"
-  mkdir -p "$dir"
-  printf '%s 999999999 1\n' "$(hostname)" >"$dir/owner.update"
-  run -0 procs_claim "$dir" update
-  sleep 600 &
-  local live=$!
-  printf '%s %s %s\n' "$(hostname)" "$live" "$(procs_start_time "$live")" >"$dir/owner.update"
-  run -1 procs_claim "$dir" update
-  [ "$output" = "$live" ]
-  # the same pid with another start time is a reused pid, not the owner
-  printf '%s %s 1\n' "$(hostname)" "$live" >"$dir/owner.update"
-  run -0 procs_claim "$dir" update
-  kill "$live"
 }

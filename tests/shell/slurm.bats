@@ -1,17 +1,16 @@
 #!/usr/bin/env bats
-# slurm.sh and run.sh under Slurm (docs/slurm.md): the rank and node count from
+# run.sh under Slurm (docs/slurm.md): the rank and node count from
 # SLURM_PROCID / SLURM_NTASKS in a task of an srun step, after --master/--worker
 # and RANK / NODE_RANK; a mismatch with Slurm's view exits 2 with one message;
-# rank 0's default address; SIGTERM on any node of a step stops the whole run;
-# scripts/slurm/baton.sbatch with stand-ins for srun, squeue and scancel.
-# (A real Slurm runs run.sh in tests/e2e/test_slurm.py.)
+# rank 0's default address. (The host list and a step's task: tests/unit/driver/test_cli.py;
+# SIGTERM on any node of a step stopping the whole run: tests/unit/driver/test_nodes.py's
+# leave; scripts/slurm/baton.sbatch: slurm_sbatch.bats; a real Slurm: tests/e2e/test_slurm.py.)
 
 bats_require_minimum_version 1.5.0
 
 setup() {
   load fake_data
   fake_data_setup # (outside any Slurm step: no SLURM_* variables)
-  source "$ROOT/scripts/lib/slurm.sh"
   unset RANK NODE_RANK BATON_NODE_ADDR BATON_NODE_FILE
 }
 
@@ -43,29 +42,6 @@ bad() {
   }
   [ -z "$output" ]
   [ ! -e "$LOG" ]
-}
-
-@test "slurm_first_host: the first host of a Slurm host list" {
-  run -0 slurm_first_host localhost
-  [ "$output" = localhost ]
-  run -0 slurm_first_host "gpu[003-004,010],cpu1"
-  [ "$output" = gpu003 ]
-  run -0 slurm_first_host "gpu[010,003-004]"
-  [ "$output" = gpu010 ]
-  run -0 slurm_first_host "a1,b[1-2]"
-  [ "$output" = a1 ]
-  run -0 slurm_first_host "rack[1-2]n[5-6]"
-  [ "$output" = rack1n5 ]
-  run -0 slurm_first_host ""
-  [ "$output" = "" ]
-}
-
-@test "slurm_in_step: a task of an srun step, not a batch script's shell" {
-  run -1 slurm_in_step
-  in_batch_shell
-  run -1 slurm_in_step
-  export SLURM_STEP_ID=0
-  run -0 slurm_in_step
 }
 
 @test "under srun each task is a node: the rank from SLURM_PROCID, the node count from SLURM_NTASKS" {
@@ -143,30 +119,4 @@ bad() {
   run -0 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" "${update[@]}"
   [[ $(grep '^\[update ' <<<"$output") != *"launch.node_addr="* ]]
   [[ $stderr == *"Slurm: task 0 runs on n1, not on the first host of SLURM_JOB_NODELIST (n0)"* ]]
-}
-
-# leave <rc>: nodes_leave <rc> of rank 1 of 2 (run r1) in a shell of its own, the protocol subcommands
-# it runs recorded in $BATS_TEST_TMPDIR/calls; the shell exits with the code run.sh would.
-leave() {
-  # shellcheck disable=SC2016 # the inner bash's own script, expanded when it runs
-  run -"$1" --separate-stderr bash -c 'source "$1"; source "$2"; source "$3"
-    calls=$4
-    nodes_cli() { printf "%s\n" "$*" >>"$calls"; }
-    NODES_RUN_ID=r1 RUN_RANK=1 RUN_NUM_NODES=2 NODES_ENDED=$calls.ended
-    nodes_leave "$5"
-    exit "$NODES_EXIT"' _ "$ROOT/scripts/lib/common.sh" "$ROOT/scripts/lib/slurm.sh" "$ROOT/scripts/lib/nodes.sh" \
-    "$BATS_TEST_TMPDIR/calls" "$1"
-}
-
-@test "SIGTERM on a worker of a Slurm step stops the whole run (a stop request, not the rank's failure)" {
-  leave 143 # outside Slurm: the worker's own failure
-  [[ $(cat "$BATS_TEST_TMPDIR/calls") == "fail --run-id r1 --rank 1 "*"--reason stopped by SIGTERM --exit-code 143"* ]]
-  rm "$BATS_TEST_TMPDIR/calls"
-  in_step 1 2
-  leave 143
-  [ "$(cat "$BATS_TEST_TMPDIR/calls")" = "stop --run-id r1 --reason SIGTERM on rank 1 (Slurm job 7: scancel, the time limit or a requeue)" ]
-  [[ $stderr == *"SIGTERM on rank 1 (Slurm job 7: scancel, the time limit or a requeue): every node of the run stops; continue it with --resume"* ]]
-  rm "$BATS_TEST_TMPDIR/calls"
-  leave 1 # a failure stays a failure
-  [[ $(cat "$BATS_TEST_TMPDIR/calls") == "fail --run-id r1 --rank 1 "*"--exit-code 1"* ]]
 }

@@ -17,7 +17,7 @@ from rollout_engine.exits import Exit, signal_exit
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "coordinator" / "driver"
-#: driver module -> the codes it acts on, by name (what scripts/lib/loop.sh and nodes.sh compared with)
+#: driver module -> the codes it acts on, by name (what each module compares an exit code with)
 ACTS_ON = {
     # the policy server stopped answering under a rollout (exit 75): restart vLLM, resume the rollout
     "rollout.py": {"POLICY_DOWN"},

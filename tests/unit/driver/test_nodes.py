@@ -1,6 +1,6 @@
 """coordinator/driver/nodes.py: one node of a multi-node run, on a real log path with real heartbeat processes.
 
-What tests/shell/nodes.bats covers for nodes.sh: a start and a join, a plan published and received, a
+What it covers: a start and a join, a plan published and received, a
 barrier with data, a heartbeat killed during a wait started again (the 4th exit stops the node), one
 that ended the node on purpose left alone, leave's exit codes, a stop request that ends a barrier wait
 (143), an eviction, a training partner's failed part, the fence. Master and worker run in this process
@@ -26,7 +26,7 @@ from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Eviction, StopRequest
 from coordinator.driver import say
 from coordinator.driver.nodes import Members, Node
-from coordinator.driver.supervise import Supervisor
+from coordinator.driver.supervise import EXPIRED, Supervisor
 from coordinator.membership import pid_running, pid_started, start_run
 from tests.unit.coordinator.fakes import old_run
 
@@ -252,6 +252,26 @@ def test_a_heartbeat_killed_during_a_wait_is_started_again_and_its_4th_exit_stop
         " (docs/multinode.md)"
     )
     assert capsys.readouterr().err.count(BEAT_STARTED) == 2
+
+
+def test_a_heartbeat_killed_during_a_phase_with_deadlines_is_started_again_while_the_phase_runs(
+    nodes: Nodes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    master = nodes.make(0)
+    master.start(1)
+    first = beat_pid(master)
+    phase = subprocess.Popen(["sleep", "30"])
+    threading.Timer(0.3, os.kill, (first, signal.SIGKILL)).start()
+    try:  # a rollout's deadlines end the wait while the phase still runs: the restart happened during it
+        assert master.supervisor.wait(phase, total_s=4, stall_s=3, progress=lambda: "same") == EXPIRED
+    finally:
+        phase.kill()
+        phase.wait()
+    assert beat_pid(master) != first and pid_running(beat_pid(master))
+    assert (
+        "[baton] warning: the heartbeat of rank 0 exited (killed by SIGKILL) while this node runs; starting it again"
+        " (1 of 3) before the other ranks count this node dead\n"
+    ) in capsys.readouterr().err
 
 
 def test_a_heartbeat_that_ended_the_node_on_purpose_is_not_started_again(

@@ -1,0 +1,136 @@
+"""coordinator/driver/run.py and phase.py around a run of one node: the process groups a run stops (the
+dashboard's among them, with --dashboard-port), the dashboard served until its group is stopped, the
+signals (an eviction's SIGUSR1 during a wait), a single node's inert Node, and the master's markers,
+which a superseded run no longer writes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coordinator import runstate
+from coordinator.driver import run as driver_run
+from coordinator.driver import say
+from coordinator.driver.cli import Args
+from coordinator.driver.context import Composed
+from coordinator.driver.nodes import Node
+from coordinator.driver.phase import mark
+from coordinator.driver.procs import group_alive
+from coordinator.membership import start_run
+from tests.unit.coordinator.fakes import old_run
+from tests.unit.driver.fakes import ROOT, Runs, answers, free_port, wait_for
+
+# --- the groups of a run, and its dashboard -------------------------------------------------------------------
+
+
+def test_the_dashboard_is_a_group_of_the_run_only_with_dashboard_port_named_per_role(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("BATON_APP_PY", "BATON_SERVE_PY", "BATON_TRAIN_PY"):
+        monkeypatch.setenv(name, "python")
+    composed = Composed([], [], "http://127.0.0.1:8999/v1", "policy", 32, [])
+    monkeypatch.setattr(driver_run, "compose", lambda *_a: composed)
+
+    def built(phase: str, port: int | None) -> tuple[list[str], str]:
+        run = driver_run.build(Args(data=str(tmp_path), log=str(tmp_path / "log"), phase=phase, dashboard_port=port))
+        return run.group_names, run.dashboard_name
+
+    names, dashboard = built("both", None)
+    assert dashboard == "" and not [n for n in names if n.startswith("dashboard")]
+    assert built("both", 8080) == ([*names, "dashboard"], "dashboard")
+    names, dashboard = built("update", 8080)
+    assert dashboard == "dashboard-update" and names[-1] == "dashboard-update" and "watch-update" in names
+
+
+def test_the_dashboard_serves_the_page_until_its_group_is_stopped(
+    runs: Runs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    run = runs.make(phase="rollout", split="train-only", dashboard_port=port)
+    run.dashboard_name = "dashboard"
+    Path(run.log).mkdir(parents=True)
+    driver_run.dashboard_start(run)
+    assert f"[baton] dashboard: http://127.0.0.1:{port}/ (log: " in capsys.readouterr().err
+    record = run.groups.recorded("dashboard")
+    assert record is not None
+    logfile = run.run_dir / "logs" / "dashboard.log"
+    try:
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/api/state"), "the dashboard's answer")
+    except BaseException:
+        print(logfile.read_text() if logfile.exists() else "(no log)")
+        raise
+    run.groups.stop("dashboard", 5)
+    assert not group_alive(record[0])
+    assert not (run.run_dir / "pids" / "dashboard.pgid").exists()
+    assert "dashboard: stopped" in logfile.read_text()
+
+
+# --- signals and waits -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def handlers() -> Iterator[None]:
+    """install_signals replaces the handlers of SIGINT, SIGTERM and SIGUSR1: the test's are put back afterwards."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def test_an_eviction_s_sigusr1_during_a_wait_is_waited_through_and_stops_a_training_it_concerns(
+    runs: Runs, handlers: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = runs.make()
+    driver_run.install_signals(run)
+    me = os.getpid()
+    phase = run.groups.start("rollout-train", ["sh", "-c", "sleep 1.5; exit 7"], None)
+    threading.Timer(0.3, os.kill, (me, signal.SIGUSR1)).start()
+    assert run.supervisor.wait(phase) == 7  # no update runs: the signal changes nothing
+    assert "evicted" not in capsys.readouterr().err
+    run.groups.forget("rollout-train")
+    update = run.groups.start("update", ["sh", "-c", "sleep 30; exit 7"], None)
+    run.update_running = 3
+    threading.Timer(0.3, os.kill, (me, signal.SIGUSR1)).start()
+    assert run.supervisor.wait(update) == 128 + signal.SIGTERM  # stopped, not waited for
+    assert "a rank of this training was evicted; stopping the update of iteration 3" in capsys.readouterr().err
+    assert not group_alive(update.pgid) and not (run.run_dir / "pids" / "update.pgid").exists()
+
+
+def test_a_single_node_has_no_heartbeat_and_its_waits_are_plain_waits(runs: Runs) -> None:
+    run = runs.make()
+    run.node.start(1)
+    assert run.node.run_id == "" and not (run.run_dir / "pids").exists()
+    assert run.supervisor.wait(subprocess.Popen(["sh", "-c", "exit 5"])) == 5  # type: ignore[arg-type]
+    assert run.node.leave(5, iteration=1, phase="update", last_error="x") == 5
+    assert not (Path(run.log) / "cluster").exists()
+
+
+# --- markers ---------------------------------------------------------------------------------------------------
+
+
+def test_a_master_of_a_superseded_run_writes_no_marker_of_run_state_and_stops_with_143(
+    runs: Runs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = runs.make()
+    log = Path(run.log)
+    mark(run, 2, "train_rollout")  # a single node has no run to be superseded in: it marks
+    assert runstate.is_done(log, 2, "train_rollout")
+    two = Args(log=str(log), phase="both", num_nodes=2, rank_weights="1,1")
+    run.node = Node(two, run.run_dir, run.groups, run.supervisor, ROOT, run.pythons.app, run.port)
+    run.node.run_id = start_run(log, 2, [1, 1], heartbeat_interval_s=0.5, dead_after_s=10).run_id
+    mark(run, 3, "train_rollout")  # still the log path's run
+    assert runstate.is_done(log, 3, "train_rollout")
+    newer = old_run(log)
+    with pytest.raises(say.Ended) as caught:
+        mark(run, 4, "train_rollout")
+    assert type(caught.value) is say.Ended and caught.value.code == 143
+    assert caught.value.message == "the run was asked to stop (marking train_rollout of iteration 4); this node stops"
+    assert f"superseded by run {newer.run_id}" in capsys.readouterr().err
+    assert not runstate.is_done(log, 4, "train_rollout")
