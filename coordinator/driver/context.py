@@ -1,6 +1,6 @@
 """What one run.sh run knows, in one place: its arguments, paths, children and counters.
 
-`Run` replaces the LOOP_* / NODES_* globals of the Bash loop. It is built once by
+`Run` holds what the phases share (the Bash loop kept it in globals). It is built once by
 `run.main` (after the command line is valid and the configuration composed) and handed
 to the loop; nothing else holds the run's state.
 """
