@@ -1,14 +1,14 @@
 """The update phase end to end: real rollouts -> LLaMA-Factory -> a promoted policy.
 
 The rollout engine writes a real train journal of the default model (token ids
-from vLLM). `python -m training` (train environment) selects, writes and checks
-the dataset, trains one optimizer step of a full fine-tune and promotes it
-(that vLLM then serves different outputs is pinned by the loop e2e: its in-place
-reload counts only when the greedy tokens and logprobs change). The fidelity
-check passes on those rollouts and fails loudly, before anything is written,
-with a template that renders the prompt differently.
+from vLLM). The fidelity check fails loudly on those rollouts, before anything is
+written, with a template that renders the prompt differently.
 `run.sh --rl-phase update` on those rollouts stops every training process on
-Ctrl+C (torchrun's workers included), then trains and promotes on the next run.
+Ctrl+C (torchrun's workers included); on the next run the update phase
+(`python -m training`, train environment) selects, writes and checks the dataset
+(the fidelity check passes), trains one optimizer step of a full fine-tune and
+promotes it (that vLLM then serves different outputs is pinned by the loop e2e:
+its in-place reload counts only when the greedy tokens and logprobs change).
 """
 
 from __future__ import annotations
@@ -58,43 +58,13 @@ def test_wrong_template_fails_fidelity_before_anything_is_written(journal_log: P
     assert not (journal_log / "policy").exists()
 
 
-def test_update_trains_and_promotes_the_new_policy(journal_log: Path, model_dir: Path) -> None:
-    out = run_update(
-        journal_log,
-        f"model_path={model_dir}",
-        "algorithm.max_steps=1",
-        "algorithm.per_device_train_batch_size=2",
-        "algorithm.gradient_accumulation_steps=1",
-        "algorithm.learning_rate=1e-4",
-        "algorithm.warmup_steps=0",
-        "algorithm.cutoff_len=512",
-    )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    assert "token fidelity (train, template smollm2)" in out.stdout + out.stderr
-    run_dir = journal_log / "training" / "iter_0000"
-    selection = json.loads((run_dir / "selection.json").read_text())
-    rows = json.loads((run_dir / "data" / "train.json").read_text())
-    assert selection["train_rows"] == len(rows) >= 2 and rows[0]["conversations"][-1]["from"] == "gpt"
-    assert "not_successful" in selection["filtered"]
-    assert (run_dir / "train_config.yaml").exists() and (run_dir / "train.log").exists()
-
-    policy = journal_log / "policy"
-    assert os.readlink(policy / "current") == "v0001"
-    record = json.loads((policy / "v0001" / "baton_policy.json").read_text())
-    assert record["version"] == 1 and record["iteration"] == 0 and record["parent"] is None
-    assert not (policy / "v0001" / "training_args.bin").exists()  # no pickles in a policy
-    metrics = [json.loads(line) for line in (journal_log / "metrics.jsonl").read_text().splitlines()]
-    training = next(m for m in metrics if m.get("kind") == "training")
-    assert training["steps"] == 1 and len(training["losses"]) == 1 and training["train_samples_per_second"] > 0
-    assert metrics[-1] == {**metrics[-1], "kind": "promotion", "policy_version": 1}
-
-
 def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
     journal_log: Path, data_dir: Path, tmp_path: Path
 ) -> None:
     """`run.sh --rl-phase update` on a log path where a rollout run finished iteration 1's train rollout:
     Ctrl+C during the training ends run.sh (exit 130) and leaves no process of it (torchrun's workers
-    run in sessions of their own); the next run trains that iteration and promotes it."""
+    run in sessions of their own); the next run selects the successes, passes the fidelity check, trains one
+    optimizer step of a full fine-tune and promotes it."""
     log = tmp_path / "log"
     shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train/iter_0001")
     state = log / "run/state/iter_0001"
@@ -130,6 +100,22 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
         timeout=UPDATE_S,
     )
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    update_log = (log / "run" / "rank_0" / "logs" / "iter_0001.update.log").read_text()
+    assert "token fidelity (train, template smollm2)" in update_log, update_log[-3000:]
+    run_dir = log / "training" / "iter_0001"
+    selection = json.loads((run_dir / "selection.json").read_text())
+    rows = json.loads((run_dir / "data" / "train.json").read_text())
+    assert selection["train_rows"] == len(rows) >= 2 and rows[0]["conversations"][-1]["from"] == "gpt"
+    assert "not_successful" in selection["filtered"]
+    assert (run_dir / "train_config.yaml").exists() and (run_dir / "train.log").exists()
     assert os.readlink(log / "policy/current") == "v0001"
     assert (state / "update.done").read_text().strip() == "promoted v1"
+    record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
+    assert record["version"] == 1 and record["iteration"] == 1 and record["parent"] is None
+    assert not (log / "policy" / "v0001" / "training_args.bin").exists()  # no pickles in a policy
+    metrics = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    training = [m for m in metrics if m.get("kind") == "training"][-1]
+    assert training["steps"] == 1 and len(training["losses"]) == 1 and training["train_samples_per_second"] > 0
+    promotions = [m for m in metrics if m.get("kind") == "promotion"]
+    assert [m["policy_version"] for m in promotions] == [1]
     assert processes_mentioning(str(log)) == []

@@ -35,42 +35,6 @@ def header_dtypes(path: Path) -> set[str]:
     return {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
 
 
-def test_promotion_serves_the_base_dtype_and_the_next_update_trains_from_fp32(model_dir: Path, tmp_path: Path) -> None:
-    log_path = tmp_path / "log"
-    first = prepare(model_dir, log_path, 0, *SMALL[1:], "phase=all", "algorithm.max_steps=1")
-    assert first["exit"] == 0, first["log"][-4000:]
-    version = log_path / "policy" / "v0001"
-    assert header_dtypes(model_dir / "model.safetensors") == {"BF16"}
-    assert header_dtypes(version / "model.safetensors") == {"BF16"}
-    assert json.loads((version / "config.json").read_text())["dtype"] == "bfloat16"
-    assert header_dtypes(version / "fp32" / "model.safetensors") == {"F32"}
-    record = json.loads((version / "baton_policy.json").read_text())
-    assert (record["dtype"], record["full_precision"]) == ("bfloat16", True)
-    unreadable = [p for p in version.rglob("*") if p.is_file() and p.stat().st_mode & 0o044 != 0o044]
-    assert unreadable == []
-
-    second = prepare(model_dir, log_path, 0, *SMALL, "iteration=1", f"model_path={version}")
-    assert second["exit"] == 0, second["log"][-4000:]
-    recipe = (log_path / "training" / "iter_0001" / "train_config.yaml").read_text()
-    assert f"model_name_or_path: {version / 'fp32'}\n" in recipe
-
-    trained = log_path / "training" / "iter_0000" / "output" / "model.safetensors"
-    files = [
-        trained,
-        version / "fp32" / "model.safetensors",
-        version / "model.safetensors",
-        model_dir / "model.safetensors",
-    ]
-    out = run_train_script("-c", COMPARE, *map(str, files), waiting_for="the weights' comparison")
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout) == {
-        "full_is_trained": True,
-        "trained_moved": True,
-        "served_is_rounding": True,
-        "rounding_loses_the_update": True,
-    }
-
-
 #: a train-environment script: the first update moved the weights and saved them at full precision (not a bf16
 #: rounding: bf16 is fp32 with the low 16 bits cut), and the second started from them. Adam's first step moves a
 #: weight by the learning rate (1e-6), far below bf16's resolution, so the served rounding is the base model's
@@ -95,38 +59,61 @@ print(json.dumps({
 
 # ZeRO-2 stands for ZeRO-1 (the GPU default) too: both save through stage_1_and_2. ZeRO-3's fp32 save is
 # checked on a GPU by bench/gpu/check.sh (rft_zero3) and costs this 2-core suite 76 s more.
-@pytest.mark.parametrize("preset", ["zero2"])
-def test_a_deepspeed_update_in_bf16_saves_fp32_weights_and_the_next_trains_from_them(
-    preset: str, model_dir: Path, tmp_path: Path
+def test_promotion_keeps_fp32_and_the_next_update_a_deepspeed_one_in_bf16_trains_from_it_and_saves_fp32(
+    model_dir: Path, tmp_path: Path
 ) -> None:
-    """The GPU default's path on the CPU: bf16 (asked for; a GPU's default) under a DeepSpeed preset. DeepSpeed's
-    bf16 mode would save bf16 weights; its torch_autocast (bf16 matmuls on this CPU, fp32 parameters) saves fp32,
-    so promotion keeps a full-precision copy and the next update trains from it."""
+    """A one-step update (the CPU's fp32 training) is promoted in the base model's dtype (bf16) with the trainer's
+    fp32 weights kept beside it; the next update, the GPU default's path on the CPU (bf16, asked for, under
+    DeepSpeed ZeRO-2), trains from those fp32 weights. DeepSpeed's bf16 mode would save bf16 weights; its
+    torch_autocast (bf16 matmuls on this CPU, fp32 parameters) saves fp32, so its promotion keeps a
+    full-precision copy too. (One training of each kind: the next update's starting point does not depend on
+    how the previous one trained; training.precision.)"""
     log_path = tmp_path / "log"
-    ds = [f"launch.deepspeed={preset}", "algorithm.bf16=true", "algorithm.learning_rate=1e-6", "algorithm.max_steps=1"]
-    first = prepare(model_dir, log_path, 0, *SMALL[1:], *ds, "phase=all")
+    first = prepare(
+        model_dir, log_path, 0, *SMALL[1:], "phase=all", "algorithm.learning_rate=1e-6", "algorithm.max_steps=1"
+    )
     assert first["exit"] == 0, first["log"][-4000:]
-    run_dir = log_path / "training" / "iter_0000"
-    recipe = (run_dir / "train_config.yaml").read_text()
-    assert "bf16: false\n" in recipe and "torch_autocast:\n    enabled: true\n    dtype: bfloat16\n" in recipe
-    assert "bf16:\n    enabled: false\n" in recipe
-    assert header_dtypes(run_dir / "output" / "model.safetensors") == {"F32"}  # the trainer saved fp32
     version = log_path / "policy" / "v0001"
+    assert header_dtypes(model_dir / "model.safetensors") == {"BF16"}
     assert header_dtypes(version / "model.safetensors") == {"BF16"}
+    assert json.loads((version / "config.json").read_text())["dtype"] == "bfloat16"
     assert header_dtypes(version / "fp32" / "model.safetensors") == {"F32"}
     record = json.loads((version / "baton_policy.json").read_text())
     assert (record["dtype"], record["full_precision"]) == ("bfloat16", True)
+    unreadable = [p for p in version.rglob("*") if p.is_file() and p.stat().st_mode & 0o044 != 0o044]
+    assert unreadable == []
+    trained = log_path / "training" / "iter_0000" / "output" / "model.safetensors"
+    files = [trained, version / "fp32" / "model.safetensors", version / "model.safetensors"]
+    out = run_train_script(
+        "-c", COMPARE, *map(str, [*files, model_dir / "model.safetensors"]), waiting_for="the weights' comparison"
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout) == {
+        "full_is_trained": True,
+        "trained_moved": True,
+        "served_is_rounding": True,
+        "rounding_loses_the_update": True,
+    }
 
+    ds = ["launch.deepspeed=zero2", "algorithm.bf16=true", "algorithm.learning_rate=1e-6", "algorithm.max_steps=1"]
     second = prepare(model_dir, log_path, 0, *SMALL[1:], *ds, "phase=all", "iteration=1", f"model_path={version}")
     assert second["exit"] == 0, second["log"][-4000:]
-    recipe = (log_path / "training" / "iter_0001" / "train_config.yaml").read_text()
+    run_dir = log_path / "training" / "iter_0001"
+    recipe = (run_dir / "train_config.yaml").read_text()
     assert f"model_name_or_path: {version / 'fp32'}\n" in recipe
-    assert header_dtypes(log_path / "policy" / "v0002" / "fp32" / "model.safetensors") == {"F32"}
+    assert "bf16: false\n" in recipe and "torch_autocast:\n    enabled: true\n    dtype: bfloat16\n" in recipe
+    assert "bf16:\n    enabled: false\n" in recipe
+    assert header_dtypes(run_dir / "output" / "model.safetensors") == {"F32"}  # the trainer saved fp32
+    promoted = log_path / "policy" / "v0002"
+    assert header_dtypes(promoted / "model.safetensors") == {"BF16"}
+    assert header_dtypes(promoted / "fp32" / "model.safetensors") == {"F32"}
+    record = json.loads((promoted / "baton_policy.json").read_text())
+    assert (record["dtype"], record["full_precision"]) == ("bfloat16", True)
     files = [
         model_dir / "model.safetensors",
         version / "fp32" / "model.safetensors",
         version / "model.safetensors",
-        log_path / "training" / "iter_0001" / "output" / "model.safetensors",
+        run_dir / "output" / "model.safetensors",
     ]
     out = run_train_script("-c", CHAIN, *map(str, files), waiting_for="the weights' comparison")
     assert out.returncode == 0, out.stderr[-3000:]
