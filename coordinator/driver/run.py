@@ -188,8 +188,13 @@ def install_signals(run: Run) -> None:
     """SIGINT / SIGTERM end the run (130 / 143) wherever it waits; SIGUSR1 (the master's heartbeat evicted
     a rank) stops a training that rank was part of, at the next tick."""
 
+    fired: list[int] = []
+
     def stop(signum: int, _frame: FrameType | None) -> None:
-        raise Ended(128 + signum)
+        # once only: a second signal (a second Ctrl+C, the heartbeat's SIGTERM) must not cut the clean-up short
+        if not fired:
+            fired.append(signum)
+            raise Ended(128 + signum)
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
@@ -226,16 +231,22 @@ def cleanup(run: Run, code: int) -> int:
     Ctrl+C or SIGTERM (or a heartbeat that stops this node) must not cut it short."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    code = run.node.leave(code, iteration=run.iteration, phase=run.phase, last_error=run.last_error)
-    if run.claimed:
-        if "update" in run.group_names:
-            from coordinator.driver.update import stop_update
+    from coordinator.driver.update import stop_update
 
-            stop_update(run)
-        for name in run.group_names:
-            run.groups.stop(name, 10)
-    run.node.stop_heartbeat()
-    release(run)
+    try:
+        code = run.node.leave(code, iteration=run.iteration, phase=run.phase, last_error=run.last_error)
+    except Exception:  # telling the others failed: still stop this node's children
+        traceback.print_exc()
+        code = code or 1
+    steps = []
+    if run.claimed:
+        steps += [lambda: stop_update(run)] if "update" in run.group_names else []
+        steps += [lambda name=name: run.groups.stop(name, 10) for name in run.group_names]
+    for step in [*steps, run.node.stop_heartbeat, lambda: release(run)]:
+        try:
+            step()
+        except Exception:  # one step's failure must not leave the others undone
+            traceback.print_exc()
     return code
 
 
