@@ -177,8 +177,10 @@ def route(req: Request) -> tuple[Routed, list[str]]:
             )
             continue
         targets = [t for t, cfg in plain.items() if _has_key(cfg, key)]
+        names = {"rollout": "rollout_train", "update": "update"}
+        if not targets:  # a key a group choice adds (tracker.wandb.mode with tracker=wandb), whatever its value
+            targets = [t for t in plain if chosen[t] and _has_key(_compose(names[t], [*base[t], *chosen[t]]), key)]
         if not targets:
-            names = {"rollout": "rollout_train", "update": "update"}
             targets = [t for t in plain if _accepts(names[t], [*base[t], *chosen[t]], override)]
         if not targets:
             problems.append(

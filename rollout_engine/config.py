@@ -23,8 +23,10 @@ directories, step budgets, judge settings). Constructors only check and store
 values (raise `ConfigError` naming `env.<key>`); expensive work goes in
 `Env.start()`.
 
-Checks: single-field checks in each section's `__post_init__` (all problems of
-the section in one `ConfigError`); cross-field checks in `validate(cfg)`, which
+Checks: every numeric setting's range and every enum's choices are declared
+beside the setting (`setting(default, Range(...) | Choice(...))`,
+rollout_engine.schema); other single-field checks in each section's
+`__post_init__`; `validate(cfg)` runs both and the cross-field checks and
 collects every problem of every section into one error. Bad input exits 2.
 """
 
@@ -35,13 +37,19 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from rollout_engine import schema as _schema
 from rollout_engine.errors import ConfigError
+from rollout_engine.schema import Choice, Range, setting
 
 SPLITS = ("train", "test")
 SAMPLERS = ("uniform", "ratio")
 LIVE_VIEWS = ("auto", "rich", "plain", "off")
 CONSTRAIN_VERDICT = ("auto", "regex", "none")
 LIMITS_SCOPES = ("node", "cluster")
+#: more tokens than any model's context: a value above it is a typo
+MAX_TOKENS = 1 << 20
+#: seeds are unsigned 32-bit (numpy's, and so the trainer's)
+MAX_SEED = (1 << 32) - 1
 
 
 def cluster_limit_problem(name: str, total: int, weights: list[float]) -> str:
@@ -74,19 +82,19 @@ class PolicyConfig:
     model: str = "policy"
     #: name of the environment variable holding the API key; "" or unset sends "EMPTY" (vLLM needs none)
     api_key_env: str = "BATON_POLICY_API_KEY"
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = setting(1.0, Range(0, 10))
+    top_p: float = setting(1.0, Range(0, 1, low_open=True))
     #: -1 disables top-k (sent to vLLM only when > 0)
-    top_k: int = -1
-    max_new_tokens: int = 256
+    top_k: int = setting(-1, Range(low=1, special={-1: "off"}))
+    max_new_tokens: int = setting(256, Range(1, MAX_TOKENS))
     #: seconds per request, connect included
-    request_timeout_s: float = 120.0
+    request_timeout_s: float = setting(120.0, Range(low=0, low_open=True, unit="seconds"))
     #: retries after the first attempt on connection errors, timeouts, 429 and 5xx: a request is sent at most
     #: max_retries + 1 times (then one health probe tells a dead server from a failed request)
-    max_retries: int = 3
+    max_retries: int = setting(3, Range(low=0))
     #: first backoff in seconds; doubles per retry up to retry_backoff_max_s
-    retry_backoff_s: float = 0.5
-    retry_backoff_max_s: float = 8.0
+    retry_backoff_s: float = setting(0.5, Range(low=0, unit="seconds"))
+    retry_backoff_max_s: float = setting(8.0, Range(low=0, unit="seconds"))
     #: ask vLLM for prompt and completion token ids (`return_token_ids`)
     return_token_ids: bool = True
 
@@ -104,23 +112,9 @@ class PolicyConfig:
             "policy_config.model must be the served model name (got ''); set it to the server's --served-model-name",
         )
         _check(
-            p, 0.0 <= self.temperature <= 10.0, f"policy_config.temperature must be in [0, 10] (got {self.temperature})"
-        )
-        _check(p, 0.0 < self.top_p <= 1.0, f"policy_config.top_p must be in (0, 1] (got {self.top_p})")
-        _check(
-            p, self.top_k == -1 or self.top_k >= 1, f"policy_config.top_k must be -1 (off) or >= 1 (got {self.top_k})"
-        )
-        _check(p, self.max_new_tokens >= 1, f"policy_config.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
-        _check(
             p,
-            self.request_timeout_s > 0,
-            f"policy_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})",
-        )
-        _check(p, self.max_retries >= 0, f"policy_config.max_retries must be >= 0 (got {self.max_retries})")
-        _check(
-            p,
-            self.retry_backoff_s >= 0 and self.retry_backoff_max_s >= self.retry_backoff_s,
-            f"policy_config.retry_backoff_s must be >= 0 and <= retry_backoff_max_s "
+            self.retry_backoff_max_s >= self.retry_backoff_s,
+            f"policy_config.retry_backoff_s must be <= retry_backoff_max_s "
             f"(got {self.retry_backoff_s} and {self.retry_backoff_max_s})",
         )
         _raise(p)
@@ -130,9 +124,9 @@ class PolicyConfig:
 class StepBudget:
     """WebGym's difficulty buckets: 1-3 easy, 4-6 medium, 7+ hard."""
 
-    easy: int = 10
-    medium: int = 20
-    hard: int = 30
+    easy: int = setting(10, Range(low=1))
+    medium: int = setting(20, Range(low=1))
+    hard: int = setting(30, Range(low=1))
 
     def for_difficulty(self, difficulty: int) -> int:
         return self.easy if difficulty <= 3 else self.medium if difficulty <= 6 else self.hard
@@ -142,9 +136,9 @@ class StepBudget:
 class DifficultyBucket:
     """One bucket of the `ratio` sampler: difficulties low..high (inclusive), relative weight."""
 
-    low: int = 1
-    high: int = 3
-    weight: float = 1.0
+    low: int = setting(1, Range(low=1))
+    high: int = setting(3, Range(low=1))
+    weight: float = setting(1.0, Range(low=0))
 
 
 @dataclass
@@ -152,92 +146,54 @@ class EnvConfig:
     """Scheduling, tasks, sampling and budgets of one rollout."""
 
     #: environment slots (browsers contexts, games) live at once on each node (limits_scope=node)
-    server_size: int = 8
+    server_size: int = setting(8, Range(low=1))
     #: model requests in flight at once on each node (limits_scope=node)
-    max_vllm_sessions: int = 16
+    max_vllm_sessions: int = setting(16, Range(low=1))
     #: node: server_size and max_vllm_sessions are each node's own limits (its own vLLM and environments);
     #: cluster: they are cluster totals, shared among the ranks by rank_weights
-    limits_scope: str = "node"
-    n_samples_per_task: int = 1
+    limits_scope: str = setting(
+        "node",
+        Choice(
+            LIMITS_SCOPES,
+            "node: server_size and max_vllm_sessions are per node, cluster: totals shared by rank_weights",
+        ),
+    )
+    n_samples_per_task: int = setting(1, Range(low=1))
     #: task files, relative to data_path unless absolute
     train_tasks: str = "tasks/train.jsonl"
     test_tasks: str = "tasks/test.jsonl"
-    train_tasks_rollout_size: int = 64
+    train_tasks_rollout_size: int = setting(64, Range(low=0, note="0 = every task"))
     #: -1 or 0: every test task
-    test_tasks_rollout_size: int = -1
-    test_tasks_repeat_times: int = 1
+    test_tasks_rollout_size: int = setting(-1, Range(low=0, special={-1: "all"}))
+    test_tasks_repeat_times: int = setting(1, Range(low=1))
     #: held-out (test) rollouts sample greedily, one sample per task (temperature 0): the policy's
     #: deterministic score, without sampling noise (n_samples_per_task and repeats apply to train only)
     test_greedy: bool = False
-    train_tasks_sampler: str = "uniform"
+    train_tasks_sampler: str = setting("uniform", Choice(SAMPLERS))
     difficulty_ratio: dict[str, DifficultyBucket] = field(default_factory=dict)
     #: submit the hardest tasks first (WebGym does)
     hardest_first: bool = True
     #: wall-clock limit of one episode attempt, in seconds
-    episode_timeout_s: float = 600.0
+    episode_timeout_s: float = setting(600.0, Range(low=0, low_open=True, unit="seconds"))
     #: re-runs of one episode after an infrastructure failure
-    infra_retries: int = 1
+    infra_retries: int = setting(1, Range(low=0))
     #: re-runs allowed in the whole rollout, across episodes
-    infra_retry_budget: int = 16
+    infra_retry_budget: int = setting(16, Range(low=0))
     train_difficulty_max_steps: StepBudget = field(default_factory=lambda: StepBudget(10, 20, 30))
     test_difficulty_max_steps: StepBudget = field(default_factory=lambda: StepBudget(30, 50, 70))
     #: auto (rich on a TTY, else a plain line), rich, plain or off
-    live_view: str = "auto"
+    live_view: str = setting("auto", Choice(LIVE_VIEWS))
     #: seconds between status.json snapshots
-    status_interval_s: float = 1.0
+    status_interval_s: float = setting(1.0, Range(low=0, low_open=True, unit="seconds"))
 
     def __post_init__(self) -> None:
         p: list[str] = []
-        for name in ("server_size", "max_vllm_sessions", "n_samples_per_task", "test_tasks_repeat_times"):
-            value = getattr(self, name)
-            _check(p, value >= 1, f"env_config.{name} must be >= 1 (got {value})")
-        for name in ("infra_retries", "infra_retry_budget", "train_tasks_rollout_size"):
-            value = getattr(self, name)
-            _check(p, value >= 0, f"env_config.{name} must be >= 0 (got {value})")
-        _check(
-            p,
-            self.test_tasks_rollout_size >= -1,
-            f"env_config.test_tasks_rollout_size must be -1 (all) or >= 0 (got {self.test_tasks_rollout_size})",
-        )
-        _check(
-            p,
-            self.train_tasks_sampler in SAMPLERS,
-            f"env_config.train_tasks_sampler must be one of {', '.join(SAMPLERS)} (got {self.train_tasks_sampler!r})",
-        )
-        _check(
-            p,
-            self.episode_timeout_s > 0,
-            f"env_config.episode_timeout_s must be > 0 seconds (got {self.episode_timeout_s})",
-        )
-        _check(
-            p,
-            self.limits_scope in LIMITS_SCOPES,
-            f"env_config.limits_scope must be one of {', '.join(LIMITS_SCOPES)} (got {self.limits_scope!r}); "
-            "node: server_size and max_vllm_sessions are per node, cluster: totals shared by rank_weights",
-        )
-        _check(
-            p,
-            self.live_view in LIVE_VIEWS,
-            f"env_config.live_view must be one of {', '.join(LIVE_VIEWS)} (got {self.live_view!r})",
-        )
-        _check(
-            p,
-            self.status_interval_s > 0,
-            f"env_config.status_interval_s must be > 0 seconds (got {self.status_interval_s})",
-        )
         for name, bucket in self.difficulty_ratio.items():
             _check(
                 p,
-                1 <= bucket.low <= bucket.high and bucket.weight >= 0,
-                f"env_config.difficulty_ratio.{name} needs 1 <= low <= high and weight >= 0 "
-                f"(got low={bucket.low}, high={bucket.high}, weight={bucket.weight})",
-            )
-        for split in SPLITS:
-            budget = getattr(self, f"{split}_difficulty_max_steps")
-            _check(
-                p,
-                min(budget.easy, budget.medium, budget.hard) >= 1,
-                f"env_config.{split}_difficulty_max_steps must all be >= 1 (got {budget})",
+                bucket.low <= bucket.high,
+                f"env_config.difficulty_ratio.{name} needs low <= high (got low={bucket.low}, high={bucket.high}); "
+                "swap them",
             )
         _raise(p)
 
@@ -266,19 +222,19 @@ class OpenAIConfig:
     base_url: str = ""
     model: str = ""
     api_key_env: str = ""
-    temperature: float = 0.0
-    max_tokens: int = 256
+    temperature: float = setting(0.0, Range(0, 10))
+    max_tokens: int = setting(256, Range(1, MAX_TOKENS))
     #: seconds per request, connect included
-    request_timeout_s: float = 60.0
+    request_timeout_s: float = setting(60.0, Range(low=0, low_open=True, unit="seconds"))
     #: retries after the first request of a judgement, for connection errors, timeouts, 429, 5xx and unparseable
     #: replies alike: a judgement sends at most max_retries + 1 requests
-    max_retries: int = 3
+    max_retries: int = setting(3, Range(low=0))
     #: first backoff in seconds; doubles per retry up to 8 s (or retry_backoff_s when larger)
-    retry_backoff_s: float = 0.5
+    retry_backoff_s: float = setting(0.5, Range(low=0, unit="seconds"))
     #: constrain the judge's decoding to a reply ending in the verdict line: `regex` (vLLM's structured outputs,
     #: the reply is always parseable), `none` (an endpoint without them), `auto` (regex when the judge is the
     #: policy server, a vLLM of ours; none for another endpoint)
-    constrain_verdict: str = "auto"
+    constrain_verdict: str = setting("auto", Choice(CONSTRAIN_VERDICT))
     #: override for the answer-evaluation calls
     evaluation: JudgeOverride = field(default_factory=JudgeOverride)
 
@@ -290,27 +246,6 @@ class OpenAIConfig:
                 not url or url.startswith(("http://", "https://")),
                 f"openai_config.{key} must be empty or start with http:// or https:// (got {url!r})",
             )
-        _check(
-            p, 0.0 <= self.temperature <= 10.0, f"openai_config.temperature must be in [0, 10] (got {self.temperature})"
-        )
-        _check(p, self.max_tokens >= 1, f"openai_config.max_tokens must be >= 1 (got {self.max_tokens})")
-        _check(
-            p,
-            self.request_timeout_s > 0,
-            f"openai_config.request_timeout_s must be > 0 seconds (got {self.request_timeout_s})",
-        )
-        _check(p, self.max_retries >= 0, f"openai_config.max_retries must be >= 0 (got {self.max_retries})")
-        _check(
-            p,
-            self.retry_backoff_s >= 0,
-            f"openai_config.retry_backoff_s must be >= 0 seconds (got {self.retry_backoff_s})",
-        )
-        _check(
-            p,
-            self.constrain_verdict in CONSTRAIN_VERDICT,
-            f"openai_config.constrain_verdict must be one of {', '.join(CONSTRAIN_VERDICT)} "
-            f"(got {self.constrain_verdict!r})",
-        )
         _raise(p)
 
 
@@ -320,17 +255,17 @@ class RolloutConfig:
 
     data_path: str = MISSING
     log_path: str = MISSING
-    split: str = "train"
-    iteration: int = 0
-    rank: int = 0
+    split: str = setting("train", Choice(SPLITS))
+    iteration: int = setting(0, Range(low=0))
+    rank: int = setting(0, Range(low=0))
     #: one load weight per rank; this rank's share of tasks and limits is rank_weights[rank] / sum
     rank_weights: list[float] = field(default_factory=lambda: [1.0])
     #: continue this iteration's journal instead of moving it aside
     resume: bool = False
     #: the run seed; sampling uses a seed derived from (seed, iteration, split)
-    seed: int = 0
+    seed: int = setting(0, Range(0, MAX_SEED))
     #: recorded on every trajectory (the policy/v<NNNN> being served), if known
-    policy_version: int | None = None
+    policy_version: int | None = setting(None, Range(low=0))
     #: a takeover.json (relative paths are under log_path): roll out the dead ranks' episodes it assigns to
     #: this rank, each into rank_<r>.takeover_<d>.jsonl, instead of this rank's own share
     #: (--on-rank-failure continue, being wired: rollout_engine.takeover); "" rolls out the own share
@@ -342,9 +277,6 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         p: list[str] = []
-        _check(p, self.split in SPLITS, f"split must be train or test (got {self.split!r})")
-        _check(p, self.iteration >= 0, f"iteration must be >= 0 (got {self.iteration})")
-        _check(p, self.rank >= 0, f"rank must be >= 0 (got {self.rank})")
         _check(
             p,
             bool(self.rank_weights) and all(w >= 0 for w in self.rank_weights) and sum(self.rank_weights) > 0,
@@ -372,10 +304,13 @@ def validate(cfg: DictConfig) -> RolloutConfig:
         )
     sections: dict[str, Any] = {}
     for key, schema in (("policy_config", PolicyConfig), ("env_config", EnvConfig), ("openai_config", OpenAIConfig)):
+        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg[key])
+        problems += _schema.problems(merged, key)
         try:
-            sections[key] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg[key]))
+            sections[key] = OmegaConf.to_object(merged)
         except ConfigError as exc:
             problems.extend(exc.problems)
+    problems += _schema.problems(OmegaConf.merge(OmegaConf.structured(RolloutConfig), cfg), deep=False)
     if problems:
         raise ConfigError(problems)
     top = {k: cfg[k] for k in ("split", "iteration", "rank", "resume", "seed", "policy_version")}
@@ -418,7 +353,7 @@ def validate(cfg: DictConfig) -> RolloutConfig:
             problems,
             bool(run.env_config.difficulty_ratio),
             "env_config.difficulty_ratio must define buckets for train_tasks_sampler=ratio (got {}); "
-            "e.g. env_config.difficulty_ratio={easy:{low:1,high:3,weight:2}}",
+            "e.g. '+env_config.difficulty_ratio={easy:{low:1,high:3,weight:2}}' (with the +: the dict is empty)",
         )
     _raise(problems)
     return run

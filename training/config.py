@@ -4,7 +4,12 @@ The dataclasses below are the schema; `register_configs()` stores them in
 Hydra's ConfigStore (called by the entry point, never at import), and the YAML
 under configs/ (update.yaml, algorithm/*.yaml, ...) only sets values. Single
 fields are checked in `__post_init__`; `validate` checks fields against each
-other and collects every problem into one `ConfigError`.
+other and collects every problem into one `ConfigError`. Every numeric
+setting's range and every enum's choices are declared beside the setting
+(`setting(default, Range(...) | Choice(...))`, rollout_engine.schema); `validate`
+checks them first. This module must stay importable in the app environment (run.sh
+composes and checks the update's config there): LLaMA-Factory is imported only where
+it is installed.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from rollout_engine import schema
 from rollout_engine.errors import ConfigError
 from rollout_engine.layout import Layout
+from rollout_engine.schema import Choice, Range, setting
 from training.demonstration_files import check_demonstrations
 
 STAGES = ("sft", "kto", "dpo")
@@ -25,6 +32,29 @@ FINETUNING_TYPES = ("full", "lora")
 PHASES = ("prepare", "train", "promote", "all", "check", "revert")
 PROMOTION_DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEEPSPEED_PRESETS = ("auto", "none", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
+#: the HF Trainer's schedulers (transformers.SchedulerType of the pinned transformers)
+LR_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+    "greedy",
+)
+#: LLaMA-Factory's preference losses (FinetuningArguments.pref_loss)
+PREF_LOSSES = ("sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo")
+NONCANONICAL = ("drop", "fail")
+WANDB_MODES = ("offline", "online")
+#: seeds are unsigned 32-bit (numpy's, which the trainer seeds)
+MAX_SEED = (1 << 32) - 1
+#: more tokens than any model's context: a value above it is a typo
+MAX_TOKENS = 1 << 20
 
 
 @dataclass
@@ -33,13 +63,13 @@ class SelectionConfig:
 
     _target_: str = MISSING
     #: use the train journals of this many most recent iterations (<= the current one)
-    last_k_iterations: int = 4
+    last_k_iterations: int = setting(4, Range(low=1))
     #: keep only tasks whose samples disagree (some succeed, some fail)
     disagreement_filter: bool = False
     #: skip steps after which the environment state did not change
     skip_unchanged_steps: bool = True
     #: seed of the draw (the iteration number is added, so each iteration draws anew)
-    seed: int = 0
+    seed: int = setting(0, Range(0, MAX_SEED))
 
 
 @dataclass
@@ -48,12 +78,12 @@ class RFTSelectionConfig(SelectionConfig):
 
     _target_: str = "training.selection.RFTSelector"
     #: how many steps to draw (all when fewer exist)
-    positive_samples_to_train: int = 1800
+    positive_samples_to_train: int = setting(1800, Range(low=1))
     #: a step of iteration i (oldest used = 1) is drawn with weight i**power; 0 = uniform
-    recency_bias_power: float = 2.0
+    recency_bias_power: float = setting(2.0, Range(0, 100))
     #: at most this many successes per task and iteration, the shortest replies first (0 = all; against length drift,
     #: docs/benchmarks.md 3c)
-    shortest_per_task: int = 1
+    shortest_per_task: int = setting(1, Range(low=0, note="0 = every success"))
 
 
 @dataclass
@@ -62,7 +92,7 @@ class KTOSelectionConfig(SelectionConfig):
 
     _target_: str = "training.selection.KTOSelector"
     #: at most this many samples (0 = all), drawn uniformly
-    max_samples: int = 0
+    max_samples: int = setting(0, Range(low=0, note="0 = all"))
 
 
 @dataclass
@@ -71,9 +101,9 @@ class DPOSelectionConfig(SelectionConfig):
 
     _target_: str = "training.selection.DPOSelector"
     #: pairs per task at most
-    max_pairs_per_task: int = 4
+    max_pairs_per_task: int = setting(4, Range(low=1))
     #: at most this many pairs in all (0 = all)
-    max_pairs: int = 0
+    max_pairs: int = setting(0, Range(low=0, note="0 = all"))
 
 
 @dataclass
@@ -82,49 +112,44 @@ class AlgorithmConfig:
 
     name: str = MISSING
     #: LLaMA-Factory stage: sft (rft), kto or dpo
-    stage: str = "sft"
+    stage: str = setting("sft", Choice(STAGES))
     selection: Any = MISSING
-    finetuning_type: str = "full"
-    cutoff_len: int = 2048
-    per_device_train_batch_size: int = 1
-    per_device_eval_batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 1e-6
-    lr_scheduler_type: str = "constant_with_warmup"
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    num_train_epochs: float = 1.0
+    finetuning_type: str = setting("full", Choice(FINETUNING_TYPES))
+    cutoff_len: int = setting(2048, Range(1, MAX_TOKENS))
+    per_device_train_batch_size: int = setting(1, Range(low=1))
+    per_device_eval_batch_size: int = setting(1, Range(low=1))
+    gradient_accumulation_steps: int = setting(1, Range(low=1))
+    learning_rate: float = setting(1e-6, Range(0, 1, low_open=True))
+    lr_scheduler_type: str = setting("constant_with_warmup", Choice(LR_SCHEDULERS))
+    warmup_steps: int = setting(0, Range(low=0))
+    warmup_ratio: float = setting(0.0, Range(0, 1))
+    num_train_epochs: float = setting(1.0, Range(low=0, low_open=True))
     #: > 0 stops after this many optimizer steps
-    max_steps: int = -1
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    max_steps: int = setting(-1, Range(low=1, special={-1: "no limit: num_train_epochs decides"}))
+    weight_decay: float = setting(0.0, Range(0, 1))
+    #: 0 = no clipping
+    max_grad_norm: float = setting(1.0, Range(low=0))
     #: null = bf16 on GPU, fp32 on CPU
     bf16: bool | None = None
     gradient_checkpointing: bool = False
     save_only_model: bool = True
-    logging_steps: int = 1
-    dataloader_num_workers: int = 0
+    logging_steps: int = setting(1, Range(low=1))
+    dataloader_num_workers: int = setting(0, Range(low=0))
     dataloader_pin_memory: bool = False
-    preprocessing_num_workers: int | None = None
+    preprocessing_num_workers: int | None = setting(None, Range(low=1, note="null = one process"))
     #: train only the last (sampled) assistant turn of each sample
     mask_history: bool = True
-    lora_rank: int = 8
-    lora_alpha: int = 16
+    lora_rank: int = setting(8, Range(low=1))
+    lora_alpha: int = setting(16, Range(low=1))
     lora_target: str = "all"
     #: KTO / DPO
-    pref_beta: float = 0.1
-    pref_loss: str = "sigmoid"
-    kto_chosen_weight: float = 1.0
-    kto_rejected_weight: float = 1.0
-    seed: int = 42
+    pref_beta: float = setting(0.1, Range(low=0, low_open=True))
+    pref_loss: str = setting("sigmoid", Choice(PREF_LOSSES))
+    kto_chosen_weight: float = setting(1.0, Range(low=0))
+    kto_rejected_weight: float = setting(1.0, Range(low=0))
+    seed: int = setting(42, Range(0, MAX_SEED))
     #: extra LLaMA-Factory keys passed verbatim (they override the generated ones)
     llamafactory_overrides: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.stage not in STAGES:
-            raise ConfigError(f"algorithm.stage must be one of {', '.join(STAGES)} (got {self.stage!r})")
-        if self.finetuning_type not in FINETUNING_TYPES:
-            raise ConfigError(f"algorithm.finetuning_type must be full or lora (got {self.finetuning_type!r})")
 
 
 @dataclass
@@ -132,32 +157,24 @@ class DataConfig:
     """How the LLaMA-Factory dataset is written and checked."""
 
     #: fraction of samples held out as a validation split (0 = none)
-    val_split_ratio: float = 0.0
+    val_split_ratio: float = setting(0.0, Range(0, 1, high_open=True))
     #: rows checked for token fidelity: -1 = all (about 1 ms a row), 0 = off
-    fidelity_samples: int = -1
+    fidelity_samples: int = setting(-1, Range(low=0, special={-1: "all"}, note="0 = off"))
     #: a checked reply whose text LLaMA-Factory tokenizes differently from the sampled ids: drop | fail
-    noncanonical: str = "drop"
+    noncanonical: str = setting("drop", Choice(NONCANONICAL))
     #: images per sample at most (the most recent ones are kept)
-    max_images_per_sample: int = 5
+    max_images_per_sample: int = setting(5, Range(low=0))
     #: expert demonstrations to mix in (python -m rollout_engine.demonstrations): one absolute path or a list,
     #: each a demonstrations.jsonl or the folder holding one; [] = none
     demonstrations: Any = field(default_factory=list)
     #: demonstration steps added to each update at most, a seeded draw: -1 = all, 0 = none
-    demonstration_samples: int = -1
+    demonstration_samples: int = setting(-1, Range(low=0, special={-1: "no limit"}))
     #: add them to the updates of iterations up to this one: -1 = every update, 0 = only the first (a warm start)
-    demonstration_last_iteration: int = -1
+    demonstration_last_iteration: int = setting(-1, Range(low=0, special={-1: "no limit"}))
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.noncanonical not in ("drop", "fail"):
-            problems.append(f"data.noncanonical must be drop or fail (got {self.noncanonical!r})")
         paths = self.demonstrations if isinstance(self.demonstrations, list | tuple) else [self.demonstrations]
         self.demonstrations = [str(p) for p in paths if p is not None and str(p) != ""]
-        for name in ("demonstration_samples", "demonstration_last_iteration"):
-            if getattr(self, name) < -1:
-                problems.append(f"data.{name} must be -1 (no limit) or >= 0 (got {getattr(self, name)})")
-        if problems:
-            raise ConfigError(problems)
 
 
 @dataclass
@@ -165,32 +182,24 @@ class LaunchConfig:
     """How llamafactory-cli runs: torchrun layout, DeepSpeed preset, time limit."""
 
     #: a preset under configs/deepspeed/ (auto = none on CPU, zero1 on GPU)
-    deepspeed: str = "auto"
+    deepspeed: str = setting("auto", Choice(DEEPSPEED_PRESETS))
     #: processes on this node; 0 = local GPUs (1 on CPU)
-    nproc_per_node: int = 0
-    nnodes: int = 1
-    node_rank: int = 0
+    nproc_per_node: int = setting(0, Range(low=0, note="0 = detect"))
+    nnodes: int = setting(1, Range(low=1))
+    node_rank: int = setting(0, Range(low=0))
     master_addr: str = "127.0.0.1"
     #: torchrun's rendezvous port; 0 = a free one on this machine (one node only: several need the master's)
-    master_port: int = 0
+    master_port: int = setting(0, Range(0, 65535, note="a TCP port, 0 = a free one"))
     #: this node's address (run.sh --node-addr): gloo and NCCL use the interface that holds it,
     #: unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set; "" = theirs (the host name's address)
     node_addr: str = ""
     #: the sha256 of the dataset and YAML the master prepared (its training/iter_<n>/dataset.sha256; set
     #: by run.sh on several nodes): a node trains only on those files, waiting `dataset_wait_s` for them
     dataset_sha256: str = ""
-    dataset_wait_s: float = 60.0
+    dataset_wait_s: float = setting(60.0, Range(low=0, unit="seconds"))
     #: seconds before the training is stopped (SIGTERM), then `grace_s` more before SIGKILL
-    timeout_s: float = 3600.0
-    grace_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.deepspeed not in DEEPSPEED_PRESETS:
-            raise ConfigError(
-                f"launch.deepspeed must be one of {', '.join(DEEPSPEED_PRESETS)} (got {self.deepspeed!r})"
-            )
-        if not 0 <= self.master_port <= 65535:
-            raise ConfigError(f"launch.master_port must be a TCP port, 0..65535 (got {self.master_port})")
+    timeout_s: float = setting(3600.0, Range(low=0, low_open=True, unit="seconds"))
+    grace_s: float = setting(10.0, Range(low=0, unit="seconds"))
 
 
 @dataclass
@@ -198,16 +207,12 @@ class PromotionConfig:
     """What becomes of the trained weights."""
 
     #: policy versions kept under <log>/policy (the current one is always kept)
-    keep_last: int = 3
+    keep_last: int = setting(3, Range(low=1))
     #: also keep the optimizer/scheduler state (HF Trainer files) under v<NNNN>/optimizer/
     keep_optimizer: bool = False
     #: dtype of the served weights: auto = the model the update trained from (the base model's), or one of
     #: bfloat16, float16, float32; wider trainer weights are kept in v<NNNN>/fp32/ and trained on next
-    dtype: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.dtype not in PROMOTION_DTYPES:
-            raise ConfigError(f"promotion.dtype must be one of {', '.join(PROMOTION_DTYPES)} (got {self.dtype!r})")
+    dtype: str = setting("auto", Choice(PROMOTION_DTYPES))
 
 
 @dataclass
@@ -216,16 +221,13 @@ class RevertConfig:
     as the next version. run.sh fills it from `python -m coordinator keep-best`'s decision."""
 
     #: the original version whose weights model_path holds (0: the base model); -1 = not set
-    to_version: int = -1
+    to_version: int = setting(-1, Range(low=0, special={-1: "not set"}))
     #: the served version that measured worse (0: the base model)
-    replaced: int = -1
+    replaced: int = setting(-1, Range(low=0, special={-1: "not set"}))
     #: pooled held-out success rates (0..1) of the replaced and the best policy, and the margin in points
-    replaced_success_rate: float = 0.0
-    best_success_rate: float = 0.0
-    margin_points: float = 0.0
-
-
-WANDB_MODES = ("offline", "online")
+    replaced_success_rate: float = setting(0.0, Range(0, 1))
+    best_success_rate: float = setting(0.0, Range(0, 1))
+    margin_points: float = setting(0.0, Range(0, 100))
 
 
 @dataclass
@@ -243,13 +245,9 @@ class WandbConfig:
     _target_: str = "coordinator.trackers.WandbTracker"
     project: str = "baton"
     #: offline writes local run directories (`wandb sync` uploads them later); online needs a login and network
-    mode: str = "offline"
+    mode: str = setting("offline", Choice(WANDB_MODES))
     #: the W&B group of the run and its trainings; "" = the log path's folder name
     group: str = ""
-
-    def __post_init__(self) -> None:
-        if self.mode not in WANDB_MODES:
-            raise ConfigError(f"tracker.wandb.mode must be offline or online (got {self.mode!r})")
 
 
 @dataclass
@@ -273,7 +271,7 @@ class UpdateConfig:
     #: the experiment's log path (journals in, policy out)
     log_path: str = MISSING
     #: the iteration whose rollouts were just collected; the new policy is trained from it
-    iteration: int = MISSING
+    iteration: int = setting(MISSING, Range(low=0))
     #: model to fine-tune; "" = <log_path>/policy/current
     model_path: str = ""
     #: LLaMA-Factory chat template (smollm2 matches SmolLM2's own template token for token)
@@ -283,7 +281,7 @@ class UpdateConfig:
     default_system: str | None = None
     #: prepare | train | promote | all (multi-node: node 0 prepares and promotes, every node trains);
     #: check = ask LLaMA-Factory about this config and stop (run.sh does it before the first rollout)
-    phase: str = "all"
+    phase: str = setting("all", Choice(PHASES))
     algorithm: AlgorithmConfig = MISSING
     data: DataConfig = field(default_factory=DataConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
@@ -292,8 +290,6 @@ class UpdateConfig:
     revert: RevertConfig = field(default_factory=RevertConfig)
 
     def __post_init__(self) -> None:
-        if self.phase not in PHASES:
-            raise ConfigError(f"phase must be one of {', '.join(PHASES)} (got {self.phase!r})")
         if self.phase == "revert" and self.revert.to_version < 0:
             raise ConfigError(f"phase=revert needs revert.to_version >= 0 (got {self.revert.to_version})")
 
@@ -317,10 +313,8 @@ def model_path(cfg: UpdateConfig) -> Path:
 
 def validate(cfg: UpdateConfig) -> None:
     """Check fields against each other; raise one ConfigError listing every problem."""
-    problems: list[str] = []
-    alg, sel, launch = cfg.algorithm, cfg.algorithm.selection, cfg.launch
-    if cfg.iteration < 0:
-        problems.append(f"iteration must be >= 0 (got {cfg.iteration})")
+    problems: list[str] = schema.problems(cfg)
+    alg, launch = cfg.algorithm, cfg.launch
     model = model_path(cfg)
     if not (model / "config.json").is_file():
         what = "model_path" if cfg.model_path else "model_path (empty: <log_path>/policy/current)"
@@ -328,44 +322,16 @@ def validate(cfg: UpdateConfig) -> None:
             f"{what} has no HF model at {model} (config.json missing); pass model_path=<HF folder> "
             "(run.sh: set BATON_BASE_MODEL to one, or run bash scripts/prepare.sh --data-path D)"
         )
-    positives = {
-        "algorithm.per_device_train_batch_size": alg.per_device_train_batch_size,
-        "algorithm.gradient_accumulation_steps": alg.gradient_accumulation_steps,
-        "algorithm.cutoff_len": alg.cutoff_len,
-        "algorithm.logging_steps": alg.logging_steps,
-        "algorithm.selection.last_k_iterations": sel.last_k_iterations,
-        "launch.nnodes": launch.nnodes,
-    }
-    problems += [f"{name} must be >= 1 (got {value})" for name, value in positives.items() if value < 1]
     if alg.warmup_steps > 0 and alg.warmup_ratio > 0:
         problems.append(
             "algorithm.warmup_steps and algorithm.warmup_ratio are both set "
             f"(got {alg.warmup_steps} and {alg.warmup_ratio}); set one of them to 0"
         )
-    if alg.max_steps == 0 or alg.num_train_epochs <= 0:
-        problems.append(
-            f"algorithm.max_steps ({alg.max_steps}) must be -1 or >= 1 and algorithm.num_train_epochs "
-            f"({alg.num_train_epochs}) > 0"
-        )
     problems += _check_stage(alg)
     if cfg.phase in ("check", "prepare", "all"):  # train and promote use what prepare wrote and checked
         problems += _check_template(cfg.template)  # (its import of LLaMA-Factory's data module: 13 s on a core)
-    if not 0 <= cfg.data.val_split_ratio < 1:
-        problems.append(f"data.val_split_ratio must be in [0, 1) (got {cfg.data.val_split_ratio})")
-    if not 0 <= launch.node_rank < launch.nnodes:
+    if launch.node_rank >= launch.nnodes >= 1:
         problems.append(f"launch.node_rank must be in [0, launch.nnodes={launch.nnodes}) (got {launch.node_rank})")
-    if getattr(sel, "shortest_per_task", 0) < 0:
-        problems.append(
-            f"algorithm.selection.shortest_per_task must be >= 0, 0 = every success (got {sel.shortest_per_task})"
-        )
-    if launch.nproc_per_node < 0:
-        problems.append(f"launch.nproc_per_node must be >= 0, 0 = detect (got {launch.nproc_per_node})")
-    if launch.timeout_s <= 0 or launch.grace_s < 0:
-        problems.append(
-            f"launch.timeout_s must be > 0 and launch.grace_s >= 0 (got {launch.timeout_s}, {launch.grace_s})"
-        )
-    if cfg.promotion.keep_last < 1:
-        problems.append(f"promotion.keep_last must be >= 1 (got {cfg.promotion.keep_last})")
     problems += _check_demonstrations(cfg)
     if cfg.promotion.keep_optimizer and alg.save_only_model:
         problems.append("promotion.keep_optimizer needs algorithm.save_only_model=false (no optimizer state is saved)")
@@ -403,7 +369,9 @@ def _check_demonstrations(cfg: UpdateConfig) -> list[str]:
 
 def _check_stage(alg: AlgorithmConfig) -> list[str]:
     """The selector must produce what the stage trains on."""
-    wanted = {"sft": "RFTSelector", "kto": "KTOSelector", "dpo": "DPOSelector"}[alg.stage]
+    wanted = {"sft": "RFTSelector", "kto": "KTOSelector", "dpo": "DPOSelector"}.get(alg.stage)
+    if wanted is None:  # an unknown stage: the schema's problem
+        return []
     target = str(getattr(alg.selection, "_target_", ""))
     if not target.endswith(wanted):
         return [

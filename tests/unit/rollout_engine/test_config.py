@@ -52,7 +52,7 @@ def test_a_takeover_plan_needs_several_ranks() -> None:
 
 def test_limits_scope_is_node_or_cluster_and_a_cluster_limit_covers_every_rank() -> None:
     assert validate(composed("rollout_train", BASE)).env_config.limits_scope == "node"
-    with pytest.raises(ConfigError, match=r"env_config.limits_scope must be one of node, cluster \(got 'global'\)"):
+    with pytest.raises(ConfigError, match=r"env_config.limits_scope must be node or cluster \(got 'global'\)"):
         validate(composed("rollout_train", [*BASE, "env_config.limits_scope=global"]))
     cluster = [*BASE, "env_config.limits_scope=cluster", "rank_weights=[1,1,1]", "env_config.server_size=2"]
     with pytest.raises(ConfigError, match=r"env_config.server_size must be >= 3 with env_config.limits_scope=cluster"):

@@ -62,7 +62,7 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
 
 def test_unknown_choice_is_rejected_by_the_schema(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"launch\.deepspeed must be one of"):
-        load(tmp_path, "launch.deepspeed=zero9")
+        validate(load(tmp_path, "launch.deepspeed=zero9"))
 
 
 def test_recipe_cpu_defaults_and_deepspeed_presets(tmp_path: Path) -> None:
@@ -213,4 +213,4 @@ def test_trackers_reach_llamafactory_through_report_to_and_the_environment(tmp_p
 
 def test_a_bad_wandb_mode_names_the_field_and_the_choices(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"tracker\.wandb\.mode must be offline or online \(got 'onlin'\)"):
-        load(tmp_path, "tracker=wandb", "tracker.wandb.mode=onlin")
+        validate(load(tmp_path, "tracker=wandb", "tracker.wandb.mode=onlin"))

@@ -83,7 +83,7 @@ def test_update_config_takes_a_path_or_a_list_and_refuses_dpo(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="algorithm=dpo pairs sampled replies only; use algorithm=rft"):
         validate(load(tmp_path, f"data.demonstrations={tmp_path / 'd'}", "algorithm=dpo"))
     with pytest.raises(ConfigError, match=r"data.demonstration_samples must be -1 \(no limit\) or >= 0 \(got -2\)"):
-        load(tmp_path, "data.demonstration_samples=-2")
+        validate(load(tmp_path, "data.demonstration_samples=-2"))
 
 
 class WordTokenizer:
