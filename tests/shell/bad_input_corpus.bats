@@ -70,6 +70,13 @@ model() {
 @test "cli: BATON_POLICY_RESTARTS a fraction" { BATON_POLICY_RESTARTS=1.5 bad BATON_POLICY_RESTARTS 1.5 --rl-phase update; }
 @test "cli: --stop with --dry-run and no run" { bad --stop "$LOG" --rl-phase update --dry-run --stop; }
 @test "run.sh: no model folder under --data-path" { bad model_path "$DATA/models" --rl-phase update --dry-run; }
+@test "run.sh: a real run with algorithm.learning_rate=-1 exits 2 before vLLM starts" {
+  model
+  load fake_data
+  fake_pythons_setup # a vLLM started (it must not be) leaves its pid in $VLLM_PID_FILE
+  bad algorithm.learning_rate -1 --rl-phase both --eval-interval 1 --max-iterations 1 algorithm.learning_rate=-1
+  [ ! -e "$VLLM_PID_FILE" ] && [ ! -e "$CALLS" ]
+}
 @test "run.sh: override env_config.server_size=0" { model && bad env_config.server_size 0 --rl-phase update --dry-run env_config.server_size=0; }
 @test "run.sh: --node-file with vllm_port 70000" {
   model

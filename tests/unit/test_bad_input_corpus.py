@@ -97,6 +97,9 @@ CASES = [
     ),
     Case("override-max_steps-zero", "override", ["algorithm.max_steps=0"], "algorithm.max_steps", "0"),
     Case(
+        "override-learning_rate-negative", "override", ["algorithm.learning_rate=-1"], "algorithm.learning_rate", "-1"
+    ),
+    Case(
         "override-last_k_iterations-zero",
         "override",
         ["algorithm.selection.last_k_iterations=0"],
