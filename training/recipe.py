@@ -227,17 +227,24 @@ def setting_of(key: str) -> str:
     return f"algorithm.llamafactory_overrides.{key}"
 
 
-def rejection(exc: BaseException, recipe: dict) -> str:
-    """LLaMA-Factory's refusal of `recipe` as a Baton error: its words, then the setting and value it names
-    (the first recipe key its message names, else the first string value it quotes) and the fix."""
-    said = f"{type(exc).__name__}: {exc}"
+def named_key(said: str, recipe: dict) -> str | None:
+    """The recipe key an error message names: the longest key it spells (learning_rate, or "learning rate"
+    as torch's optimizers write it), else the key of the first string value it quotes; None when neither."""
 
     def names(word: str) -> bool:
         return re.search(rf"(?<![\w/]){re.escape(word)}(?![\w/])", said) is not None
 
-    key = next((k for k in sorted(recipe, key=len, reverse=True) if names(k)), None)
+    key = next((k for k in sorted(recipe, key=len, reverse=True) if names(k) or names(k.replace("_", " "))), None)
     if key is None:
         key = next((k for k, v in recipe.items() if isinstance(v, str) and len(v) > 1 and names(v)), None)
+    return key
+
+
+def rejection(exc: BaseException | str, recipe: dict) -> str:
+    """LLaMA-Factory's refusal of `recipe` as a Baton error: its words (`exc`, or the error line of a log),
+    then the setting and value it names (`named_key`) and the fix."""
+    said = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    key = named_key(said, recipe)
     text = f"LLaMA-Factory rejects the training YAML of this config: {said}\n"
     if key is None:
         return text + (

@@ -47,6 +47,7 @@ from training.recipe import (
     build_recipe,
     check_deepspeed,
     load_template,
+    named_key,
     parse_recipe,
     rejection,
     save_recipe,
@@ -276,6 +277,9 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
         why = f"timed out after {cfg.launch.timeout_s:.0f} s" if result.timed_out else f"exit {result.returncode}"
         if not result.timed_out and killed_by_sigkill(result.returncode, node_log):
             why += f" ({SIGKILL_HINT})"
+        elif not result.timed_out and (refused := refusal(node_log, paths.recipe)):
+            # a setting the trainer refuses fails every retry alike: bad input (exit 2), the run stops
+            raise ConfigError(f"{refused}\n  (the training stopped with exit {result.returncode}; see {node_log})")
         raise TrainingError(
             f"training {why}; see {node_log}. policy/current is unchanged; run the same command again to retry"
         )
@@ -301,6 +305,25 @@ SIGKILL_HINT = (
     "ran out (check `dmesg | grep -i oom`); lower algorithm.per_device_train_batch_size or algorithm.cutoff_len, "
     "or use a DeepSpeed preset that offloads"
 )
+
+
+#: the last line of a Python traceback that refuses a value (torchrun prefixes a worker's lines with [rankN]:)
+REFUSED_LINE = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?((?:ValueError|TypeError|AssertionError): .*)$", re.M)
+
+
+def refusal(node_log: Path, recipe_path: Path) -> str | None:
+    """A failed training's refusal of a setting, worded as phase=check words one (`rejection`): the log's last
+    ValueError / TypeError / AssertionError whose message names a key or a string value of the training YAML
+    (`Invalid learning rate: -1.0` names learning_rate). None for any other failure: a retry may pass."""
+    try:
+        tail = node_log.read_bytes()[-50000:].decode(errors="replace")
+        recipe = OmegaConf.to_container(OmegaConf.load(recipe_path))
+    except Exception:  # an unreadable log or YAML: no refusal to name (the failure stays a failure)
+        return None
+    said = [m.group(1).strip() for m in REFUSED_LINE.finditer(tail)]
+    if not said or not isinstance(recipe, dict) or named_key(said[-1], recipe) is None:
+        return None
+    return rejection(said[-1], recipe)
 
 
 def killed_by_sigkill(returncode: int, node_log: Path) -> bool:

@@ -175,7 +175,8 @@ def update(run: Run, iteration: int, resume: bool) -> None:
         raise Die(
             2,
             f"iteration {iteration}: the update rejected its input (see {logfile}); fix the configuration, then "
-            "rerun with --resume (the rollouts are kept; every further update would fail the same way)",
+            "rerun with --resume (the rollouts are kept; every further update would fail the same way):\n"
+            + check_problems(logfile),
         )
     elif code == Exit.NOTHING_TO_TRAIN:
         outcome = "skipped: too little to train on"

@@ -19,7 +19,8 @@ fake_data_setup() {
 # fake_pythons_setup: the train and serve environments' interpreters become
 # fakes (a node file of one rank, BATON_NODE_FILE): the train one records each
 # command in $CALLS and answers phase=check with exit $FAKE_CHECK_EXIT (default
-# 0; 2 with a report as python -m training writes it), anything else exit 1;
+# 0; 2 with a report as python -m training writes it), anything else with exit
+# $FAKE_UPDATE_EXIT (default 1; 2 with a report, as a training the trainer refused);
 # the serve one runs fake_vllm.py on vLLM's port, name and model, its pid in $VLLM_PID_FILE.
 fake_pythons_setup() {
   local bin="$BATS_TEST_TMPDIR/bin"
@@ -28,7 +29,12 @@ fake_pythons_setup() {
   cat >"$bin/train-python" <<SH
 #!/usr/bin/env bash
 printf '%s\n' "\$*" >>"$CALLS"
-[[ " \$* " == *" phase=check "* ]] || exit 1
+if [[ " \$* " != *" phase=check "* ]]; then
+  if [[ \${FAKE_UPDATE_EXIT:-1} == 2 ]]; then
+    printf 'update: phase all\nbad input:\nalgorithm.learning_rate=-1.0 is refused; set it > 0\n'
+  fi
+  exit "\${FAKE_UPDATE_EXIT:-1}"
+fi
 if [[ \${FAKE_CHECK_EXIT:-0} == 2 ]]; then
   printf 'update: phase check\nbad config:\nalgorithm.x=1 is wrong; set it to 2\nand a second problem\n'
 fi

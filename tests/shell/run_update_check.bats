@@ -10,6 +10,7 @@ setup() {
   load fake_data
   fake_data_setup
   fake_pythons_setup
+  source "$ROOT/scripts/lib/iteration.sh"
   source "$ROOT/scripts/lib/envs.sh"
   envs_export
   BATON_VLLM_PORT=$("$BATON_APP_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -65,4 +66,15 @@ line_of() {
     --rl-phase update --wait-timeout 0
   [[ $stderr == *"update-check: the update configuration is accepted"*"no train rollout to train on under $LOG"* ]]
   [ ! -e "$VLLM_PID_FILE" ]
+}
+
+@test "an update the trainer refuses (exit 2) ends the run with exit 2 and the report: not retried, never exit 0" {
+  mkdir -p "$LOG"
+  iteration_mark "$LOG" 1 train_rollout # a train rollout to train on
+  FAKE_UPDATE_EXIT=2 run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase update --max-iterations 3 --max-update-failures 3 --wait-timeout 0
+  [[ $stderr == *"[baton] error: iteration 1: the update rejected its input"*"fix the configuration"*":"$'\n'"algorithm.learning_rate=-1.0 is refused; set it > 0"* ]]
+  # the check, then one update: a refusal is not retried
+  [ "$(grep -c -v ' phase=check ' "$CALLS")" -eq 1 ]
+  [ "$(cat "$LOG/run/state/iter_0001/update.done")" = "failed (exit 2: bad input)" ]
 }
