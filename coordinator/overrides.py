@@ -10,7 +10,10 @@ has is tried on each (with the group choices given, so that `tracker=wandb
 tracker.wandb.mode=online` routes) and must be accepted by one. A choice a config
 group (a folder under configs/) lacks is refused naming the group's options. Keys that run.sh sets itself
 are refused, as is an external `policy_config.base_url` without --debug-mode.
-Every problem is collected into one `ConfigError`.
+Every problem is collected into one `ConfigError`. With `rollout_splits`, a config
+that composes is then checked as its rollout checks it before it starts
+(rollout_engine.runner.prepare, less the policy server): the task file, the
+environment's parameters and its word on each task.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class Request:
     rank: int = 0
     rank_weights: str = "[1]"
     num_nodes: int = 1
+    #: the splits this run rolls out (train, test): their task files and environment are checked too
+    rollout_splits: tuple[str, ...] = ()
 
 
 @dataclass
@@ -208,12 +213,13 @@ def route_and_compose(req: Request) -> Routed:
         raise ConfigError(problems)
     base = _base(req)
     found: dict[str, list[str]] = {}  # problem -> the configs that have it (rollout_train and rollout_test alike)
+    runs = {}
     for name in ("rollout_train", "rollout_test", "update"):
         target = "update" if name == "update" else "rollout"
         try:
             cfg = _compose(name, [*base[target], *getattr(routed, target)])
             if target == "rollout":
-                run = validate_rollout(cfg)
+                run = runs[name] = validate_rollout(cfg)
                 routed.policy_base_url, routed.policy_model = run.policy_config.base_url, run.policy_config.model
                 routed.max_sessions = max(routed.max_sessions, rank_limits(run)[0])
             else:
@@ -224,7 +230,32 @@ def route_and_compose(req: Request) -> Routed:
                 found.setdefault(problem, []).append(name)
         except Exception as exc:  # Hydra/OmegaConf composition errors are bad input here
             found.setdefault(hydra_problem(exc), []).append(name)
+    if not found:
+        for split in req.rollout_splits:
+            for problem in rollout_inputs(runs[f"rollout_{split}"]):
+                found.setdefault(problem, []).append(f"rollout_{split}")
     problems = [f"{', '.join(names)}: {problem}" for problem, names in found.items()]
     if problems:
         raise ConfigError(problems)
     return routed
+
+
+def rollout_inputs(run: Any) -> list[str]:
+    """The problems a rollout of `run` (a RolloutConfig) would find before it starts: its task file
+    (load_tasks: missing, empty, not UTF-8, a bad line, a duplicate id), the environment's parameters
+    (build_env) and the environment's word on each task (check_tasks)."""
+    from rollout_engine.build import build_env
+    from rollout_engine.runner import check_tasks
+    from rollout_engine.tasks import load_tasks, tasks_path
+
+    path = tasks_path(run)
+    try:
+        tasks = load_tasks(path, f"env_config.{run.split}_tasks")
+        env = build_env(run)
+    except ConfigError as exc:
+        return exc.problems
+    try:
+        check_tasks(env, tasks, path)
+    except ConfigError as exc:  # the refused tasks (five at most) and the fix: one error
+        return ["; ".join(exc.problems)]
+    return []

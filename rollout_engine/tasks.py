@@ -72,7 +72,7 @@ def _task_from_line(path: Path, number: int, line: str) -> Task:
 
 
 def load_tasks(path: Path, field_name: str = "task file") -> list[Task]:
-    """All tasks of a JSONL file, in file order; blank lines are skipped."""
+    """All tasks of a JSONL file (UTF-8, a BOM allowed), in file order; blank lines are skipped."""
     if not path.is_file():
         raise ConfigError(
             f"{field_name} does not exist (got {str(path)!r}); point it at a JSONL task file "
@@ -80,18 +80,32 @@ def load_tasks(path: Path, field_name: str = "task file") -> list[Task]:
         )
     tasks: list[Task] = []
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            task = _task_from_line(path, number, line)
-            if task.task_id in seen:
-                raise ConfigError(
-                    f"task file {path}:{number} repeats task_id {task.task_id!r} "
-                    f"(first on line {seen[task.task_id]}); task ids must be unique"
-                )
-            seen[task.task_id] = number
-            tasks.append(task)
+    try:
+        with path.open("rb") as handle:
+            lines = handle.read().splitlines()
+    except OSError as exc:
+        raise ConfigError(
+            f"{field_name} cannot be read (got {str(path)!r}: {exc.strerror or exc}); point it at a readable JSONL "
+            "task file"
+        ) from None
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"task file {path}:{number} is not UTF-8 text ({exc.reason} at byte {exc.start + 1} of that line); "
+                "save it as UTF-8, one JSON task per line (e.g. iconv -f latin1 -t utf-8; docs/formats.md)"
+            ) from None
+        if not line.strip():
+            continue
+        task = _task_from_line(path, number, line)
+        if task.task_id in seen:
+            raise ConfigError(
+                f"task file {path}:{number} repeats task_id {task.task_id!r} "
+                f"(first on line {seen[task.task_id]}); task ids must be unique"
+            )
+        seen[task.task_id] = number
+        tasks.append(task)
     if not tasks:
         raise ConfigError(f"{field_name} holds no tasks (got {str(path)!r}); add at least one line")
     return tasks

@@ -127,7 +127,7 @@ def check(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
         load_template(parse_recipe(recipe))
     except ConfigError as exc:
         problems.extend(exc.problems)
-    except OSError as exc:  # the tokenizer's files
+    except (OSError, ValueError) as exc:  # the tokenizer's files: missing, or none transformers can load
         problems.append(rejection(exc, recipe))
     if problems:
         raise ConfigError(problems)

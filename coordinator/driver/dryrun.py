@@ -1,19 +1,57 @@
-"""--dry-run: print the commands the next iteration's phases would run; nothing started or written."""
+"""--dry-run: validate what a real run validates before it starts anything (the configuration, composed by
+run.main; the update's, checked in the train environment), then print the commands the next iteration's
+phases would run. Nothing is started but that check, nothing is written under the log path."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
 
 from coordinator import runstate
 from coordinator.driver import cli
 from coordinator.driver.context import Run
 from coordinator.driver.phase import dashboard_cmd
 from coordinator.driver.rollout import rollout_cmd
+from coordinator.driver.say import Die
 from coordinator.driver.shellquote import line
-from coordinator.driver.update import update_cmd
+from coordinator.driver.update import check_key, check_verdict, update_cmd
+from rollout_engine.defaults import CHECK_TIMEOUT_S
+
+
+def check(run: Run, n: int) -> None:
+    """The update-check a real run starts before its first rollout or update (update.check_start: a run that
+    trains, on the master; skipped where it passed before with the same command, environment and code),
+    run here to its end: a rejection exits 2 with the real run's message. Its log goes to a temporary file,
+    removed when the check passes."""
+    if run.args.phase == "rollout" or not run.node.is_master:
+        return
+    cmd = update_cmd(run, n, "check")
+    ok = run.run_dir / "update-check.ok"
+    if ok.is_file() and ok.read_text().strip() == check_key(run, cmd):
+        return
+    fd, name = tempfile.mkstemp(prefix="baton-dry-run-update-check-", suffix=".log")
+    logfile, limit = Path(name), CHECK_TIMEOUT_S.value()
+    with os.fdopen(fd, "w") as out:
+        try:
+            done = subprocess.run(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=run.env(), timeout=limit
+            )
+        except subprocess.TimeoutExpired:
+            raise Die(
+                1,
+                f"the check of the update configuration did not finish within {limit}s (BATON_CHECK_TIMEOUT_S); "
+                f"stopped it. Its log: {logfile}",
+            ) from None
+    check_verdict(done.returncode, logfile)
+    logfile.unlink()
 
 
 def dry_run(run: Run) -> None:
     a = run.args
     n = runstate.next_iteration(a.log)
+    check(run, n)
     env = ["env", f"PYTHONPATH={run.root}"]
     out = [f"# iteration {n}, --rl-phase {a.phase} (dry run: nothing started or written)"]
     if cli.slurm_describe(a):

@@ -67,6 +67,10 @@ def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
     request = Request(
         args.data, args.log, base_model, list(args.overrides), args.debug, args.rank, weights, args.num_nodes
     )
+    # the splits this run rolls out: their task files and environment are checked now, before anything starts
+    request.rollout_splits = {"both": ("train", "test"), "update": ()}.get(
+        args.phase, ("train",) if args.split == "train-only" else ("test",)
+    )
     try:
         routed = route_and_compose(request)
     except ConfigError as exc:

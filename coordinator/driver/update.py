@@ -110,19 +110,25 @@ def check_wait(run: Run, check: Check | None) -> None:
             f"stopped it. Its log: {check.logfile}",
         )
     run.groups.forget("update-check")
-    if code == Exit.BAD_INPUT:
-        raise Die(
-            2,
-            "the update would reject this configuration (checked in the train environment before any rollout; "
-            f"log: {check.logfile}):\n{check_problems(check.logfile)}",
-        )
-    if code != 0:
-        print(tail(check.logfile), file=sys.stderr, flush=True)
-        raise Die(1, f"the check of the update configuration failed (exit {code}; last lines of {check.logfile} above)")
+    check_verdict(code, check.logfile)
     ok = run.run_dir / "update-check.ok"
     ok.with_suffix(".ok.tmp").write_text(check.key + "\n")
     ok.with_suffix(".ok.tmp").replace(ok)
     log(f"update-check: the update configuration is accepted ({int(time.monotonic() - check.started)}s)")
+
+
+def check_verdict(code: int, logfile: Path) -> None:
+    """The check's exit `code` (its output in `logfile`): a rejection (2) ends the run with exit 2 and its report,
+    another failure with 1 and its log's last lines; 0 passes. The run and --dry-run say the same."""
+    if code == Exit.BAD_INPUT:
+        raise Die(
+            2,
+            "the update would reject this configuration (checked in the train environment before any rollout; "
+            f"log: {logfile}):\n{check_problems(logfile)}",
+        )
+    if code != 0:
+        print(tail(logfile), file=sys.stderr, flush=True)
+        raise Die(1, f"the check of the update configuration failed (exit {code}; last lines of {logfile} above)")
 
 
 def check_problems(logfile: Path) -> str:

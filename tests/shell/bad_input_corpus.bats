@@ -77,6 +77,31 @@ model() {
   bad algorithm.learning_rate -1 --rl-phase both --eval-interval 1 --max-iterations 1 algorithm.learning_rate=-1
   [ ! -e "$VLLM_PID_FILE" ] && [ ! -e "$CALLS" ]
 }
+@test "run.sh: --dry-run refuses template=no_such_template as the real run's update-check does (train environment)" {
+  model
+  export TMPDIR=$BATS_TEST_TMPDIR # the dry run's check log, kept on a refusal
+  bad "template='no_such_template' is not a LLaMA-Factory template" no_such_template --rl-phase update --dry-run \
+    template=no_such_template
+  [[ $stderr == *"[baton] error: the update would reject this configuration (checked in the train environment"* ]]
+}
+@test "run.sh: a real run with a task file that is not UTF-8 exits 2 naming the file and line, before vLLM starts" {
+  model
+  load fake_data
+  fake_pythons_setup
+  mkdir -p "$DATA/tasks"
+  printf '{"task_id": "t1", "task_name": "1 + 1 =", "metadata": {"dataset": "chain_sum", "entry": {"question": "?"}}}\n' \
+    >"$DATA/tasks/test.jsonl"
+  cp "$DATA/tasks/test.jsonl" "$DATA/tasks/train.jsonl"
+  printf '{"task_id": "t2", "task_name": "caf\xe9"}\n' >>"$DATA/tasks/train.jsonl" # latin-1, not UTF-8
+  bad "$DATA/tasks/train.jsonl:2" "is not UTF-8 text" --rl-phase both --eval-interval 1 --max-iterations 1
+  [ ! -e "$VLLM_PID_FILE" ] && [ ! -e "$CALLS" ]
+}
+@test "run.sh: --dry-run of a rollout refuses duplicate task ids naming the file and line" {
+  model
+  mkdir -p "$DATA/tasks"
+  printf '{"task_id": "t1", "task_name": "a"}\n{"task_id": "t1", "task_name": "b"}\n' >"$DATA/tasks/train.jsonl"
+  bad "$DATA/tasks/train.jsonl:2" "repeats task_id 't1'" --rl-phase rollout --rollout-split train-only --dry-run
+}
 @test "run.sh: override env_config.server_size=0" { model && bad env_config.server_size 0 --rl-phase update --dry-run env_config.server_size=0; }
 @test "run.sh: --node-file with vllm_port 70000" {
   model

@@ -16,6 +16,20 @@ fake_data_setup() {
     >"$DATA/models/SmolLM2-135M-Instruct/config.json"
 }
 
+# fake_tasks: task files where run.sh looks for the default ones (tasks/train.jsonl, tasks/test.jsonl), two
+# reasoning_gym tasks each (run.sh checks them before anything starts: a run that rolls out needs them).
+fake_tasks() {
+  mkdir -p "$DATA/tasks"
+  local split n
+  for split in train test; do
+    for n in 1 2; do
+      printf '{"task_id": "%s-%s", "task_name": "%s + 1 =", "env": "reasoning_gym", "metadata": {"dataset": ' \
+        "$split" "$n" "$n"
+      printf '"chain_sum", "entry": {"question": "%s + 1 =", "answer": "%s", "metadata": {}}}}\n' "$n" "$((n + 1))"
+    done >"$DATA/tasks/$split.jsonl"
+  done
+}
+
 # fake_pythons_setup: the train and serve environments' interpreters become
 # fakes (a node file of one rank, BATON_NODE_FILE): the train one records each
 # command in $CALLS and answers phase=check with exit $FAKE_CHECK_EXIT (default

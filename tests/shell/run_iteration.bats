@@ -7,6 +7,7 @@ bats_require_minimum_version 1.5.0
 setup() {
   load fake_data
   fake_data_setup
+  fake_tasks # a run that rolls out needs task files (run.sh checks them before anything starts)
 }
 
 # finished <iteration>: the end marker of <iteration> under $LOG, as the driver writes it (runstate.mark).
@@ -16,6 +17,7 @@ finished() {
 }
 
 @test "--dry-run prints the serve, rollout, eval, update and reload commands and writes nothing" {
+  fake_pythons_setup # the dry run runs the update-check: a fake train interpreter answers it
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
     --dry-run env_config.train_tasks_rollout_size=16 algorithm.max_steps=1
   [[ $output == *"# iteration 1, --rl-phase both"* ]]
@@ -37,6 +39,7 @@ finished() {
 }
 
 @test "--keep-best --keep-best-margin 2.5: --dry-run prints the decision's command" {
+  fake_pythons_setup # the dry run runs the update-check: a fake train interpreter answers it
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
     --dry-run --keep-best --keep-best-margin 2.5
   [[ $output == *"[keep-best (after each held-out rollout; a worse policy: python -m training ... phase=revert)] env PYTHONPATH=$ROOT "*"-m coordinator keep-best --log-path $LOG --iteration 1 --margin 2.5 --base-model $DATA/models/SmolLM2-135M-Instruct"* ]]
@@ -46,6 +49,7 @@ finished() {
 }
 
 @test "--dry-run prints the dashboard's command" {
+  fake_pythons_setup # the dry run runs the update-check: a fake train interpreter answers it
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --dry-run \
     --dashboard-port 8765
   [[ $output == *"[dashboard (for the whole run)] env PYTHONPATH=$ROOT "*" -m coordinator dashboard --log-path $LOG --port 8765 --host 127.0.0.1"* ]]
@@ -53,6 +57,7 @@ finished() {
 }
 
 @test "--dry-run passes this node's rank and the ranks' weights to the rollouts and the update" {
+  fake_pythons_setup # the dry run runs the update-check: a fake train interpreter answers it
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
     --dry-run --num-nodes 2 --rank-weights 2,1 --worker 1
   [[ $(grep '^\[train rollout\]' <<<"$output") == *" iteration=1 rank=1 rank_weights="'\[2\,1\]'" "* ]]
@@ -89,6 +94,7 @@ finished() {
 }
 
 @test "--dry-run follows the numbering on disk and the eval schedule" {
+  fake_pythons_setup # the dry run runs the update-check: a fake train interpreter answers it
   mkdir -p "$LOG"
   finished 1
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 2 --dry-run
@@ -110,7 +116,7 @@ finished() {
   run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
     env_config.server_size=0 algorithm.cutoff_len=0
   [[ $stderr == *"env_config.server_size must be >= 1 (got 0)"* ]]
-  [[ $stderr == *"algorithm.cutoff_len must be >= 1 (got 0)"* ]]
+  [[ $stderr == *"algorithm.cutoff_len must be in [1, 1048576] (got 0)"* ]]
   run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
     policy_config.base_url=http://10.0.0.1:8000/v1
   [[ $stderr == *"add --debug-mode to use an external server"* ]]
@@ -118,9 +124,11 @@ finished() {
 }
 
 @test "tracker=: one tracker or a list reaches the update; an unknown one or a bad field exits 2, nothing written" {
+  fake_pythons_setup # the dry run runs the update-check: a fake train interpreter answers it
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --dry-run \
     'tracker=[tensorboard,wandb]' tracker.wandb.mode=online
   [[ $output == *"[update] "*" tracker=\\[tensorboard\\,wandb\\] tracker.wandb.mode=online"* ]]
+  unset BATON_NODE_FILE
   run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both \
     --eval-interval 1 tracker=tensorbord
   [ "$stderr" = "[baton] error: override 'tracker=tensorbord': configs/tracker/ has no 'tensorbord'; choose one of none, tensorboard, wandb" ]
@@ -143,8 +151,9 @@ YAML
     --dry-run --num-nodes 2 --rank-weights 1,1 --worker 1 --node-file "$BATS_TEST_TMPDIR/nodes.yaml"
   [[ $output == *"node file $BATS_TEST_TMPDIR/nodes.yaml: rank 1 sets VLLM_CPU_KVCACHE_SPACE BATON_VLLM_PORT BATON_NODE_ADDR"* ]]
   [[ $(grep '^\[serve\]' <<<"$output") == *"VLLM_CPU_KVCACHE_SPACE=3 "*"--port 18555"* ]]
-  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
-    --dry-run --num-nodes 2 --rank-weights 1,1 --master --node-file "$BATS_TEST_TMPDIR/nodes.yaml"
+  # (a rollout: the master of a run that trains would run the update-check in the real train environment)
+  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout \
+    --rollout-split train-only --dry-run --num-nodes 2 --rank-weights 1,1 --master --node-file "$BATS_TEST_TMPDIR/nodes.yaml"
   [[ $output != *"node file"* && $(grep '^\[serve\]' <<<"$output") == *"--port 8999"* ]]
   printf 'node_groups: [{node_ranks: 5}]\n' >"$BATS_TEST_TMPDIR/bad.yaml"
   run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both \

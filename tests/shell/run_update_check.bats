@@ -9,8 +9,8 @@ bats_require_minimum_version 1.5.0
 setup() {
   load fake_data
   fake_data_setup
+  fake_tasks
   fake_pythons_setup
-  source "$ROOT/scripts/lib/iteration.sh"
   source "$ROOT/scripts/lib/envs.sh"
   envs_export
   BATON_VLLM_PORT=$("$BATON_APP_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -47,12 +47,37 @@ line_of() {
   run ! kill -0 "$(cat "$VLLM_PID_FILE")"
 }
 
+@test "--dry-run runs the same check: a rejection exits 2 with the real run's message, before anything is written" {
+  export TMPDIR=$BATS_TEST_TMPDIR # the dry run's check log, kept on a refusal
+  FAKE_CHECK_EXIT=2 run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase both --eval-interval 1 --dry-run algorithm.max_steps=1
+  [ -z "$output" ] && [ ! -e "$LOG" ]
+  local dry=$stderr
+  FAKE_CHECK_EXIT=2 run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase both --eval-interval 1 algorithm.max_steps=1
+  # the same error line and report; only where its log is differs
+  local real
+  real=$(grep -A3 '^\[baton\] error: ' <<<"$stderr" | sed 's/log: [^)]*)/log: L)/')
+  [[ $real == *"algorithm.x=1 is wrong; set it to 2"$'\n'"and a second problem" ]]
+  [ "$(grep -A3 '^\[baton\] error: ' <<<"$dry" | sed 's/log: [^)]*)/log: L)/')" = "$real" ]
+  # an accepted check: the plan, and the command the real run checks with
+  rm -rf "$LOG" "$CALLS"
+  run -0 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase both --eval-interval 1 --dry-run algorithm.max_steps=1
+  [[ $output == "# iteration 1, --rl-phase both (dry run: nothing started or written)"* ]]
+  [[ $(cat "$CALLS") == "-m training --config-name update log_path=$LOG iteration=1 model_path=$DATA/models/SmolLM2-135M-Instruct phase=check "*" algorithm.max_steps=1" ]]
+  [ ! -e "$LOG" ]
+  # the refused check's log is kept (its path is in the error), the accepted one's removed
+  local kept=("$BATS_TEST_TMPDIR"/baton-dry-run-update-check-*)
+  [ "${#kept[@]}" -eq 1 ] && [[ $dry == *"log: ${kept[0]})"* ]]
+}
+
 @test "an accepted update config lets the run go on to its first rollout" {
-  run -1 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+  # (the fake vLLM answers the fake tasks; the fake training fails with exit 1: a failure a retry may mend)
+  run -0 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
     --rl-phase both --eval-interval 1 --max-iterations 1
   (($(line_of "update-check: the update configuration is accepted") < $(line_of "rollout-train: started")))
-  # the data path has no tasks: the rollout itself fails (no real rollout in these tests)
-  [[ $stderr == *"the train rollout of iteration 1 failed"* ]]
+  [[ $stderr == *"iteration 1: update failed (1 in a row); keeping the served policy"* ]]
   run ! kill -0 "$(cat "$VLLM_PID_FILE")"
 }
 
@@ -69,8 +94,8 @@ line_of() {
 }
 
 @test "an update the trainer refuses (exit 2) ends the run with exit 2 and the report: not retried, never exit 0" {
-  mkdir -p "$LOG"
-  iteration_mark "$LOG" 1 train_rollout # a train rollout to train on
+  mkdir -p "$LOG/run/state/iter_0001"
+  date +%s >"$LOG/run/state/iter_0001/train_rollout.done" # a train rollout to train on (runstate.mark)
   FAKE_UPDATE_EXIT=2 run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
     --rl-phase update --max-iterations 3 --max-update-failures 3 --wait-timeout 0
   [[ $stderr == *"[baton] error: iteration 1: the update rejected its input"*"fix the configuration"*":"$'\n'"algorithm.learning_rate=-1.0 is refused; set it > 0"* ]]

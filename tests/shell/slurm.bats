@@ -11,6 +11,7 @@ bats_require_minimum_version 1.5.0
 setup() {
   load fake_data
   fake_data_setup # (outside any Slurm step: no SLURM_* variables)
+  fake_tasks
   unset RANK NODE_RANK BATON_NODE_ADDR BATON_NODE_FILE
 }
 
@@ -99,6 +100,7 @@ bad() {
 
 @test "rank 0's default address is the first host of SLURM_JOB_NODELIST; --node-addr, BATON_NODE_ADDR win" {
   local -a update=(--rl-phase update --dry-run --rank-weights "1,1")
+  fake_pythons_setup # the dry run of rank 0 runs the update-check: a fake train interpreter answers it
   in_step 0 2
   run -0 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" "${update[@]}"
   [[ $output == *"; address n0 (the first host of SLURM_JOB_NODELIST)"* ]]

@@ -14,6 +14,7 @@ own flags are in tests/shell/bad_input_corpus.bats.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from collections.abc import Callable
@@ -187,6 +188,11 @@ CASES = [
     Case("task-difficulty-a-float", "task", _task(difficulty=1.5), "difficulty", "1.5"),
     Case("task-metadata-a-list", "task", _task(metadata=[1, 2]), "metadata", "list"),
     Case("task-duplicate-task_id", "task", _task() + "\n" + _task(), "task_id", "'t1'"),
+    Case("task-file-latin-1", "task", b'{"task_id": "t1", "task_name": "caf\xe9"}', "tasks.jsonl:1", "not UTF-8"),
+    Case("task-file-utf-16", "task", _task().encode("utf-16"), "tasks.jsonl:1", "not UTF-8"),
+    Case("task-file-gzip", "task", gzip.compress(_task().encode(), mtime=0), "tasks.jsonl:1", "not UTF-8"),
+    Case("task-file-nul-bytes", "task", "\x00" * 64, "tasks.jsonl:1", "not valid JSON"),
+    Case("task-line-truncated-mid-file", "task", _task() + "\n" + _task(task_id="t2")[:30], "tasks.jsonl:2", "t2"),
     Case("task-env-not-a-string", "task", _task(env=3), "env", "3"),
     Case("task-family-not-a-string", "task", _task(family=["a"]), "family", "['a']"),
     # trajectory journals, as the update reads them (training.journal.load_trajectories)
@@ -330,7 +336,9 @@ def _run(case: Case, tmp: Path) -> tuple[Path, Callable[[], int]]:
         return tmp, lambda: _cli([*compose, "--base-model", str(data / "model"), "--", demos])
     if case.surface == "task":
         path = data / "tasks.jsonl"
-        if case.bad is not None:
+        if isinstance(case.bad, bytes):
+            path.write_bytes(case.bad + b"\n")
+        elif case.bad is not None:
             path.write_text(case.bad + "\n")
         return tmp, lambda: _entry_point(lambda: load_tasks(path))
     if case.surface == "nodefile":
@@ -373,3 +381,43 @@ def test_corpus_size() -> None:
     surfaces = {c.surface for c in CASES}
     assert len({c.id for c in CASES}) == len(CASES) >= 60
     assert {"override", "model", "task", "trajectory", "nodefile"} <= surfaces
+
+
+#: a task reasoning_gym takes
+_RG_TASK = json.dumps(
+    {"task_id": "t1", "task_name": "1 + 1 =", "metadata": {"dataset": "chain_sum", "entry": {"question": "1 + 1 ="}}}
+).encode()
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (b'{"task_id": "t1", "task_name": "caf\xe9"}\n', "train.jsonl:1 is not UTF-8 text"),
+        (b"", "env_config.train_tasks holds no tasks"),
+        (_RG_TASK + b'\n{"task_id": "t2", ', "train.jsonl:2 is not valid JSON"),
+        (_RG_TASK + b"\n" + _RG_TASK + b"\n", "train.jsonl:2 repeats task_id 't1'"),
+        (b'{"task_id": "t1", "task_name": "add"}\n', "task 't1': reasoning_gym tasks need metadata.dataset"),
+    ],
+    ids=["not-utf-8", "empty", "truncated-line", "duplicate-ids", "refused-by-the-env"],
+)
+def test_compose_checks_the_task_files_a_run_rolls_out(tmp_path: Path, content: bytes, named: str) -> None:
+    """run.sh's compose (coordinator.driver.run: the splits --rl-phase rolls out) checks each split's task file
+    as its rollout would, before anything starts: one error naming the file (and line); an update-only run
+    (no splits) needs none."""
+    from coordinator.overrides import Request, route_and_compose
+
+    data, log = tmp_path / "data", tmp_path / "log"
+    _model(data / "model", json.dumps(MODEL_CONFIG))
+    (data / "tasks").mkdir()
+    (data / "tasks" / "train.jsonl").write_bytes(content)
+    (data / "tasks" / "test.jsonl").write_bytes(_RG_TASK + b"\n")
+    request = Request(str(data), str(log), str(data / "model"), [], rollout_splits=("train", "test"))
+    with pytest.raises(ConfigError) as caught:
+        route_and_compose(request)
+    assert len(caught.value.problems) == 1 and named in caught.value.problems[0], caught.value.problems
+    assert caught.value.problems[0].startswith("rollout_train: ") and str(data / "tasks") in caught.value.problems[0]
+    request.rollout_splits = ("test",)
+    route_and_compose(request)
+    request.rollout_splits = ()
+    route_and_compose(request)
+    assert not log.exists()
