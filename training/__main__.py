@@ -4,8 +4,9 @@
     python -m training --config-name update phase=check log_path=L iteration=N model_path=M ...
 
 Exit codes (rollout_engine.exits, docs/cli.md#exit-codes): 0 done, 2 bad input
-(nothing written, nothing launched), 1 the training failed (policy/current
-unchanged; run again to retry), 3 too little data to fill one optimizer step
+(nothing written, nothing launched; or a setting the trainer refused while it
+trained, which no retry mends: training.update.refusal), 1 the training failed
+(policy/current unchanged; run again to retry), 3 too little data to fill one optimizer step
 (nothing written), 130 / 143 stopped by SIGINT / SIGTERM (the LLaMA-Factory
 group is stopped first).
 
