@@ -91,3 +91,23 @@ def test_run_sh_records_an_update_with_nothing_to_train_on_as_skipped(tmp_path: 
     assert (state / "update.done").read_text().strip() == "skipped: too little to train on"
     assert "iteration 1: too few usable samples to train on" in out.stderr
     assert not (log / "policy").exists() and not (log / "training" / "iter_0001" / "data").exists()
+
+
+def test_a_setting_the_trainer_refuses_while_it_trains_is_bad_input(tmp_path: Path, model_dir: Path) -> None:
+    """learning_rate=-1 handed to LLaMA-Factory directly (algorithm.llamafactory_overrides, which neither the
+    schema nor LLaMA-Factory's parser checks): torch's optimizer refuses it once the training has started. No
+    retry mends that: exit 2 naming the setting, its value and the fix, not 1 (issue 26)."""
+    log = tmp_path / "log"
+    write_journal(log, [traj("a", 0, True)])
+    out = run_update(
+        log,
+        f"model_path={model_dir}",
+        "data.fidelity_samples=0",
+        "algorithm.per_device_train_batch_size=1",
+        "algorithm.gradient_accumulation_steps=1",
+        "+algorithm.llamafactory_overrides.learning_rate=-1",
+    )
+    text = out.stderr + out.stdout
+    assert out.returncode == 2, text[-3000:]
+    assert "Invalid learning rate: -1" in text and "field: algorithm.learning_rate=-1" in text, text[-3000:]
+    assert not (log / "policy").exists()
