@@ -57,7 +57,7 @@ from pathlib import Path
 from bench.chaos import REPO, SETTINGS, draw, free_port, log, report
 from bench.chaos_checks import check_iterations_done, check_log, check_rejoined, member_iterations, start_time
 from coordinator.cluster import Cluster, load_run
-from coordinator.runstate import next_iteration
+from coordinator.runstate import next_iteration, state_iterations
 from rollout_engine.layout import Layout
 
 #: what a node's clean-up may take once it noticed (Groups.stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
@@ -429,7 +429,7 @@ class ChaosNodes:
         row = NodeRound(number, fault.kind, iteration, round(delay, 2), fault.iterations)
         self.mode, self.iterations = fault.mode, fault.iterations
         began = time.monotonic()
-        self.start_all(resume=self.starts > 0)
+        self.start_all(resume=self.starts > 0 or bool(state_iterations(self.log)))  # a soak continued
         struck = self.inject(fault, iteration, delay, row)
         self.settle(row, struck, iteration, late if fault.late else None)
         done = Layout(self.log).marker(last, "iteration")
