@@ -71,6 +71,8 @@ LATE_SPREAD_S = 20.0
 #: without the dead worker, the step it rejoins
 LATE_ITERATIONS = 3
 NODES = 2
+#: a run.sh's output: <log>/chaos/run_<k>.rank_<r>.log
+RUN_OUTPUT = re.compile(r"run_(\d+)\.rank_\d+\.log")
 
 
 @dataclass(frozen=True)
@@ -166,10 +168,14 @@ class ChaosNodes:
         self.nodes = [Node(rank, cores[rank % len(cores)], vllm_port(rank)) for rank in range(NODES)]
         self.mode = "abort"
         self.iterations = 1  # --max-iterations of the round's runs
-        self.starts = 0
         (log_path / "chaos").mkdir(parents=True, exist_ok=True)
+        # run.sh starts so far: a soak continued on a log path numbers its outputs after the earlier soak's
+        self.starts = max((int(m.group(1)) for m in map(RUN_OUTPUT.fullmatch, self.output_names()) if m), default=0)
 
     # ---- run.sh ---------------------------------------------------------------------------------------
+    def output_names(self) -> list[str]:
+        return [path.name for path in (self.log / "chaos").glob("run_*.log")]
+
     def output_path(self, node: Node) -> Path:
         return self.log / "chaos" / f"run_{node.runs:03d}.rank_{node.rank}.log"
 

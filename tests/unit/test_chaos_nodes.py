@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from bench.chaos import draw
-from bench.chaos_nodes import FAULTS, at_least_late, master_step, split_kinds
+from bench.chaos_nodes import FAULTS, ChaosNodes, at_least_late, master_step, split_kinds
 from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Endpoint
 from coordinator.membership import start_run
@@ -56,3 +56,16 @@ def test_master_step_is_the_newest_plan_the_master_published(tmp_path: Path) -> 
         assert master_step(tmp_path) == step
     arrive(Cluster(tmp_path, record.run_id, rank=1), 3, "plan", pid=2, data={})  # a worker's arrival: no plan
     assert master_step(tmp_path) == 2
+
+
+def test_a_soak_continued_on_a_log_path_numbers_its_run_outputs_after_the_earlier_ones(tmp_path: Path) -> None:
+    assert ChaosNodes(tmp_path / "data", tmp_path / "fresh", [], 60.0, 5.0, 30.0).starts == 0
+    chaos = tmp_path / "log" / "chaos"
+    chaos.mkdir(parents=True)
+    for name in ("run_007.rank_1.log", "run_012.rank_0.log", "notes.txt"):
+        (chaos / name).write_text("")
+    soak = ChaosNodes(tmp_path / "data", tmp_path / "log", [], 60.0, 5.0, 30.0)
+    assert soak.starts == 12
+    soak.starts += 1
+    soak.nodes[0].runs = soak.starts
+    assert soak.output_path(soak.nodes[0]).name == "run_013.rank_0.log"
