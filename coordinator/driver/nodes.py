@@ -19,7 +19,7 @@ import os
 import random
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -218,7 +218,7 @@ class Node:
             me=self._endpoint(),
             started=self.me[2],
             vllm_port=self.vllm_port,
-            torchrun_port=free_port(),
+            torchrun_port=free_port(avoid={self.vllm_port}),
             start_iteration=start_iteration,
             on_rank_failure=self.args.on_failure,
             heartbeat_interval_s=seconds(HEARTBEAT_S),
@@ -599,16 +599,17 @@ def slurm_in_step() -> bool:
     return bool(step and os.environ.get("SLURM_PROCID", "")) and step != "batch"
 
 
-def free_port() -> int:
+def free_port(avoid: Collection[int] = ()) -> int:
     """The master's torchrun port: a free TCP port outside the kernel's ephemeral range (a random one of the
-    PORT_SPAN ports below it, else above it; any free port when neither has one). The run binds it at every
-    training, maybe hours after it picked it, and a port of the ephemeral range may by then be the source port
-    of any connection this host made (a rollout's, a judge's, another program's): in use, or in TIME_WAIT for a
-    minute after it closed. Either makes torchrun's listen fail with EADDRINUSE, and that update with it."""
+    PORT_SPAN ports below it, else above it, never one of `avoid` (this node's vLLM port) nor torch's defaults;
+    any free port when none is free there). The run binds it at every training, maybe hours after it picked it,
+    and a port of the ephemeral range may by then be the source port of any connection this host made (a
+    rollout's, a judge's, another program's): in use, or in TIME_WAIT for a minute after it closed. Either makes
+    torchrun's listen fail with EADDRINUSE, and that update with it."""
     low, high = ephemeral_range()
     outside = [*range(max(1024, low - PORT_SPAN), low), *range(high + 1, min(65536, high + 1 + PORT_SPAN))]
     for port in random.sample(outside, min(len(outside), PORT_TRIES)):
-        if port not in TORCH_PORTS and bindable(port):
+        if port not in TORCH_PORTS and port not in avoid and bindable(port):
             return port
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

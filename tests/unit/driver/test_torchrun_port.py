@@ -61,3 +61,10 @@ def test_a_port_in_time_wait_is_not_bindable_and_never_the_torchrun_port(
 def test_without_room_outside_the_range_any_free_port(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nodes, "ephemeral_range", lambda: (1024, 65535))
     assert 1024 <= free_port() <= 65535
+
+
+def test_never_the_node_s_own_vllm_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    low, _ = ephemeral_range()
+    vllm = next(p for p in range(low - 1, low - 2000, -1) if bindable(p))  # not started yet: free
+    monkeypatch.setattr(random, "sample", lambda ports, k: [vllm, *[p for p in ports if p != vllm]])
+    assert free_port() == vllm and free_port(avoid={vllm}) != vllm
