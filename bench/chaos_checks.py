@@ -18,6 +18,9 @@
   (a `--keep-best` revert is a version of its own: it names `reverted_to`, and is
   neither the iteration's promotion nor counted as one);
 - one `"kind": "iteration"` record per iteration in `metrics.jsonl`;
+- a worker restarted late (`--on-rank-failure continue`) rejoined: `check_rejoined`, its own sealed
+  journal in an iteration after the one it died in (it was a member of a later step), and every
+  iteration of the run done (`check_iterations_done`);
 - deadlines: no phase in `run/state/iter_<NNNN>/times` took longer than its deadline;
 - nothing left: no recorded process group alive (`run/rank_<r>/pids/*.pgid`,
   `training/iter_<NNNN>/train[.rank_<r>].log.pgid`), no process whose command line names the
@@ -306,6 +309,38 @@ def check_iteration_records(log: Path) -> list[str]:
     rows = read_lines(path) if path.exists() else []
     counts = Counter(row["iteration"] for row in rows if row.get("kind") == "iteration")
     return [f"metrics.jsonl: iteration {it} recorded {n} times" for it, n in sorted(counts.items()) if n > 1]
+
+
+def member_iterations(log: Path, rank: int, split: str = "train") -> list[int]:
+    """The iterations of `split` in which `rank` rolled out as a member of the step: its own journal
+    (`rank_<r>.jsonl`, never a takeover's) sealed complete with at least one episode."""
+    found = []
+    for directory in sorted(log.glob(f"trajectories/{split}/iter_*")):
+        journal = directory / f"rank_{rank}.jsonl"
+        if journal.exists() and sealed(directory, journal.name) and read_lines(journal):
+            found.append(parse_iteration(directory.name))
+    return found
+
+
+def check_rejoined(log: Path, rank: int, died_in: int, last: int) -> list[str]:
+    """A worker that died in iteration `died_in` and was started again is a member of a later step of the
+    run (up to iteration `last`): its sealed train journal in one of the iterations died_in+1 .. last."""
+    later = [n for n in member_iterations(log, rank) if died_in < n <= last]
+    if later:
+        return []
+    return [
+        f"rank {rank} did not rejoin: no sealed train journal of it in iterations {died_in + 1}..{last} "
+        f"(it died in iteration {died_in}); member of {member_iterations(log, rank) or 'none'}"
+    ]
+
+
+def check_iterations_done(log: Path, first: int, last: int) -> list[str]:
+    """Every iteration first .. last has its end marker (`run/state/iter_<NNNN>/iteration.done`)."""
+    return [
+        f"iteration {n} not done (no {Layout(log).marker(n, 'iteration').relative_to(log)})"
+        for n in range(first, last + 1)
+        if not Layout(log).marker(n, "iteration").exists()
+    ]
 
 
 def load_phase_times(log: Path) -> list[tuple[int, str, float]]:

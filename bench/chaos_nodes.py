@@ -1,17 +1,19 @@
 """Fault injection on several nodes: a heartbeat or a whole node killed, the restart docs/multinode.md tells a user.
 
-    PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --rounds 9 --seed 1 --out chaos-nodes.json
-    PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --faults "worker heartbeat SIGKILL" --rounds 1
+    PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --rounds 12 --seed 1 --out chaos-nodes.json
+    PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --rounds 10 --seed 1 --late 3   # >= 3 late restarts
+    PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --faults "$KIND" --rounds 1   # one kind of FAULTS
 
 Two "nodes" on this machine, as tests/e2e/test_multinode.py and bench/multinode_overhead.py simulate them: two
 `scripts/run.sh --rl-phase both --num-nodes 2 --rank-weights 1,1` (--master, --worker 1) sharing one log path,
 each in a session of its own, bound with taskset (and its vLLM with VLLM_CPU_OMP_THREADS_BIND) to its own core,
 with its own vLLM port, node address 127.0.0.1 and Baton's default liveness (a beat every 5 s, a rank dead after
 30 s of silence: `--heartbeat`, `--dead-after`).
-Round r runs iteration r with bench/chaos.py's small settings (`SETTINGS`), `--max-iterations 1` and the round's
-`--on-rank-failure` (`abort` or `continue`), waits until the fault's phase runs on the struck node (its recorded
-group: `run/rank_<r>/pids/rollout-train.pgid`, or its LLaMA-Factory groups
-`training/iter_<NNNN>/train[.rank_<r>].log.pgid`), then a seeded random moment more, and strikes (`FAULTS`):
+A round runs the next iteration with bench/chaos.py's small settings (`SETTINGS`), `--max-iterations 1` (a late
+restart's: 3) and the round's `--on-rank-failure` (`abort` or `continue`), waits until the fault's phase runs on
+the struck node in its first iteration (its recorded group: `run/rank_<r>/pids/rollout-train.pgid`, or its
+LLaMA-Factory groups `training/iter_<NNNN>/train[.rank_<r>].log.pgid`), then a seeded random moment more, and
+strikes (`FAULTS`):
 
 - a heartbeat: SIGKILL of the group `run/rank_<r>/pids/heartbeat.pgid` (the node's run.sh lives on, and must
   start it again before the others count the node dead: no node may stop);
@@ -20,11 +22,16 @@ group: `run/rank_<r>/pids/rollout-train.pgid`, or its LLaMA-Factory groups
 
 Then it acts as docs/multinode.md tells a user: a node that stopped saying "start every node again with --resume"
 is waited for and every node is started again with --resume (at most 3 times); in a `continue` run a worker that
-died or was evicted is started again at once with the same flags while the master runs ("a restarted worker
-joins the live run"). Every run.sh has `--run-budget` seconds (a hang past it: SIGTERM, SIGKILL 60 s later). At the
-end it checks the log path (bench/chaos_checks.py: every planned episode of every rank once, takeover journals
-included; the policy chain; one record per iteration; phase deadlines; nothing left running) and how long the
-surviving nodes took to stop after the fault (the deadline: `dead_after_s`, two beats and the clean-up's).
+died or was evicted is started again with the same flags while the master runs ("a restarted worker joins the
+live run"): at once, or in a late-restart kind only once the master has begun its next step (planned without
+the worker: its plan `cluster/runs/<run_id>/barriers/iter_0002/plan/rank_0.json`) and a seeded moment into it
+(up to LATE_SPREAD_S); the worker must then be a member of a later step (its sealed journal in a later iteration,
+bench/chaos_checks.check_rejoined), every iteration of the round done, the restarted worker's exit 0. A node
+still running `stop_bound_s` after the master finished the run (exit 0) is a hang (SIGTERM). Every run.sh has
+`--run-budget` seconds (a hang past it: SIGTERM, SIGKILL 60 s later). At the end it checks the log path
+(bench/chaos_checks.py: every planned episode of every rank once, takeover journals included, in every iteration;
+the policy chain; one record per iteration; phase deadlines; nothing left running) and how long the surviving
+nodes took to stop after the fault (the deadline: `dead_after_s`, two beats and the clean-up's).
 
 Every signal goes to a run.sh this harness started (its Popen: a session of its own) or to a group the run
 recorded, after the leader's start time is checked (bench/chaos_checks.start_time, as coordinator/driver/procs.py does).
@@ -37,6 +44,7 @@ import argparse
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -47,15 +55,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.chaos import REPO, SETTINGS, draw, free_port, log, report
-from bench.chaos_checks import check_log, start_time
-from coordinator.runstate import next_iteration
+from bench.chaos_checks import check_iterations_done, check_log, check_rejoined, member_iterations, start_time
+from coordinator.cluster import Cluster, load_run
+from coordinator.runstate import next_iteration, state_iterations
 from rollout_engine.layout import Layout
 
 #: what a node's clean-up may take once it noticed (Groups.stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
 CLEANUP_S = 60.0
 #: how far into a phase a fault may strike (seconds; on 2 cores a node's 48 episodes take ~15 s, its training ~30 s)
 SPREAD_S = {"train_rollout": 6.0, "training": 10.0}
+#: a late restart: how far into the master's later step the dead worker is started again (seconds; the master's
+#: step alone on 2 cores takes a minute or more, so the worker joins before the master plans the step after it)
+LATE_SPREAD_S = 20.0
+#: the iterations a round of a late-restart kind runs (--max-iterations): the struck one, the step planned
+#: without the dead worker, the step it rejoins
+LATE_ITERATIONS = 3
 NODES = 2
+#: a run.sh's output: <log>/chaos/run_<k>.rank_<r>.log
+RUN_OUTPUT = re.compile(r"run_(\d+)\.rank_\d+\.log")
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,13 @@ class NodeFault:
     phase: str  # train_rollout | training: the struck node's phase when it strikes
     action: str  # heartbeat: SIGKILL of its heartbeat group | node: the whole node at once
     mode: str  # --on-rank-failure of the round: abort | continue
+    #: continue: a dead worker is started again at once (False), or only once the master began a later step
+    late: bool = False
+
+    @property
+    def iterations(self) -> int:
+        """--max-iterations of the round's runs."""
+        return LATE_ITERATIONS if self.late else 1
 
 
 FAULTS = {
@@ -82,6 +106,8 @@ FAULTS = {
         NodeFault("worker node death (training, continue)", 1, "training", "node", "continue"),
         NodeFault("master node death (rollout, continue)", 0, "train_rollout", "node", "continue"),
         NodeFault("worker heartbeat SIGKILL (training, continue)", 1, "training", "heartbeat", "continue"),
+        NodeFault("worker node death (rollout, continue, late restart)", 1, "train_rollout", "node", "continue", True),
+        NodeFault("worker node death (training, continue, late restart)", 1, "training", "node", "continue", True),
     ]
 }
 
@@ -92,6 +118,10 @@ class NodeRound:
     fault: str
     iteration: int
     delay_s: float
+    iterations: int = 1  # the round's --max-iterations: iterations iteration .. iteration + iterations - 1
+    late_s: float | None = None  # a late restart: seconds into the master's later step it was started again
+    restarted_in_step: int | None = None  # ... the master's step it was started in (2: the step after the fault)
+    rejoined_in: list[int] = field(default_factory=list)  # a late restart: the iterations the worker rolled out
     injected: bool = False  # False: the phase had ended before the moment came (missed)
     exits: dict[str, int | None] = field(default_factory=dict)  # "rank 0 (run 3)" -> run.sh's exit code
     stopped_s: dict[str, float] = field(default_factory=dict)  # rank -> seconds from the fault to its exit
@@ -137,10 +167,15 @@ class ChaosNodes:
         cores = sorted(os.sched_getaffinity(0))
         self.nodes = [Node(rank, cores[rank % len(cores)], vllm_port(rank)) for rank in range(NODES)]
         self.mode = "abort"
-        self.starts = 0
+        self.iterations = 1  # --max-iterations of the round's runs
         (log_path / "chaos").mkdir(parents=True, exist_ok=True)
+        # run.sh starts so far: a soak continued on a log path numbers its outputs after the earlier soak's
+        self.starts = max((int(m.group(1)) for m in map(RUN_OUTPUT.fullmatch, self.output_names()) if m), default=0)
 
     # ---- run.sh ---------------------------------------------------------------------------------------
+    def output_names(self) -> list[str]:
+        return [path.name for path in (self.log / "chaos").glob("run_*.log")]
+
     def output_path(self, node: Node) -> Path:
         return self.log / "chaos" / f"run_{node.runs:03d}.rank_{node.rank}.log"
 
@@ -149,7 +184,8 @@ class ChaosNodes:
         self.starts += 1
         node.runs, node.resume, node.started, node.reaped = self.starts, resume, time.monotonic(), False
         cmd = ["taskset", "-c", str(node.core), "bash", str(REPO / "scripts/run.sh"), "--data-path", str(self.data)]
-        cmd += ["--log-path", str(self.log), "--rl-phase", "both", "--eval-interval", "1000", "--max-iterations", "1"]
+        cmd += ["--log-path", str(self.log), "--rl-phase", "both", "--eval-interval", "1000"]
+        cmd += ["--max-iterations", str(self.iterations)]
         cmd += ["--num-nodes", str(NODES), "--rank-weights", ",".join(["1"] * NODES), "--on-rank-failure", self.mode]
         cmd += ["--master"] if node.rank == 0 else ["--worker", str(node.rank)]
         cmd += (["--resume"] if resume else []) + SETTINGS + self.extra
@@ -314,9 +350,9 @@ class ChaosNodes:
         (the same flags) and joins the live run: while the master runs."""
         return self.mode == "continue" and node.rank != 0 and rc != 0 and self.nodes[0].alive()
 
-    def hang(self, node: Node, row: NodeRound, waiting_for: str) -> None:
-        budget = f"--run-budget {self.run_budget_s:.0f} s"
-        row.hangs.append(f"{node.name} (run {node.runs}): run.sh past {budget} {waiting_for}")
+    def hang(self, node: Node, row: NodeRound, waiting_for: str, budget: bool = True) -> None:
+        past = f"--run-budget {self.run_budget_s:.0f} s " if budget else ""
+        row.hangs.append(f"{node.name} (run {node.runs}): run.sh ran past {past}{waiting_for}")
         log(f"  hang: {row.hangs[-1]}; SIGTERM")
         node.proc.terminate()
         try:
@@ -326,9 +362,14 @@ class ChaosNodes:
             node.proc.kill()
             node.proc.wait()
 
-    def settle(self, row: NodeRound, struck: float | None, iteration: int) -> None:
-        """Wait until every node has exited, restarting a lost worker of a continue run as the docs say."""
-        while not all(node.reaped for node in self.nodes):
+    def settle(self, row: NodeRound, struck: float | None, iteration: int, late: float | None = None) -> None:
+        """Wait until every node has exited, restarting a lost worker of a continue run as the docs say: at once,
+        or (`late`: seconds) only once the master has begun a later step of its run, `late` s into it. A node
+        still running `stop_bound_s` after the master finished the run (exit 0) is a hang."""
+        waiting: list[Node] = []  # dead workers to start again late
+        later: tuple[int, float] | None = None  # the master's later step: (its number, seen at)
+        finished: float | None = None  # when the master exited 0
+        while not all(node.reaped for node in self.nodes) or waiting:
             for node in self.nodes:
                 if node.reaped:
                     continue
@@ -336,9 +377,13 @@ class ChaosNodes:
                 if rc is None:
                     if time.monotonic() - node.started > self.run_budget_s:
                         self.hang(node, row, f"in iteration {iteration}")
+                    elif finished is not None and time.monotonic() - finished > self.stop_bound_s():
+                        self.hang(node, row, f"{self.stop_bound_s():.0f} s after the master finished the run", False)
                     continue
                 node.reaped = True
                 row.exits[f"{node.name} (run {node.runs})"] = rc
+                if node.rank == 0 and rc == 0:
+                    finished = time.monotonic()
                 if struck is not None and str(node.rank) not in row.stopped_s:
                     row.stopped_s[str(node.rank)] = round(time.monotonic() - struck, 1)
                     said = last_said(self.output(node))
@@ -346,32 +391,71 @@ class ChaosNodes:
                         row.said[str(node.rank)] = said
                 if self.rejoin(node, rc) and row.rejoins < 3:
                     row.rejoins += 1
-                    log(f"  {node.name} exited {rc} while the master runs: started again (it rejoins)")
-                    self.start(node, node.resume)
+                    if late is None:
+                        log(f"  {node.name} exited {rc} while the master runs: started again (it rejoins)")
+                        self.start(node, node.resume)
+                    else:
+                        log(
+                            f"  {node.name} exited {rc} while the master runs: started again once the master "
+                            f"begins a later step, {late:.1f} s into it"
+                        )
+                        waiting.append(node)
+            if waiting:
+                if not self.nodes[0].alive():
+                    names = ", ".join(n.name for n in waiting)
+                    row.problems.append(f"the master exited before it began a later step: {names} not restarted")
+                    waiting = []
+                else:
+                    step = master_step(self.log)
+                    if later is None and step > 1:
+                        later = (step, time.monotonic())
+                    if later is not None and time.monotonic() - later[1] >= late:
+                        row.late_s = round(time.monotonic() - later[1], 1)
+                        row.restarted_in_step = master_step(self.log)
+                        for node in waiting:
+                            log(
+                                f"  the master began step {later[0]}: {node.name} started again "
+                                f"{row.late_s} s into it (step {row.restarted_in_step} now)"
+                            )
+                            self.start(node, node.resume)
+                        waiting = []
             time.sleep(0.2)
 
     def next_iteration(self) -> int:
         """The iteration the master runs now (coordinator/runstate.py next_iteration, as the driver reads it)."""
         return next_iteration(self.log)
 
-    def round(self, number: int, fault: NodeFault, delay: float, deadlines: dict[str, float]) -> NodeRound:
-        """One iteration with `fault` struck `delay` s into its phase, the restarts, then the checks."""
+    def round(
+        self, number: int, fault: NodeFault, delay: float, deadlines: dict[str, float], late: float = 0.0
+    ) -> NodeRound:
+        """The fault's iterations (one; a late restart's LATE_ITERATIONS) with `fault` struck `delay` s into its
+        phase of the first, the restarts (a late one `late` s into the master's next step), then the checks."""
         iteration = self.next_iteration()
-        row = NodeRound(number, fault.kind, iteration, round(delay, 2))
-        self.mode = fault.mode
+        last = iteration + fault.iterations - 1
+        row = NodeRound(number, fault.kind, iteration, round(delay, 2), fault.iterations)
+        self.mode, self.iterations = fault.mode, fault.iterations
         began = time.monotonic()
-        self.start_all(resume=self.starts > 0)
+        self.start_all(resume=self.starts > 0 or bool(state_iterations(self.log)))  # a soak continued
         struck = self.inject(fault, iteration, delay, row)
-        self.settle(row, struck, iteration)
-        done = Layout(self.log).marker(iteration, "iteration")
+        self.settle(row, struck, iteration, late if fault.late else None)
+        done = Layout(self.log).marker(last, "iteration")
         while not done.exists() and row.restarts < 3:
             row.restarts += 1
+            self.iterations = last - self.next_iteration() + 1  # the round's iterations left
             self.start_all(resume=True)
-            self.settle(row, None, iteration)
-        row.recovered = done.exists()
+            self.settle(row, None, self.next_iteration())
+        row.recovered = done.exists() and not check_iterations_done(self.log, iteration, last)
+        if done.exists():
+            row.problems += check_iterations_done(self.log, iteration, last)
         row.recovery_s = round(time.monotonic() - (struck or began), 1)
         if struck is not None:
             row.problems += self.not_as_documented(fault, row)
+        if struck is not None and fault.late and fault.action == "node":
+            worker = self.nodes[fault.rank]
+            row.rejoined_in = [n for n in member_iterations(self.log, worker.rank) if iteration < n <= last]
+            row.problems += check_rejoined(self.log, worker.rank, iteration, last)
+            if row.late_s is not None and worker.proc is not None and worker.proc.returncode:
+                row.problems.append(f"the restarted {worker.name} (run {worker.runs}) exited {worker.proc.returncode}")
         if struck is not None:
             bound = self.stop_bound_s()
             for rank in sorted(self.must_stop(fault)):
@@ -402,6 +486,36 @@ def vllm_port(rank: int) -> int:
     return free_port()
 
 
+def master_step(log: Path) -> int:
+    """The newest step the master of the run on the log path has planned (its published plan, the arrival
+    `cluster/runs/<run_id>/barriers/iter_<step>/plan/rank_0.json`); 0 before any."""
+    record = load_run(log)
+    if record is None:
+        return 0
+    cluster = Cluster(log, record.run_id, rank=0)
+    step = 0
+    while (cluster.barrier_dir(step + 1, "plan") / "rank_0.json").exists():
+        step += 1
+    return step
+
+
+def split_kinds(text: str) -> list[str]:
+    """--faults: kinds separated by commas outside parentheses (a kind's own, as in "(rollout, continue)", stay)."""
+    return [kind.strip() for kind in re.split(r",(?![^()]*\))", text) if kind.strip()]
+
+
+def at_least_late(plan: list[str], late: list[str], n: int) -> list[str]:
+    """`plan` with at least `n` rounds (at most all) of the `late` kinds: rounds of other kinds replaced from the
+    last one back, each by the late kind the plan has fewest of (the first such in `late`)."""
+    plan = list(plan)
+    for index in reversed(range(len(plan))):
+        if not late or sum(kind in late for kind in plan) >= n:
+            break
+        if plan[index] not in late:
+            plan[index] = min(late, key=plan.count)
+    return plan
+
+
 def last_said(output: str) -> str:
     """run.sh's last error or warning line (what it told the user on its way out)."""
     lines = [ln for ln in output.splitlines() if ln.startswith("[baton] error:") or ln.startswith("[baton] warning:")]
@@ -416,6 +530,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", default="", help="comma-separated kinds to draw from (default: all)")
     parser.add_argument(
+        "--late",
+        type=int,
+        default=0,
+        help="at least this many rounds of a late-restart kind: drawn rounds of other kinds are replaced by them, "
+        "from the last round back, the late kinds in turn",
+    )
+    parser.add_argument(
         "--run-budget",
         type=float,
         default=1800.0,
@@ -428,11 +549,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="more run.sh overrides (key=value)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
-    kinds = [k for k in args.faults.split(",") if k] or list(FAULTS)
+    kinds = split_kinds(args.faults) or list(FAULTS)
     unknown = [k for k in kinds if k not in FAULTS]
     if unknown:
         parser.error(f"--faults: unknown kinds {unknown}; the kinds: {', '.join(FAULTS)}")
-    plan = draw(kinds, args.rounds, rng)
+    plan = at_least_late(draw(kinds, args.rounds, rng), [k for k in kinds if FAULTS[k].late], args.late)
     log_path = (args.log_path or Path(tempfile.mkdtemp(prefix="baton-chaos-nodes-"))).resolve()
     chaos = ChaosNodes(
         args.data_path.resolve(), log_path, args.overrides, args.run_budget, args.heartbeat, args.dead_after
@@ -451,11 +572,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for number, kind in enumerate(plan, start=1):
             fault = FAULTS[kind]
-            row = chaos.round(number, fault, rng.uniform(0.0, SPREAD_S[fault.phase]), deadlines)
+            delay = rng.uniform(0.0, SPREAD_S[fault.phase])
+            late = rng.uniform(0.0, LATE_SPREAD_S) if fault.late else 0.0
+            row = chaos.round(number, fault, delay, deadlines, late)
             rows.append(row)
             state = "injected" if row.injected else "missed (the phase ended first)"
+            if fault.late:
+                state += (
+                    f"; restarted {row.late_s} s into the master's step 2 (step {row.restarted_in_step} then), "
+                    f"a member again in iterations {row.rejoined_in}"
+                )
+            its = f"iterations {row.iteration}-{row.iteration + row.iterations - 1}" if row.iterations > 1 else ""
             log(
-                f"round {number} (iteration {row.iteration}): {kind} at +{row.delay_s}s: {state}; stopped after "
+                f"round {number} ({its or f'iteration {row.iteration}'}): {kind} at +{row.delay_s}s: {state}; "
+                f"stopped after "
                 f"{row.stopped_s} s; exits {row.exits}; {row.rejoins} rejoin(s), {row.restarts} restart(s) of every "
                 f"node; {'recovered' if row.recovered else 'NOT recovered'} in {row.recovery_s}s; lost {row.lost}, "
                 f"duplicated {row.duplicated}, hangs {len(row.hangs)}, left {len(row.leftovers)}"

@@ -17,10 +17,13 @@ from bench.chaos_checks import (
     check_deadlines,
     check_iteration,
     check_iteration_records,
+    check_iterations_done,
     check_log,
     check_policy_chain,
+    check_rejoined,
     check_rollout,
     leftover_processes,
+    member_iterations,
     recorded_groups,
     start_time,
 )
@@ -303,3 +306,56 @@ async def test_a_takeover_journal_superseded_after_a_resume_is_not_counted(
     check = check_iteration(directory)
     assert (check.planned, check.lines, check.lost, check.duplicated) == (16, 16, 0, 0)
     assert check.problems() == []
+
+
+# ---- a worker restarted late (--on-rank-failure continue): a member of a later step, every iteration done ----
+
+
+def rank_journal(log: Path, iteration: int, rank: int, ids: list[str], sealed: bool = True) -> None:
+    """Rank `rank`'s own train journal of `iteration`, sealed complete (or not: a dead rank's)."""
+    directory = Layout(log).iteration_dir("train", iteration)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"rank_{rank}.jsonl"
+    path.write_text("".join(json.dumps({"episode_id": i, "status": "ok"}) + "\n" for i in ids))
+    if sealed:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        manifest = {"planned": len(ids), "episodes": len(ids), "complete": True, "sha256": digest}
+        (directory / f"rank_{rank}.manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_worker_restarted_late_is_a_member_of_the_iteration_with_its_sealed_journal(tmp_path: Path) -> None:
+    # iteration 3: rank 1 died mid-rollout (its journal never sealed), rank 0 took over its episodes;
+    # iteration 4 planned without it; iteration 5: rank 1 a member again
+    rank_journal(tmp_path, 3, 0, ["a#0"])
+    rank_journal(tmp_path, 3, 1, ["b#0"], sealed=False)
+    (Layout(tmp_path).iteration_dir("train", 3) / "rank_0.takeover_1.jsonl").write_text('{"episode_id": "b#1"}\n')
+    rank_journal(tmp_path, 4, 0, ["a#0", "b#0"])
+    rank_journal(tmp_path, 5, 0, ["a#0"])
+    rank_journal(tmp_path, 5, 1, ["b#0"])
+    assert member_iterations(tmp_path, 1) == [5] and member_iterations(tmp_path, 0) == [3, 4, 5]
+    assert check_rejoined(tmp_path, 1, died_in=3, last=5) == []
+
+
+def test_a_worker_that_never_rejoined_is_named(tmp_path: Path) -> None:
+    rank_journal(tmp_path, 3, 1, ["b#0"], sealed=False)
+    rank_journal(tmp_path, 4, 1, [])  # sealed but empty: no episode of it in the step
+    rank_journal(tmp_path, 6, 1, ["b#0"])  # after the round's last iteration
+    assert member_iterations(tmp_path, 1) == [6]
+    assert check_rejoined(tmp_path, 1, died_in=3, last=5) == [
+        "rank 1 did not rejoin: no sealed train journal of it in iterations 4..5 (it died in iteration 3); "
+        "member of [6]"
+    ]
+    # a journal changed after it was sealed is no membership
+    rank_journal(tmp_path, 5, 1, ["b#0"])
+    assert check_rejoined(tmp_path, 1, died_in=3, last=5) == []
+    with (Layout(tmp_path).iteration_dir("train", 5) / "rank_1.jsonl").open("a") as out:
+        out.write('{"episode_id": "b#9"}\n')
+    assert check_rejoined(tmp_path, 1, died_in=3, last=5) != []
+
+
+def test_every_iteration_of_a_round_is_done(tmp_path: Path) -> None:
+    for n in (3, 5):
+        Layout(tmp_path).state_dir(n).mkdir(parents=True)
+        Layout(tmp_path).marker(n, "iteration").write_text("")
+    assert check_iterations_done(tmp_path, 3, 3) == []
+    assert check_iterations_done(tmp_path, 3, 5) == ["iteration 4 not done (no run/state/iter_0004/iteration.done)"]
