@@ -40,7 +40,8 @@ def test_a_node_with_two_gpus_prepares_without_initialising_cuda(model_dir: Path
 
 def test_a_setting_llamafactory_refuses_stops_prepare_with_exit_2(model_dir: Path, tmp_path: Path) -> None:
     log_path = tmp_path / "log"
-    result = prepare(model_dir, log_path, 0, *SMALL, "algorithm.lr_scheduler_type=bogus")
+    # (a pass-through value: the schema checks algorithm.lr_scheduler_type itself before LLaMA-Factory is asked)
+    result = prepare(model_dir, log_path, 0, *SMALL, "+algorithm.llamafactory_overrides.lr_scheduler_type=bogus")
     assert result["exit"] == 2, result["log"][-4000:]
     log = result["log"]
     assert (
