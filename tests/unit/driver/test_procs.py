@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,50 +30,13 @@ from coordinator.driver.procs import (
     release,
     start_time,
 )
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    return tmp_path / "run"
-
-
-@pytest.fixture
-def groups(run_dir: Path) -> Iterator[Groups]:
-    """A Groups of the test's run directory; whatever it still records is stopped afterwards."""
-    groups = Groups(run_dir)
-    yield groups
-    for record in sorted((run_dir / "pids").glob("*.pgid")):
-        groups.stop(record.name.removesuffix(".pgid"), 1)
-
-
-@pytest.fixture
-def outsiders() -> Iterator[Callable[..., subprocess.Popen]]:
-    """Start processes the code under test did not start (killed afterwards, by pid)."""
-    started: list[subprocess.Popen] = []
-
-    def spawn(*cmd: str, new_session: bool = False) -> subprocess.Popen:
-        started.append(subprocess.Popen(list(cmd), start_new_session=new_session))
-        return started[-1]
-
-    yield spawn
-    for proc in started:
-        proc.kill()
-        proc.wait()
+from tests.unit.driver.fakes import wait_for
 
 
 def members(pgid: int) -> list[int]:
     """The pids of group `pgid`, as pgrep sees them (independent of the code under test)."""
     out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True, check=False)
     return [int(pid) for pid in out.stdout.split()]
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    """Poll `condition` until true; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"waited {timeout}s for {what}")
-        time.sleep(0.05)
 
 
 def test_start_records_a_group_whose_children_stop_ends(

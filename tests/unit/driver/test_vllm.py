@@ -15,11 +15,9 @@ import re
 import socket
 import stat
 import struct
-import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,62 +26,20 @@ from coordinator.driver import say
 from coordinator.driver.procs import Groups, group_alive
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.vllm import PolicyServer, device, gpu_count
-from tests.conftest import REPO
-
-FAKE = REPO / "tests" / "shell" / "fake_vllm.py"
-#: SmolLM2-135M's shape: 4 GiB of float32 KV cache for 32 requests of 2048 tokens
-SHAPE = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
-#: the settings vllm.py reads; each test starts without them (but BATON_DEVICE=cpu)
-SETTINGS = (
-    "BATON_VLLM_DTYPE",
-    "VLLM_MAX_MODEL_LEN",
-    "VLLM_GPU_MEMORY_UTILIZATION",
-    "VLLM_CPU_KVCACHE_SPACE",
-    "CUDA_VISIBLE_DEVICES",
-    "BATON_VLLM_START_S",
-    "BATON_VLLM_RELOAD_S",
-)
+from tests.unit.driver.fakes import FAKE_VLLM, SETTINGS, SHAPE
 
 
 @pytest.fixture(autouse=True)
 def settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts without the settings vllm.py reads, on a CPU."""
     for name in SETTINGS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("BATON_DEVICE", "cpu")
 
 
 @pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    return tmp_path / "run"
-
-
-@pytest.fixture
 def model(tmp_path: Path) -> str:
     return str(model_folder(tmp_path / "models" / "m"))
-
-
-@pytest.fixture
-def groups(run_dir: Path) -> Iterator[Groups]:
-    """The run directory's groups; whatever is still recorded is stopped afterwards."""
-    groups = Groups(run_dir)
-    yield groups
-    for record in sorted((run_dir / "pids").glob("*.pgid")):
-        groups.stop(record.name.removesuffix(".pgid"), 2)
-
-
-@pytest.fixture
-def outsiders() -> Iterator[Callable[..., subprocess.Popen]]:
-    """Start processes that this run did not start (killed afterwards, by pid)."""
-    started: list[subprocess.Popen] = []
-
-    def spawn(cmd: list[str], new_session: bool = False) -> subprocess.Popen:
-        started.append(subprocess.Popen(cmd, start_new_session=new_session))
-        return started[-1]
-
-    yield spawn
-    for proc in started:
-        proc.kill()
-        proc.wait()
 
 
 def model_folder(folder: Path, tied: bool = False, tensors: tuple[str, ...] = ()) -> Path:
@@ -124,7 +80,7 @@ def wait_healthy(port: int, timeout: float = 20) -> None:
 
 
 def fake_cmd(port: int, name: str, model: str, *flags: str) -> list[str]:
-    return [sys.executable, str(FAKE), "--port", str(port), "--served-model-name", name, "--model", model, *flags]
+    return [sys.executable, str(FAKE_VLLM), "--port", str(port), "--served-model-name", name, "--model", model, *flags]
 
 
 def serve(groups: Groups, port: int, name: str, model: str, *flags: str) -> int:
@@ -144,7 +100,7 @@ def script(path: Path, body: str) -> str:
 
 def fake_serve_py(tmp_path: Path, *flags: str) -> str:
     """A serve interpreter that runs the fake server with vLLM's command line (and `flags`)."""
-    return script(tmp_path / "bin" / "serve-python", f'exec {sys.executable} {FAKE} {" ".join(flags)} "$@"')
+    return script(tmp_path / "bin" / "serve-python", f'exec {sys.executable} {FAKE_VLLM} {" ".join(flags)} "$@"')
 
 
 def policy_server(run_dir: Path, port: int, groups: Groups, serve_py: str = "false", **kw) -> PolicyServer:
@@ -328,7 +284,7 @@ def test_reuse_stops_a_recorded_server_on_another_port_even_when_the_port_answer
 ) -> None:
     pgid = serve(groups, free_port(), "policy", model)
     port = free_port()
-    outsider = outsiders(fake_cmd(port, "policy", model))
+    outsider = outsiders(*fake_cmd(port, "policy", model))
     wait_healthy(port)
 
     assert not policy_server(run_dir, port, groups).reuse()
@@ -343,7 +299,7 @@ def test_start_never_takes_a_server_it_did_not_start_for_the_recorded_one(
 ) -> None:
     pgid = serve(groups, free_port(), "policy", model)
     port = free_port()
-    outsider = outsiders(fake_cmd(port, "policy", model))
+    outsider = outsiders(*fake_cmd(port, "policy", model))
     wait_healthy(port)
 
     with pytest.raises(say.Die) as held:
@@ -360,7 +316,7 @@ def test_start_never_takes_a_server_it_did_not_start_for_the_recorded_one(
 
 
 def test_reuse_forgets_a_record_whose_pid_now_names_another_process(run_dir: Path, groups: Groups, outsiders) -> None:
-    other = outsiders(["sleep", "300"], new_session=True)
+    other = outsiders("sleep", "300", new_session=True)
     (run_dir / "pids").mkdir(parents=True)
     (run_dir / "pids" / "vllm.pgid").write_text(f"{other.pid} 1\n")
 
