@@ -292,6 +292,8 @@ def _validate_paths(args: Args, env: Mapping[str, str]) -> None:
         raise say.BadInput(f"--log-path must be an absolute path (got '{log}'); use {_pwd(env)}/{log}")
     args.data = data if data == "/" else data.removesuffix("/")
     args.log = log if log == "/" else log.removesuffix("/")
+    for flag, path in (("--data-path", args.data), ("--log-path", args.log)):
+        _validate_path_text(flag, path)
     if not os.path.isdir(args.data):
         raise say.BadInput(
             f"--data-path {args.data} is not a directory; run: bash scripts/prepare.sh --data-path {args.data}"
@@ -300,6 +302,42 @@ def _validate_paths(args: Args, env: Mapping[str, str]) -> None:
         raise say.BadInput(f"--log-path {args.log} exists and is not a directory; choose another path")
     if args.log == args.data:
         raise say.BadInput(f"--log-path must differ from --data-path (both are {args.log})")
+    _validate_log_parent(args.log)
+
+
+#: the kernel's limits on a path and on one name in it (Linux: PATH_MAX counts the NUL, NAME_MAX bytes)
+PATH_MAX, NAME_MAX = 4095, 255
+
+
+def _validate_path_text(flag: str, path: str) -> None:
+    """No control character (flag files, logs and commands name the path on one line), and a length the
+    kernel takes: a longer one fails only later, at the first file made under it."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        raise say.BadInput(f"{flag} must not hold a control character (got {path!r}); choose a path without one")
+    for name in path.split("/"):
+        if len(name.encode()) > NAME_MAX:
+            raise say.BadInput(
+                f"{flag} has a name of {len(name.encode())} bytes ('{name}'); a file system takes at most "
+                f"{NAME_MAX}: choose a shorter one"
+            )
+    if len(path.encode()) > PATH_MAX:
+        raise say.BadInput(
+            f"{flag} is {len(path.encode())} bytes long; the kernel takes paths of at most {PATH_MAX}: "
+            "choose a shorter one"
+        )
+
+
+def _validate_log_parent(log: str) -> None:
+    """The log path is a directory this node can write, or can be made in its nearest existing ancestor
+    (looked at only: nothing is created before the run starts)."""
+    ancestor = log
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if ancestor != log and not os.path.isdir(ancestor):
+        raise say.BadInput(f"--log-path {log} cannot be created: {ancestor} is not a directory; choose another path")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        what = "is not writable" if ancestor == log else f"cannot be created: {ancestor} is not writable"
+        raise say.BadInput(f"--log-path {log} {what} by this user; choose another path or fix its permissions")
 
 
 def _validate_phase(args: Args) -> None:

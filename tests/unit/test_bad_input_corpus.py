@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.__main__ import build_parser
+from coordinator.driver import cli, say
 from coordinator.protocol_cli import dispatch
 from rollout_engine.errors import ConfigError
 from rollout_engine.tasks import load_tasks
@@ -33,7 +35,7 @@ from training.journal import load_trajectories
 #: a phrase that tells what to do instead
 FIX = re.compile(
     r"must |use |choose|e\.g\.|set |remove|drop |add |give |pass |point |fix |move |rename|install|known:|one of"
-    r"|finish |run ",
+    r"|finish |run |run:",
     re.IGNORECASE,
 )
 #: a small Hugging Face decoder config (enough for coordinator.serving's KV-cache sizing)
@@ -45,7 +47,7 @@ class Case:
     """One malformed input: what is given, and what the error must name."""
 
     id: str
-    surface: str  # override | model | task | trajectory | nodefile
+    surface: str  # override | model | task | trajectory | nodefile | path | ...
     bad: object  # the surface's input: overrides, file text, a model folder's config.json, ...
     field: str
     value: str
@@ -210,6 +212,18 @@ CASES = [
     Case("demonstration-lacks-status", "demonstration", _traj(status=_DROP), "data.demonstrations", "'status'"),
     Case("trajectory-manifest-not-json", "manifest", "{complete: yes", "manifest.json", "complete: yes"),
     Case("trajectory-two-ranks-no-manifest", "two_ranks", None, "manifest.json", "2 ranks"),
+    # --data-path and --log-path, as run.sh's driver checks them ({t}: the test's folder; {t}/data exists)
+    Case("path-data-missing", "path", ("{t}/nodata", "{t}/log"), "--data-path", "/nodata"),
+    Case("path-data-a-file", "path", ("{t}/file", "{t}/log"), "--data-path", "/file"),
+    Case("path-data-relative", "path", ("data", "{t}/log"), "--data-path", "'data'"),
+    Case("path-data-control-character", "path", ("{t}/data\r", "{t}/log"), "--data-path", "\\r"),
+    Case("path-log-relative", "path", ("{t}/data", "log"), "--log-path", "'log'"),
+    Case("path-log-a-file", "path", ("{t}/data", "{t}/file"), "--log-path", "/file"),
+    Case("path-log-under-a-file", "path", ("{t}/data", "{t}/file/log"), "--log-path", "/file/log"),
+    Case("path-log-is-the-data-path", "path", ("{t}/data", "{t}/data/"), "--log-path", "/data"),
+    Case("path-log-newline", "path", ("{t}/data", "{t}/log\nb"), "--log-path", "\\nb"),
+    Case("path-log-huge-name", "path", ("{t}/data", "{t}/" + "n" * 256), "--log-path", "256 bytes"),
+    Case("path-log-huge", "path", ("{t}/data", "{t}" + "/p" * 2100), "--log-path", "bytes long"),
     # the node file (--node-file), as run.sh reads it: `python -m coordinator node-env`
     Case("nodefile-missing", "nodefile", None, "--node-file", "nodes.yaml"),
     Case("nodefile-not-yaml", "nodefile", "node_groups: [label: a\n  - x", "--node-file", "nodes.yaml"),
@@ -289,13 +303,23 @@ def _cli(argv: list[str]) -> int:
     return dispatch(build_parser().parse_args(argv))
 
 
+def _driver_cli(argv: list[str]) -> int:
+    """run.sh's command line as its driver checks it (coordinator.driver.run: BadInput -> its lines, exit 2)."""
+    try:
+        cli.validate(cli.parse(argv), {"PWD": "/work"})
+    except say.BadInput as exc:
+        print("\n".join(say.error_lines(exc)), file=sys.stderr)
+        return exc.code
+    return 0
+
+
 def _entry_point(load: Callable[[], object]) -> int:
     """The rollout's and the update's mapping (rollout_engine.__main__, training.__main__): ConfigError -> 2."""
     try:
         load()
     except ConfigError as exc:
         for problem in exc.problems:
-            print(f"error: {problem}", file=__import__("sys").stderr)
+            print(f"error: {problem}", file=sys.stderr)
         return 2
     return 0
 
@@ -341,6 +365,11 @@ def _run(case: Case, tmp: Path) -> tuple[Path, Callable[[], int]]:
         elif case.bad is not None:
             path.write_text(case.bad + "\n")
         return tmp, lambda: _entry_point(lambda: load_tasks(path))
+    if case.surface == "path":
+        (tmp / "file").write_text("")
+        data_path, log_path = (text.format(t=tmp) for text in case.bad)
+        argv = ["--rl-phase", "update", "--data-path", data_path, "--log-path", log_path]
+        return tmp, lambda: _driver_cli(argv)
     if case.surface == "nodefile":
         path = data / "nodes.yaml"
         if case.bad is not None:

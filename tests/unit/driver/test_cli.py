@@ -7,6 +7,7 @@ and nothing goes to stdout. The environment is passed in, never read from the te
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -270,6 +271,52 @@ def test_the_paths_are_given_absolute_and_usable(paths: Paths, capsys: pytest.Ca
     paths.log.write_text("")
     assert refused(paths.base(*update)) == f"--log-path {log} exists and is not a directory; choose another path"
     assert paths.log.read_text() == ""
+
+
+def test_the_paths_are_plain_of_a_length_the_kernel_takes_and_the_log_path_can_be_created(
+    paths: Paths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No control character (the flag files and logs name the paths on one line), within PATH_MAX and
+    NAME_MAX, and a log path that does not exist yet has a directory it can be made in."""
+    data, log, update = str(paths.data), str(paths.log), ["--rl-phase", "update"]
+    assert refused(["--data-path", data, "--log-path", log + "\nexp2", *update]) == (
+        f"--log-path must not hold a control character (got {log + chr(10) + 'exp2'!r}); choose a path without one"
+    )
+    assert refused(["--data-path", data + "\t", "--log-path", log, *update]) == (
+        f"--data-path must not hold a control character (got {data + chr(9)!r}); choose a path without one"
+    )
+    long = log + "/" + "x" * 300
+    assert refused(["--data-path", data, "--log-path", long, *update]) == (
+        f"--log-path has a name of 300 bytes ('{'x' * 300}'); a file system takes at most 255: choose a shorter one"
+    )
+    deep = log + ("/" + "d" * 200) * 21
+    assert refused(["--data-path", data, "--log-path", deep, *update]) == (
+        f"--log-path is {len(deep)} bytes long; the kernel takes paths of at most 4095: choose a shorter one"
+    )
+    blocker = paths.data.parent / "a-file"
+    blocker.write_text("")
+    assert refused(["--data-path", data, "--log-path", f"{blocker}/exp", *update]) == (
+        f"--log-path {blocker}/exp cannot be created: {blocker} is not a directory; choose another path"
+    )
+    assert_nothing_written(paths, capsys)
+
+
+def test_a_log_path_this_user_cannot_write_is_refused(
+    paths: Paths, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Tests run as root, whom permissions do not stop: os.access answers as for a read-only mount.)"""
+    parent = str(paths.log.parent)
+    monkeypatch.setattr(os, "access", lambda path, mode: path != parent)
+    assert refused(paths.base("--rl-phase", "update")) == (
+        f"--log-path {paths.log} cannot be created: {parent} is not writable by this user; choose another path or "
+        "fix its permissions"
+    )
+    paths.log.mkdir()
+    monkeypatch.setattr(os, "access", lambda path, mode: path != str(paths.log))
+    assert refused(paths.base("--rl-phase", "update")) == (
+        f"--log-path {paths.log} is not writable by this user; choose another path or fix its permissions"
+    )
+    assert list(paths.log.iterdir()) == [] and capsys.readouterr().out == ""
 
 
 def test_the_parser_refuses_unknown_valueless_and_repeated_flags(paths: Paths) -> None:
