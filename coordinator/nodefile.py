@@ -60,15 +60,33 @@ def parse_ranks(text: str) -> list[int]:
     return ranks
 
 
+#: a node file describes groups of ranks: even a run of thousands of nodes fits in a few KiB
+MAX_NODE_FILE_BYTES = 2**20
+
+
 def load_node_file(path: Path, num_nodes: int) -> list[NodeGroup]:
     """Read and check a node file against the run's node count."""
     import yaml
 
     where = f"--node-file {path}"
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{where} does not exist; give the path of a YAML node file (docs/multinode.md)") from None
+    if len(raw) > MAX_NODE_FILE_BYTES:
+        raise ConfigError(
+            f"{where} is {len(raw) / 2**20:.1f} MiB, over the 1 MiB a node file may be (a group per line of "
+            "ranks, not per node: node_ranks: 0-999); give the right file or write it with rank ranges"
+        )
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{where} is not UTF-8 text ({exc.reason} on line {line}); save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

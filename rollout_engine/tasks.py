@@ -30,6 +30,7 @@ from pathlib import Path
 
 from rollout_engine.config import DifficultyBucket, EnvConfig, RolloutConfig, cluster_limit_problem
 from rollout_engine.errors import ConfigError
+from rollout_engine.inputs import input_lines, read_input
 from rollout_engine.types import Task
 
 
@@ -80,24 +81,8 @@ def load_tasks(path: Path, field_name: str = "task file") -> list[Task]:
         )
     tasks: list[Task] = []
     seen: dict[str, int] = {}
-    try:
-        with path.open("rb") as handle:
-            lines = handle.read().splitlines()
-    except OSError as exc:
-        raise ConfigError(
-            f"{field_name} cannot be read (got {str(path)!r}: {exc.strerror or exc}); point it at a readable JSONL "
-            "task file"
-        ) from None
-    for number, raw in enumerate(lines, start=1):
-        try:
-            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(
-                f"task file {path}:{number} is not UTF-8 text ({exc.reason} at byte {exc.start + 1} of that line); "
-                "save it as UTF-8, one JSON task per line (e.g. iconv -f latin1 -t utf-8; docs/formats.md)"
-            ) from None
-        if not line.strip():
-            continue
+    data = read_input(path, field_name, "point it at a readable JSONL task file")
+    for number, line in input_lines(data, f"task file {path}", "one JSON task per line, docs/formats.md"):
         task = _task_from_line(path, number, line)
         if task.task_id in seen:
             raise ConfigError(

@@ -11,15 +11,17 @@ other training module, so that the config's validation can use it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import read_jsonl
+from rollout_engine.inputs import input_lines
 from rollout_engine.journal import trajectory_of
 from rollout_engine.types import DEMONSTRATIONS_FILE, Trajectory
 
 FIX = "write them again with python -m rollout_engine.demonstrations (docs/environments.md)"
+FORM = "one trajectory per line, written by python -m rollout_engine.demonstrations; docs/formats.md"
 
 
 def demonstration_file(path: str) -> Path:
@@ -48,7 +50,7 @@ def load_demonstrations(paths: list[str]) -> list[Trajectory]:
     for path in paths:
         file = demonstration_file(path)
         try:
-            read = read_jsonl(file)
+            data = file.read_bytes()
         except OSError as exc:
             what = f"cannot be read ({exc.strerror})"
             if not Path(path).exists():
@@ -59,15 +61,25 @@ def load_demonstrations(paths: list[str]) -> list[Trajectory]:
                 f"data.demonstrations: {path!r} {what}; point it at a folder written by "
                 f"python -m rollout_engine.demonstrations --out DIR, or at its {DEMONSTRATIONS_FILE}"
             ) from None
-        if read.torn:
-            lines = file.read_text(errors="replace").split("\n")
-            number = read.torn[0]
-            raise ConfigError(
-                f"data.demonstrations: {file}:{number} is not JSON (got {lines[number - 1][:60]!r}); fix the line "
-                f"or {FIX}"
-            )
-        for number, row in zip(read.numbers, read.rows, strict=True):
-            out.append(_trajectory(row, file, number))
+        lines = input_lines(data, f"data.demonstrations: {file}", FORM)
+        if not lines:
+            raise ConfigError(f"data.demonstrations: {file} holds no demonstrations; {FIX}, or drop the entry")
+        seen: dict[str, int] = {}
+        for number, text in lines:
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError:
+                raise ConfigError(
+                    f"data.demonstrations: {file}:{number} is not JSON (got {text[:60]!r}); fix the line or {FIX}"
+                ) from None
+            trajectory = _trajectory(row, file, number)
+            if trajectory.episode_id in seen:
+                raise ConfigError(
+                    f"data.demonstrations: {file}:{number} repeats episode {trajectory.episode_id!r} (first on line "
+                    f"{seen[trajectory.episode_id]}); each episode once: remove the line or {FIX}"
+                )
+            seen[trajectory.episode_id] = number
+            out.append(trajectory)
     return out
 
 

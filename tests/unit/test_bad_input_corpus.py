@@ -65,6 +65,8 @@ def _traj(**change: object) -> str:
 
 
 _DROP = object()
+#: a line over the 16 MiB an input line may hold
+HUGE = 17 * 2**20
 _GOOD_TRAJ = json.dumps(traj("t0", 0, True).to_json())
 
 
@@ -195,6 +197,7 @@ CASES = [
     Case("task-file-gzip", "task", gzip.compress(_task().encode(), mtime=0), "tasks.jsonl:1", "not UTF-8"),
     Case("task-file-nul-bytes", "task", "\x00" * 64, "tasks.jsonl:1", "not valid JSON"),
     Case("task-line-truncated-mid-file", "task", _task() + "\n" + _task(task_id="t2")[:30], "tasks.jsonl:2", "t2"),
+    Case("task-line-huge", "task", _task(metadata={"page": "x" * HUGE}), "tasks.jsonl:1", "16 MiB"),
     Case("task-env-not-a-string", "task", _task(env=3), "env", "3"),
     Case("task-family-not-a-string", "task", _task(family=["a"]), "family", "['a']"),
     # trajectory journals, as the update reads them (training.journal.load_trajectories)
@@ -210,6 +213,10 @@ CASES = [
     Case("demonstration-line-not-json", "demonstration", '{"episode_id": "t1#0", ', "demonstrations.jsonl:2", "t1#0"),
     Case("demonstration-line-an-array", "demonstration", "[1, 2]", "demonstrations.jsonl:2", "list"),
     Case("demonstration-lacks-status", "demonstration", _traj(status=_DROP), "data.demonstrations", "'status'"),
+    Case("demonstration-file-empty", "demonstration", b"", "data.demonstrations", "holds no demonstrations"),
+    Case("demonstration-line-latin-1", "demonstration", b'{"task_id": "caf\xe9"}', "demonstrations.jsonl:2", "UTF-8"),
+    Case("demonstration-episode-twice", "demonstration", _GOOD_TRAJ, "demonstrations.jsonl:2", "'t0#0'"),
+    Case("demonstration-line-huge", "demonstration", _traj(task_id="t" * HUGE), "demonstrations.jsonl:2", "16 MiB"),
     Case("trajectory-manifest-not-json", "manifest", "{complete: yes", "manifest.json", "complete: yes"),
     Case("trajectory-two-ranks-no-manifest", "two_ranks", None, "manifest.json", "2 ranks"),
     # --data-path and --log-path, as run.sh's driver checks them ({t}: the test's folder; {t}/data exists)
@@ -284,6 +291,9 @@ CASES = [
         "vllm_port",
         "http",
     ),
+    Case("nodefile-empty", "nodefile", "", "node_groups", "None"),
+    Case("nodefile-latin-1", "nodefile", b"node_groups:\n- {label: caf\xe9, node_ranks: 0}\n", "--node-file", "UTF-8"),
+    Case("nodefile-huge", "nodefile", "# padding\n" * (HUGE // 10), "--node-file", "1 MiB"),
     Case(
         "nodefile-node_addr-in-a-group-of-two",
         "nodefile",
@@ -355,7 +365,10 @@ def _run(case: Case, tmp: Path) -> tuple[Path, Callable[[], int]]:
     if case.surface == "demonstration":
         _model(data / "model", json.dumps(MODEL_CONFIG))
         (data / "demos").mkdir()
-        (data / "demos" / "demonstrations.jsonl").write_text(_GOOD_TRAJ + "\n" + case.bad + "\n")
+        bad = case.bad if isinstance(case.bad, bytes) else (_GOOD_TRAJ + "\n" + case.bad + "\n").encode()
+        if bad and isinstance(case.bad, bytes):
+            bad = (_GOOD_TRAJ + "\n").encode() + case.bad + b"\n"
+        (data / "demos" / "demonstrations.jsonl").write_bytes(bad)
         demos = f"data.demonstrations={data / 'demos'}"
         return tmp, lambda: _cli([*compose, "--base-model", str(data / "model"), "--", demos])
     if case.surface == "task":
@@ -373,7 +386,7 @@ def _run(case: Case, tmp: Path) -> tuple[Path, Callable[[], int]]:
     if case.surface == "nodefile":
         path = data / "nodes.yaml"
         if case.bad is not None:
-            path.write_text(case.bad)
+            path.write_bytes(case.bad if isinstance(case.bad, bytes) else case.bad.encode())
         return tmp, lambda: _cli(["node-env", "--node-file", str(path), "--rank", "0", "--num-nodes", "2"])
     # journals of iteration 1 under an existing log path
     folder = log / "trajectories" / "train" / "iter_0001"
