@@ -20,6 +20,7 @@ from coordinator.driver.context import Composed, Pythons, Run
 from coordinator.driver.nodes import Node
 from coordinator.driver.phase import dashboard_cmd
 from coordinator.driver.procs import Groups
+from coordinator.driver.resume import check_resume
 from coordinator.driver.say import BadInput, Die, Ended, error_lines, log
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.vllm import PolicyServer
@@ -91,6 +92,8 @@ def build(args: cli.Args, save: Path | None = None) -> Run:
     """The run's state: paths, port, the composed configuration, its children's owners."""
     base_model = os.environ.get("BATON_BASE_MODEL") or f"{args.data}/models/SmolLM2-135M-Instruct"
     composed = compose(args, base_model, save)
+    if args.resume:
+        check_resume(Layout(args.log), args.rank)
     port = VLLM_PORT.value()
     if not args.debug:
         composed.base_url = f"http://127.0.0.1:{port}/v1"

@@ -108,3 +108,16 @@ model() {
   printf 'node_groups: [{node_ranks: 0, vllm_port: 70000}]\n' >"$BATS_TEST_TMPDIR/nodes.yaml"
   bad vllm_port 70000 --rl-phase update --dry-run --node-file "$BATS_TEST_TMPDIR/nodes.yaml"
 }
+@test "run.sh: --resume over a journal line that is no trajectory exits 2 naming file and line, the log path untouched" {
+  model
+  local folder="$LOG/trajectories/train/iter_0001"
+  mkdir -p "$LOG/run/state/iter_0001" "$folder"
+  printf '{"a": 1}\n' >"$folder/rank_0.jsonl"
+  local before
+  before=$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --resume --dry-run
+  [[ $stderr == *"[baton] error: --resume: the journal $folder/rank_0.jsonl:1 is not a baton.trajectory/1 line"* ]]
+  [[ $stderr == *"move the file aside (its episodes run again) and rerun with --resume"* ]]
+  [ "$(grep -c '^\[baton\] error: ' <<<"$stderr")" = 1 ] && [ -z "$output" ]
+  [ "$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)" = "$before" ]
+}

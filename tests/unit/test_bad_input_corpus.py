@@ -28,6 +28,7 @@ from coordinator.__main__ import build_parser
 from coordinator.driver import cli, say
 from coordinator.protocol_cli import dispatch
 from rollout_engine.errors import ConfigError
+from rollout_engine.layout import Layout
 from rollout_engine.tasks import load_tasks
 from tests.unit.training.trajectories import traj
 from training.journal import load_trajectories
@@ -231,6 +232,24 @@ CASES = [
     Case("path-log-newline", "path", ("{t}/data", "{t}/log\nb"), "--log-path", "\\nb"),
     Case("path-log-huge-name", "path", ("{t}/data", "{t}/" + "n" * 256), "--log-path", "256 bytes"),
     Case("path-log-huge", "path", ("{t}/data", "{t}" + "/p" * 2100), "--log-path", "bytes long"),
+    # what --resume reads of the interrupted iteration (iteration 1, its state folder without an end marker),
+    # checked by run.sh's driver before anything starts: {"file": text} under trajectories/train/iter_0001/
+    Case("resume-journal-not-a-trajectory", "resume", {"rank_0.jsonl": '{"a": 1}'}, "rank_0.jsonl:2", "trajectory"),
+    Case("resume-journal-an-array", "resume", {"rank_0.jsonl": "[1, 2]"}, "rank_0.jsonl:2", "list"),
+    Case("resume-journal-episode-twice", "resume", {"rank_0.jsonl": _GOOD_TRAJ}, "rank_0.jsonl:2", "'t0#0'"),
+    Case(
+        "resume-takeover-journal-not-a-trajectory",
+        "resume",
+        {"rank_0.takeover_1.jsonl": "42"},
+        "rank_0.takeover_1.jsonl:2",
+        "int",
+    ),
+    Case(
+        "resume-manifest-not-json", "resume", {"rank_0.manifest.json": "{complete"}, "rank_0.manifest.json", "{complete"
+    ),
+    Case("resume-manifest-a-list", "resume", {"rank_0.manifest.json": "[]"}, "rank_0.manifest.json", "[]"),
+    Case("resume-merged-manifest-empty", "resume", {"manifest.json": ""}, "manifest.json", "''"),
+    Case("resume-journal-a-folder", "resume", {"rank_0.jsonl/": ""}, "rank_0.jsonl", "folder"),
     # the node file (--node-file), as run.sh reads it: `python -m coordinator node-env`
     Case("nodefile-missing", "nodefile", None, "--node-file", "nodes.yaml"),
     Case("nodefile-not-yaml", "nodefile", "node_groups: [label: a\n  - x", "--node-file", "nodes.yaml"),
@@ -323,6 +342,18 @@ def _driver_cli(argv: list[str]) -> int:
     return 0
 
 
+def _resume_check(log: Path) -> int:
+    """What run.sh's driver reads before anything starts on --resume (coordinator.driver.resume)."""
+    from coordinator.driver.resume import check_resume
+
+    try:
+        check_resume(Layout(log), rank=0)
+    except say.BadInput as exc:
+        print("\n".join(say.error_lines(exc)), file=sys.stderr)
+        return exc.code
+    return 0
+
+
 def _entry_point(load: Callable[[], object]) -> int:
     """The rollout's and the update's mapping (rollout_engine.__main__, training.__main__): ConfigError -> 2."""
     try:
@@ -383,6 +414,17 @@ def _run(case: Case, tmp: Path) -> tuple[Path, Callable[[], int]]:
         data_path, log_path = (text.format(t=tmp) for text in case.bad)
         argv = ["--rl-phase", "update", "--data-path", data_path, "--log-path", log_path]
         return tmp, lambda: _driver_cli(argv)
+    if case.surface == "resume":
+        (data / "models" / "m").mkdir(parents=True)
+        (log / "run" / "state" / "iter_0001").mkdir(parents=True)
+        folder = log / "trajectories" / "train" / "iter_0001"
+        folder.mkdir(parents=True)
+        for name, text in case.bad.items():
+            if name.endswith("/"):
+                (folder / name).mkdir()
+            else:
+                (folder / name).write_text((_GOOD_TRAJ + "\n" + text + "\n") if name.endswith(".jsonl") else text)
+        return tmp, lambda: _resume_check(log)
     if case.surface == "nodefile":
         path = data / "nodes.yaml"
         if case.bad is not None:
@@ -423,6 +465,26 @@ def test_corpus_size() -> None:
     surfaces = {c.surface for c in CASES}
     assert len({c.id for c in CASES}) == len(CASES) >= 60
     assert {"override", "model", "task", "trajectory", "nodefile"} <= surfaces
+
+
+def test_the_resume_check_takes_what_a_crash_leaves(tmp_path: Path) -> None:
+    """A torn last line (or one cut mid-character), an empty journal, another rank's files and a finished
+    iteration's are no error: only what this rank will build on is read."""
+    from coordinator.driver.resume import check_resume
+
+    layout = Layout(tmp_path / "log")
+    layout.state_dir(1).mkdir(parents=True)
+    folder = layout.iteration_dir("train", 1)
+    folder.mkdir(parents=True)
+    (folder / "rank_0.jsonl").write_bytes((_GOOD_TRAJ + "\n").encode() + _GOOD_TRAJ.encode()[:40] + b"\xe2\x82")
+    (folder / "rank_0.takeover_1.jsonl").write_bytes(b"")
+    (folder / "rank_1.jsonl").write_text("[1, 2]\n")
+    (folder / "rank_1.manifest.json").write_text("[]")
+    check_resume(layout, rank=0)
+    with pytest.raises(say.BadInput, match=re.escape("rank_1.jsonl:1 is not a baton.trajectory/1 line")):
+        check_resume(layout, rank=1)
+    layout.marker(1, "iteration").write_text("")
+    check_resume(layout, rank=1)  # iteration 1 finished: --resume starts iteration 2
 
 
 #: a task reasoning_gym takes
