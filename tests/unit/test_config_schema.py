@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import typing
 from collections import defaultdict
 from dataclasses import dataclass
@@ -230,3 +231,28 @@ def test_one_wrong_type_through_compose_is_one_error(request_for) -> None:
         route_and_compose(request_for(["tracker=wandb", "tracker.wandb.mode=[1]"]))
     assert len(caught.value.problems) == 1
     assert "tracker.wandb.mode=[1]" in caught.value.problems[0] and "update:" in caught.value.problems[0]
+
+
+def test_the_choices_passed_to_llama_factory_are_ones_the_pinned_packages_take() -> None:
+    """The update's enums handed to LLaMA-Factory as they are: every choice is one the train environment's
+    LLaMA-Factory and transformers accept (an upgrade that drops one fails here, not in a user's update)."""
+    from tests.conftest import env_python
+    from training.config import FINETUNING_TYPES, LR_SCHEDULERS, PREF_LOSSES, STAGES
+
+    script = (
+        "import json, typing\n"
+        "from transformers import SchedulerType\n"
+        "from llamafactory.hparams import FinetuningArguments\n"
+        "hints = typing.get_type_hints(FinetuningArguments)\n"
+        "taken = {k: list(typing.get_args(hints[k])) for k in ('stage', 'finetuning_type', 'pref_loss')}\n"
+        "taken['lr_scheduler_type'] = [s.value for s in SchedulerType]\n"
+        "print(json.dumps(taken))\n"
+    )
+    out = subprocess.run([env_python("train"), "-c", script], capture_output=True, text=True, check=False, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    taken = json.loads(out.stdout.splitlines()[-1])
+    ours = {"stage": STAGES, "finetuning_type": FINETUNING_TYPES, "pref_loss": PREF_LOSSES}
+    ours["lr_scheduler_type"] = LR_SCHEDULERS
+    for name, choices in ours.items():
+        assert taken[name], f"{name}: found no choices in the pinned packages"
+        assert set(choices) <= set(taken[name]), f"{name}: {sorted(set(choices) - set(taken[name]))} not accepted"
