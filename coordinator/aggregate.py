@@ -16,7 +16,7 @@ and `rank_<r>.manifest.json` of every rank and writes
 Only the master appends to metrics.jsonl: appends from several NFS clients to one file
 are not atomic.
 
-With a takeover plan (`--takeover-plan`, written by --on-rank-failure continue, being wired:
+With a takeover plan (`--takeover-plan`, written under --on-rank-failure continue by
 coordinator.reassign), the iteration's data is the survivors' own journals, each dead rank's
 journal up to its cut (the first `cut.lines` lines, verified against the cut's sha256: what it
 appended later never counts) and every takeover journal `rank_<s>.takeover_<d>.jsonl`. The

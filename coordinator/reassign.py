@@ -1,6 +1,6 @@
 """Re-assigning a dead rank's unfinished episodes to the survivors of a multi-node rollout.
 
-Used by --on-rank-failure continue (being wired; nothing in run.sh calls it yet).
+Used by --on-rank-failure continue: the driver's takeover (coordinator/driver/rollout.py) calls it.
 
     share = DeadShare(planned=("a#0", "b#0", "c#0", "d#0"), done=frozenset({"a#0"}))
     reassign([1, 1, 2], {1: share}, survivors=[0, 2])        # {1: {0: ["b#0"], 2: ["c#0", "d#0"]}}

@@ -268,7 +268,7 @@ class RolloutConfig:
     policy_version: int | None = setting(None, Range(low=0))
     #: a takeover.json (relative paths are under log_path): roll out the dead ranks' episodes it assigns to
     #: this rank, each into rank_<r>.takeover_<d>.jsonl, instead of this rank's own share
-    #: (--on-rank-failure continue, being wired: rollout_engine.takeover); "" rolls out the own share
+    #: (--on-rank-failure continue: rollout_engine.takeover); "" rolls out the own share
     takeover_plan: str = ""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
     env_config: EnvConfig = field(default_factory=EnvConfig)

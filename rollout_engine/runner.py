@@ -16,7 +16,7 @@
    same, exit 75 (EX_TEMPFAIL): run.sh restarts vLLM and resumes the rest.
    Always: seal the journal, append metrics, print the summary.
 
-With `takeover_plan=<takeover.json>` (--on-rank-failure continue, being wired:
+With `takeover_plan=<takeover.json>` (--on-rank-failure continue:
 rollout_engine.takeover), the rank rolls out, instead of its own share, the
 episodes of each dead rank that the plan assigns to it: it plans the dead
 rank's share as that rank did (same seed, same sampling), keeps the assigned

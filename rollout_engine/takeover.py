@@ -1,6 +1,6 @@
 """A dead rank's episodes taken over by the survivors: the takeover plan, the cut of the dead rank's journal.
 
-Used by --on-rank-failure continue (being wired; nothing in run.sh calls it yet).
+Used by --on-rank-failure continue: the driver's takeover (coordinator/driver/rollout.py) passes the plan.
 
     cut = cut_journal(directory / "rank_1.jsonl")          # the complete lines the dead rank journaled
     plan = TakeoverPlan("train", 3, [1, 1, 1], {1: DeadRank(cut, planned=16, assignments={0: [...], 2: [...]})})
