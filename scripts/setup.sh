@@ -31,7 +31,9 @@ installs the system packages they need (Debian: chromium, gcc).
   --rebuild     delete and rebuild the selected environments
   --no-apt      never run apt-get; fail with the packages to install instead
   --for-tests   also the system packages only the tests need (Debian: slurm-wlm
-                and munge, a real Slurm for tests/e2e/test_slurm.py)
+                and munge, a real Slurm for tests/e2e/test_slurm.py; glusterfs-server,
+                glusterfs-client, sshfs, openssh-server and iproute2, a real shared
+                filesystem for the multi-node tests)
   -h, --help    show this help
 EOF
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System packages Baton needs (Chromium for MiniWoB++, a C compiler for
 # TextWorld's jericho), and those only its tests need (a real Slurm for
-# tests/e2e/test_slurm.py): detection and installation with apt.
+# tests/e2e/test_slurm.py; GlusterFS and sshfs, a real shared filesystem for the
+# multi-node tests: tests/e2e/sharedfs.py): detection and installation with apt.
 # Library file: defines functions only. Needs common.sh.
 
 # sysdeps_chromium: print the path of a Chromium binary Playwright can launch.
@@ -36,6 +37,11 @@ sysdeps_missing_for_tests() {
     }
   done
   command -v munged >/dev/null 2>&1 || printf 'munge\n'
+  command -v glusterd >/dev/null 2>&1 || printf 'glusterfs-server\n'
+  command -v glusterfs >/dev/null 2>&1 || printf 'glusterfs-client\n'
+  command -v sshfs >/dev/null 2>&1 || printf 'sshfs\n'
+  command -v sshd >/dev/null 2>&1 || printf 'openssh-server\n'
+  command -v ip >/dev/null 2>&1 || printf 'iproute2\n'
   return 0
 }
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tests.conftest import REPO, default_sigint
 from tests.e2e.conftest import free_port
+from tests.e2e.sharedfs import SharedFs, node_init
 
 #: heartbeats every second, a rank silent for 10 s is dead (defaults: 5 s and 30 s)
 FAST_LIVENESS = {"BATON_HEARTBEAT_S": "1", "BATON_DEAD_AFTER_S": "10"}
@@ -30,12 +31,20 @@ STARTED: list[subprocess.Popen] = []
 
 NODE_INIT = r"""
 hostname "$0"
+fs=${BATON_NODE_FS:-}
+unset BATON_NODE_FS
+eval "$fs"
 bash "$@"
 rc=$?
+if [ -n "${BATON_FS_CLIENT:-}" ]; then
+  umount -l "$BATON_FS_PATH"
+  kill "$BATON_FS_CLIENT" 2>/dev/null
+  wait "$BATON_FS_CLIENT"
+fi
 snap=$(mktemp)
 for _ in $(seq 50); do
-  ps -e -o pid=,args= >"$snap"
-  awk '$1 != 1 && $2 != "ps"' "$snap" >"$snap.left"
+  ps -e -o pid=,stat=,args= >"$snap"
+  awk '$1 != 1 && $2 !~ /^Z/ && $3 != "ps"' "$snap" >"$snap.left"
   [ -s "$snap.left" ] || break
   sleep 0.1
 done
@@ -61,13 +70,23 @@ def node_cores(rank: int) -> str:
 
 
 def start_node(
-    rank: int, args: list[str], env: dict[str, str] | None = None, host: str | None = None
+    rank: int,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    host: str | None = None,
+    fs: SharedFs | None = None,
+    script: Path | None = None,
 ) -> subprocess.Popen:
-    """`bash scripts/run.sh <args>` as node `rank` (its address 127.0.0.<rank+2>) in namespaces of its own."""
+    """`bash scripts/run.sh <args>` as node `rank` (its address 127.0.0.<rank+2>) in namespaces of its own; with
+    `fs` (tests/e2e/sharedfs.py), its own client mounts fs.path first. (`script`: another script in run.sh's place.)"""
     extra = {"BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": node_addr(rank), **FAST_LIVENESS}
     extra |= {"VLLM_CPU_OMP_THREADS_BIND": node_cores(rank), **(env or {})}
+    mount = node_init(fs)
+    if mount:
+        extra |= {"BATON_NODE_FS": mount, "BATON_FS_PATH": str(fs.path)}
+    # --mount-proc makes a mount namespace of its own: the node's client mounts there, seen by no other node
     cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--uts", "--", "bash", "-c", NODE_INIT]
-    cmd += [host or f"node{rank}", str(REPO / "scripts/run.sh"), *args]
+    cmd += [host or f"node{rank}", str(script or REPO / "scripts/run.sh"), *args]
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,

@@ -119,18 +119,18 @@ fake_nvidia_smi() {
   [[ $output == *"missing system packages: "*"install them with: sudo apt-get install -y "*gcc* ]]
 }
 
-@test "sysdeps: the tests' own packages (a real Slurm) only when asked for" {
+@test "sysdeps: the tests' own packages (a real Slurm, a shared filesystem) only when asked for" {
   ln -s "$(command -v bash)" "$FAKEBIN/bash"
   PATH="$FAKEBIN" run -0 sysdeps_missing_for_tests
-  [ "$output" = $'slurm-wlm\nmunge' ]
+  [ "$output" = $'slurm-wlm\nmunge\nglusterfs-server\nglusterfs-client\nsshfs\nopenssh-server\niproute2' ]
   PATH="$FAKEBIN" BATON_CHROMIUM=/nonexistent run -1 sysdeps_ensure 0
   [[ $output != *slurm-wlm* ]]
   PATH="$FAKEBIN" BATON_CHROMIUM=/nonexistent run -1 sysdeps_ensure 0 1
-  [[ $output == *"install them with: sudo apt-get install -y "*" slurm-wlm munge"* ]]
+  [[ $output == *"install them with: sudo apt-get install -y "*" slurm-wlm munge glusterfs-server"* ]]
   printf '#!/bin/sh\n' >"$FAKEBIN/tool"
   chmod +x "$FAKEBIN/tool"
   local tool
-  for tool in slurmctld slurmd sbatch munged; do ln -s "$FAKEBIN/tool" "$FAKEBIN/$tool"; done
+  for tool in slurmctld slurmd sbatch munged glusterd glusterfs sshfs sshd ip; do ln -s "$FAKEBIN/tool" "$FAKEBIN/$tool"; done
   PATH="$FAKEBIN" run -0 sysdeps_missing_for_tests
   [ -z "$output" ]
 }

@@ -1,0 +1,61 @@
+"""The shared-filesystem harness itself (tests/e2e/sharedfs.py), on each served profile: two nodes, each through
+its own client in its own mount namespace, see each other's files; the files are on the server's store, not on
+the local disk under the mount point; and nothing of the server or the clients outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.nodes import kill_the_nodes_left, start_node
+from tests.e2e.sharedfs import shared_fs
+
+pytestmark = pytest.mark.e2e
+
+#: node 0 writes a file by temp + rename and waits for node 1's answer; node 1 waits for the file by name, checks
+#: its mount is its own client's, answers. Each line it prints is checked below.
+SCRIPT = r"""
+set -u
+dir=$1 rank=$2
+grep -E " $dir fuse\.(glusterfs|sshfs) " /proc/self/mounts | sed 's/^/mount: /'
+if [ "$rank" = 0 ]; then
+  printf 'from node0\n' >"$dir/.a.tmp" && mv "$dir/.a.tmp" "$dir/a"
+  for _ in $(seq 600); do [ -e "$dir/b" ] && break; sleep 0.1; done
+  echo "read: $(cat "$dir/b")"
+else
+  for _ in $(seq 600); do [ -e "$dir/a" ] && break; sleep 0.1; done
+  echo "read: $(cat "$dir/a")"
+  printf 'from node1\n' >"$dir/.b.tmp" && mv "$dir/.b.tmp" "$dir/b"
+fi
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_node_outlives_its_test():
+    yield
+    kill_the_nodes_left()
+
+
+@pytest.mark.parametrize("profile", ["gluster", "gluster-5s", "sshfs"])
+def test_two_nodes_share_files_through_their_own_clients(profile: str, tmp_path: Path) -> None:
+    script = tmp_path / "node.sh"
+    script.write_text(SCRIPT)
+    with shared_fs(tmp_path, profile) as fs:
+        assert os.path.ismount(fs.path)
+        nodes = [start_node(rank, [str(fs.path), str(rank)], fs=fs, script=script) for rank in (0, 1)]
+        outputs = [proc.communicate(timeout=120)[0] for proc in nodes]
+        for rank, (proc, out) in enumerate(zip(nodes, outputs, strict=True)):
+            assert proc.returncode == 0, f"node {rank} exited {proc.returncode}:\n{out}"
+            source = f"root@127.0.0.1:{fs.store}" if profile == "sshfs" else "10.77.0.1:gv0"
+            assert f"mount: {source} {fs.path} " in out, out
+        assert "read: from node1" in outputs[0] and "read: from node0" in outputs[1], outputs
+        assert (fs.store / "a").read_text() == "from node0\n" and (fs.store / "b").read_text() == "from node1\n"
+        assert (fs.path / "a").read_text() == "from node0\n"  # this test's own client sees them too
+        servers = [proc.pid for proc in fs._procs]
+    assert not os.path.ismount(fs.path) and list(fs.path.iterdir()) == []  # nothing was written to the local disk
+    left = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(map(str, servers))], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"server or client processes left: {left.stdout}"
