@@ -95,7 +95,8 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 
 def cmd_takeover_plan(args: argparse.Namespace) -> int:
     """Cut the dead ranks' journals, re-assign their unfinished episodes, write takeover.json (--on-rank-failure
-    continue; the driver calls reassign in-process). Prints the plan's path, then `dead<TAB>cut lines<TAB>survivor:count,...` per dead rank."""
+    continue; the driver calls reassign in-process). Prints the plan's path, then
+    `dead<TAB>cut lines<TAB>survivor:count,...` per dead rank."""
     from omegaconf import OmegaConf
 
     from coordinator.reassign import plan_takeover

@@ -104,9 +104,9 @@ def arrive(
 
 
 def arrivals(cluster: Cluster, iteration: int, phase: str) -> dict[int, Arrival]:
-    """Who has arrived, from one listing of the barrier directory."""
+    """Who has arrived: one listing of the barrier directory, and a lookup of each rank's file it lacks."""
     found = {}
-    for rank, path in scan_ranks(cluster.barrier_dir(iteration, phase)).items():
+    for rank, path in scan_ranks(cluster.barrier_dir(iteration, phase), cluster.expected_ranks()).items():
         data = load_json(path)
         if data is not None:
             found[rank] = Arrival(**data)

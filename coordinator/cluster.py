@@ -32,6 +32,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 from rollout_engine.errors import BatonError
 from rollout_engine.exits import Exit
 from rollout_engine.fence import read_run_record
-from rollout_engine.files import save_json
+from rollout_engine.files import read_fresh, save_json
 from rollout_engine.layout import ClusterRun, Layout, rank_file_name
 
 ON_RANK_FAILURE = ("abort", "continue")
@@ -232,24 +233,45 @@ class Eviction:
         return node is not None and node.incarnation == (self.node_host, self.node_pid, self.node_started)
 
 
-def scan_ranks(directory: Path) -> dict[int, Path]:
-    """The `rank_<r>[.json]` files of `directory` by rank, from one listing; temp files are skipped."""
+def scan_ranks(directory: Path, expect: Iterable[int] = (), suffix: str = ".json") -> dict[int, Path]:
+    """The `rank_<r>[.json]` files of `directory` by rank: one listing, then a lookup by name of each rank of
+    `expect` the listing lacks (`rank_<r><suffix>`); temp files are skipped.
+
+    No single way of looking sees a new file first on every filesystem: GlusterFS with NFS-like client caches
+    caches a name's absence for its negative timeout but lists a new file at once, sshfs finds a new name at
+    once but lists a directory up to 20 s late (docs/multinode.md "Filesystems"). Looking both ways sees it
+    as soon as either does (and an open after the listing is not held up by the name's cached absence)."""
     try:
         entries = list(os.scandir(directory))
     except FileNotFoundError:
-        return {}
+        entries = []
     found = {}
     for entry in entries:
         match = RANK_FILE.fullmatch(entry.name)
         if match:
             found[int(match.group(1))] = Path(entry.path)
+    for rank in expect:
+        if rank not in found:
+            path = directory / rank_file_name(rank, suffix)
+            if path.exists():
+                found[rank] = path
     return found
+
+
+def exists_either_way(path: Path) -> bool:
+    """`path` is seen by a listing of its folder or by its name (scan_ranks' reason)."""
+    try:
+        if path.name in os.listdir(path.parent):
+            return True
+    except FileNotFoundError:
+        return False
+    return path.exists()
 
 
 def load_json(path: Path) -> dict[str, Any] | None:
     """A JSON file written by this protocol, or None when it is not there (it may vanish between listing and read)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_fresh(path).decode("utf-8"))
     except FileNotFoundError:
         return None
 
@@ -299,48 +321,44 @@ class Cluster:
         except FileNotFoundError:
             return None
 
+    def expected_ranks(self) -> range:
+        """The run's ranks, from its record (read once): each is also looked up by name where a listing lacks it."""
+        return range(_num_nodes(self.paths.record))
+
     def heartbeat_files(self) -> dict[int, Path]:
-        return scan_ranks(self.heartbeat_dir)
+        return scan_ranks(self.heartbeat_dir, self.expected_ranks(), "")
 
     def register(self, node: NodeRecord) -> None:
         save_json(self.paths.nodes_dir / rank_file_name(node.rank, ".json"), asdict(node))
 
     def nodes(self) -> dict[int, NodeRecord]:
-        return _load_ranks(self.paths.nodes_dir, NodeRecord)
+        return _load_ranks(self.paths.nodes_dir, NodeRecord, self.expected_ranks())
 
     def fail(self, failure: FailureRecord) -> None:
         save_json(self.paths.failed_dir / rank_file_name(failure.rank, ".json"), asdict(failure))
 
     def failures(self) -> dict[int, FailureRecord]:
-        return _load_ranks(self.paths.failed_dir, FailureRecord)
+        return _load_ranks(self.paths.failed_dir, FailureRecord, self.expected_ranks())
 
     def request_stop(self, request: StopRequest) -> None:
         save_json(self.paths.stop, asdict(request))
 
     def stop_request(self) -> StopRequest | None:
-        try:
-            names = os.listdir(self.run_dir)  # a listing, not a stat: NFS caches negative lookups
-        except FileNotFoundError:
-            return None
-        data = load_json(self.paths.stop) if self.paths.stop.name in names else None
+        data = load_json(self.paths.stop) if exists_either_way(self.paths.stop) else None
         return None if data is None else StopRequest(**data)
 
     def finish(self, record: FinishRecord) -> None:
         save_json(self.paths.finished, asdict(record))
 
     def finished(self) -> FinishRecord | None:
-        try:
-            names = os.listdir(self.run_dir)  # a listing, not a stat: NFS caches negative lookups
-        except FileNotFoundError:
-            return None
-        data = load_json(self.paths.finished) if self.paths.finished.name in names else None
+        data = load_json(self.paths.finished) if exists_either_way(self.paths.finished) else None
         return None if data is None else FinishRecord(**data)
 
     def evict(self, eviction: Eviction) -> None:
         save_json(self.paths.evicted_dir / rank_file_name(eviction.rank, ".json"), asdict(eviction))
 
     def evictions(self) -> dict[int, Eviction]:
-        return _load_ranks(self.paths.evicted_dir, Eviction)
+        return _load_ranks(self.paths.evicted_dir, Eviction, self.expected_ranks())
 
     def evicted(self, rank: int, node: NodeRecord | None = None) -> Eviction | None:
         """The eviction that covers `node` (default: the rank's current registration), if any."""
@@ -394,15 +412,28 @@ class Cluster:
             raise ended
 
 
+#: the node count of each run record read (a run's record never changes)
+_NODE_COUNTS: dict[Path, int] = {}
+
+
+def _num_nodes(record: Path) -> int:
+    if record not in _NODE_COUNTS:
+        try:
+            _NODE_COUNTS[record] = int(read_run_record(record)["num_nodes"])
+        except (OSError, KeyError, TypeError, ValueError):
+            return 0  # not written yet (or not this protocol's): the listing alone
+    return _NODE_COUNTS[record]
+
+
 def planned_node(rank: int, incarnation: Incarnation) -> NodeRecord:
     """The registration of `rank` by `incarnation`, as far as eviction goes (no address, port or join time)."""
     host, pid, started = incarnation
     return NodeRecord(rank, host, "", pid, None, 0.0, started)
 
 
-def _load_ranks(directory: Path, kind: type) -> dict[int, Any]:
+def _load_ranks(directory: Path, kind: type, expect: Iterable[int]) -> dict[int, Any]:
     loaded = {}
-    for rank, path in scan_ranks(directory).items():
+    for rank, path in scan_ranks(directory, expect).items():
         data = load_json(path)
         if data is not None:
             loaded[rank] = kind(**data)

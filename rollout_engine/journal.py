@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import append_line, parse_jsonl, save_json
+from rollout_engine.files import append_line, parse_jsonl, read_fresh, save_json
 from rollout_engine.layout import manifest_name
 from rollout_engine.types import Trajectory
 
@@ -80,7 +80,7 @@ def load_manifest(path: Path, *, strict: bool = True) -> dict[str, Any] | None:
     """A journal's sealed manifest or an iteration's merged `manifest.json`; None when there is none. One that
     is not a JSON object is a ConfigError naming it (`strict`), else None (for readers that show or re-check)."""
     try:
-        text = path.read_bytes().decode(errors="replace")
+        text = read_fresh(path).decode(errors="replace")
     except FileNotFoundError:
         return None
     try:

@@ -70,6 +70,10 @@ def read_iteration(directory: Path) -> list[Trajectory]:
     if manifest is not None and "missing_ranks" in manifest:
         check_takeover_merged(manifest_path, manifest)
         return read_takeover(directory, manifest)
+    # every rank's journal the master merged, by name: a listing on a shared filesystem can lack a file another
+    # node wrote (sshfs lists a folder up to 20 s late)
+    merged = [journal_name(int(rank)) for rank in (manifest or {}).get("ranks", {})]
+    own = sorted(set(own) | set(merged))
     superseded = manifest.get("superseded", {}) if manifest is not None else {}
     takeovers = [name for name in names if journals[name][1] is not None and name not in superseded]
     if takeovers:

@@ -1,5 +1,9 @@
 """Several run.sh "nodes" sharing one log path (docs/multinode.md), each with its own vLLM, on this machine:
-each in PID and UTS namespaces of its own, with its own host name and address (tests/e2e/nodes.py).
+each in PID, UTS and mount namespaces of its own, with its own host name and address (tests/e2e/nodes.py), and
+each reaching the log path through its own client of a real shared filesystem served by the test
+(tests/e2e/sharedfs.py; the profile is in each test's id): GlusterFS with its defaults, GlusterFS with NFS-like
+5 s client caches, sshfs (no lock shared between clients, listings and mtimes 20 s stale); the split deployment
+on the local disk.
 
 - `--rl-phase both` on two nodes with weights 2,1 (the worker by `RANK=1`, started before
   the master): each rolls out its share (2:1, disjoint), both train as the two nodes of one
@@ -15,13 +19,13 @@ each in PID and UTS namespaces of its own, with its own host name and address (t
 - `--on-rank-failure continue`: a worker dead mid-rollout is evicted, the master takes over its unfinished
   episodes (each planned episode once) and trains alone; the worker, restarted late (once the master planned
   the next step without it), skips that step, the master going on without waiting for it, and joins the one
-  after.
+  after, its own vLLM serving the policy promoted while it was away.
 - The seed's split deployment on three nodes, the rank from RANK / NODE_RANK: a rollout run and an
   update run on every node, the update run's workers started a minute before its master.
 
-Real vLLM per node (each bound to its own core) on the 2-node happy path and the dead-node test; the other
-fault tests and the split deployment's rollout runs use `--debug-mode` against one shared real vLLM (the
-session's), saving start-ups.
+Real vLLM per node (each bound to its own core) on the 2-node happy path, the dead-node test and the late
+rejoin; the other fault tests and the split deployment's rollout runs use `--debug-mode` against one shared
+real vLLM (the session's), saving start-ups.
 
 A node that must still be mid-rollout when the test acts has its rollout engine held with
 SIGSTOP (`hold_rollouts_after_next_episode`) right after the episode the test waited for: a slow node, whatever
@@ -44,6 +48,7 @@ from rollout_engine.layout import Layout
 from tests.conftest import REPO
 from tests.e2e.conftest import ONE_STEP_LOOP, VllmServer, processes_mentioning
 from tests.e2e.nodes import kill_node, kill_the_nodes_left, signal_group, signal_run_sh, start_node
+from tests.e2e.sharedfs import SharedFs
 from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
 
 pytestmark = pytest.mark.e2e
@@ -70,12 +75,15 @@ def node(
     env: dict[str, str] | None = None,
     nodes: list[str] = TWO,
     host: str | None = None,
+    fs: SharedFs | None = None,
 ) -> subprocess.Popen:
-    """One node (tests/e2e/nodes.py): run.sh in namespaces of its own, with its own address and vLLM port;
-    rank None: the rank comes from the environment (`env`), as the seed's `export RANK=r`."""
+    """One node (tests/e2e/nodes.py): run.sh in namespaces of its own, with its own address and vLLM port, and
+    with `fs` its own client of the shared filesystem; rank None: the rank comes from the environment (`env`), as
+    the seed's `export RANK=r`."""
     flags = [] if rank is None else (["--master"] if rank == "0" else ["--worker", rank])
     number = int(rank if rank is not None else {**(env or {})}.get("RANK", (env or {}).get("NODE_RANK", "")))
-    return start_node(number, ["--data-path", str(data), "--log-path", str(log), *nodes, *flags, *args], env, host)
+    argv = ["--data-path", str(data), "--log-path", str(log), *nodes, *flags, *args]
+    return start_node(number, argv, env, host, fs=fs)
 
 
 def shared(server: VllmServer) -> list[str]:
@@ -129,8 +137,11 @@ def assert_nothing_left(log: Path, ranks: int = 2) -> None:
     assert not processes_mentioning(str(log))
 
 
-def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_dir: Path, tmp_path: Path) -> None:
-    log = tmp_path / "exp"
+@pytest.mark.parametrize("volume", ["gluster-5s"], indirect=True)
+def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(
+    data_dir: Path, tmp_path: Path, volume: SharedFs
+) -> None:
+    log = volume.path / "exp"
     args = [
         "--rl-phase",
         "both",
@@ -145,9 +156,9 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
     ]
     progress = {"BATON_PROGRESS_S": "5"}  # the live view's lines (every 30 s by default, and at each phase's end)
     # the seed's "export RANK=r" form
-    worker = node(data_dir, log, None, *args, env={"RANK": "1", **progress}, nodes=TWO_ONE)
+    worker = node(data_dir, log, None, *args, env={"RANK": "1", **progress}, nodes=TWO_ONE, fs=volume)
     wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])
-    master = node(data_dir, log, "0", *args, env=progress, nodes=TWO_ONE)
+    master = node(data_dir, log, "0", *args, env=progress, nodes=TWO_ONE, fs=volume)
     # two vLLM starts, 96 + 8 + 8 episodes, a 2-node update and the reload of both servers
     budget = 2 * VLLM_START_S + generation_s(112, 32) + 2 * UPDATE_S
     out_w = communicate_waiting(worker, waiting_for="the worker (RANK=1) to finish the run", timeout=budget)
@@ -186,19 +197,23 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(data_di
     assert_nothing_left(log)
 
 
-def test_a_dead_node_stops_the_others_which_name_it(data_dir: Path, tmp_path: Path) -> None:
-    log = tmp_path / "exp"
+@pytest.mark.parametrize("volume", ["gluster"], indirect=True)
+def test_a_dead_node_stops_the_others_which_name_it(data_dir: Path, tmp_path: Path, volume: SharedFs) -> None:
+    log = volume.path / "exp"
     args = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
     args += ["env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1"]
     started = 2 * VLLM_START_S + generation_s(8, 32)
     # 1. the worker dies mid-rollout (right after an episode: most of its share is left)
-    nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
+    nodes = {0: node(data_dir, log, "0", *args, fs=volume), 1: node(data_dir, log, "1", *args, fs=volume)}
     more = lambda: len(episodes(log, "train", 1, 1)) > 0  # noqa: E731
     wait_for(more, "rank 1's first journaled episode", started, list(nodes.values()), every=0.02)
     kill_node(nodes[1])
     assert_survivor_names_the_dead(log, nodes[0], survivor=0, dead=1)
     # 2. --resume, then the master dies while the worker is still mid-rollout (held: its share is not done)
-    nodes = {0: node(data_dir, log, "0", *args, "--resume"), 1: node(data_dir, log, "1", *args, "--resume")}
+    nodes = {
+        0: node(data_dir, log, "0", *args, "--resume", fs=volume),
+        1: node(data_dir, log, "1", *args, "--resume", fs=volume),
+    }
     hold_rollouts_after_next_episode(log, {1: nodes[1]}, started)
     kill_node(nodes[0])
     assert_survivor_names_the_dead(log, nodes[1], survivor=1, dead=0)
@@ -213,13 +228,14 @@ def assert_survivor_names_the_dead(log: Path, survivor_proc: subprocess.Popen, s
     assert not processes_mentioning(str(log / "run" / f"rank_{survivor}"))
 
 
+@pytest.mark.parametrize("volume", ["gluster"], indirect=True)
 def test_a_worker_dead_in_training_stops_the_master_long_before_the_training_timeout(
-    data_dir: Path, tmp_path: Path, vllm_server: VllmServer
+    data_dir: Path, tmp_path: Path, vllm_server: VllmServer, volume: SharedFs
 ) -> None:
-    log = tmp_path / "exp"
+    log = volume.path / "exp"
     args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "1", *SMALL, *ONE_STEP_LOOP]
     args += ["env_config.test_tasks_rollout_size=4", *shared(vllm_server)]
-    nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
+    nodes = {0: node(data_dir, log, "0", *args, fs=volume), 1: node(data_dir, log, "1", *args, fs=volume)}
     started = log / "training" / "iter_0001" / "train.rank_1.log"
     wait_for(
         started.exists, "the worker's training to start", generation_s(104, 32) + UPDATE_S, list(nodes.values()), 0.02
@@ -237,8 +253,9 @@ def test_a_worker_dead_in_training_stops_the_master_long_before_the_training_tim
     assert not processes_mentioning(str(log))
 
 
+@pytest.mark.parametrize("volume", ["sshfs"], indirect=True)
 def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarted_late_it_joins_the_next_step(
-    data_dir: Path, tmp_path: Path, vllm_server: VllmServer
+    data_dir: Path, volume: SharedFs
 ) -> None:
     """--on-rank-failure continue: rank 1 dies mid-rollout of iteration 1; the master evicts it, rolls out its
     unfinished episodes itself (each planned episode once), trains alone and promotes. Issue 24, bug 1: rank 1
@@ -247,12 +264,11 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
     held-out evaluation, with its share of the tasks. (A worker restarted at once, while the master still takes
     over its episodes, runs the same skip of a step planned without it; its registration again after the
     eviction and the barriers that drop it: tests/unit/coordinator/test_cluster.py, test_barrier.py.)"""
-    log = tmp_path / "exp"
+    log = volume.path / "exp"
     args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2", "--final-eval"]
     args += ["--on-rank-failure", "continue", *SMALL, *ONE_STEP_LOOP, "env_config.test_tasks_rollout_size=8"]
-    args += shared(vllm_server)
-    nodes = {0: node(data_dir, log, "0", *args), 1: node(data_dir, log, "1", *args)}
-    hold_rollouts_after_next_episode(log, {1: nodes[1]}, generation_s(16, 32))
+    nodes = {0: node(data_dir, log, "0", *args, fs=volume), 1: node(data_dir, log, "1", *args, fs=volume)}
+    hold_rollouts_after_next_episode(log, {1: nodes[1]}, 2 * VLLM_START_S + generation_s(16, 32))
     kill_node(nodes[1])
     # what rank 1 journaled before it died (its whole namespace SIGKILLed: nothing writes after), complete
     # lines only, as the master's cut counts them; at least the episode it was held after
@@ -265,8 +281,8 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
 
     wait_for(plan_2, "the master's plan of step 2", generation_s(112, 32) + UPDATE_S, [nodes[0]])
     # restarted as a fresh machine (in a PID namespace of its own, its run.sh would get the dead one's pid)
-    restarted = node(data_dir, log, "1", *args, host="node1b")
-    budget = generation_s(208, 32) + UPDATE_S
+    restarted = node(data_dir, log, "1", *args, host="node1b", fs=volume)
+    budget = VLLM_START_S + generation_s(208, 32) + 2 * UPDATE_S
     out_m = communicate_waiting(nodes[0], waiting_for="the master's 2 iterations and final evaluation", timeout=budget)
     out_w = communicate_waiting(restarted, waiting_for="the restarted rank 1's final evaluation", timeout=300)
     assert (nodes[0].returncode, restarted.returncode) == (0, 0), out_m[-3000:] + out_w[-3000:]
@@ -291,9 +307,12 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
     assert not episodes(log, "train", 2, 1)
     assert not (log / "training" / "iter_0002" / "train.rank_1.log").exists()
     assert os.readlink(log / "policy" / "current") == "v0002"
-    # step 3: the restarted rank rolled out its share of the final evaluation (debug mode: no version on the rows)
-    final = [{t["episode_id"] for t in episodes(log, "test", 3, rank)} for rank in (0, 1)]
-    assert len(final[1]) == len(final[0]) > 0 and not final[0] & final[1]
+    # step 3: the restarted rank rolled out its share of the final evaluation, its own vLLM serving v2, the
+    # policy promoted while it was away
+    final = [episodes(log, "test", 3, rank) for rank in (0, 1)]
+    ids = [{t["episode_id"] for t in share} for share in final]
+    assert len(ids[1]) == len(ids[0]) > 0 and not ids[0] & ids[1]
+    assert [{t["policy_version"] for t in share} for share in final] == [{2}, {2}]
     assert_nothing_left(log)
 
 
@@ -306,16 +325,17 @@ def run_id(log: Path) -> str:
     return json.loads((log / "roles" / "rollout" / "cluster" / "run.json").read_text())["run_id"]
 
 
+@pytest.mark.parametrize("volume", ["gluster-5s"], indirect=True)
 def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_iteration(
-    data_dir: Path, tmp_path: Path, vllm_server: VllmServer
+    data_dir: Path, tmp_path: Path, vllm_server: VllmServer, volume: SharedFs
 ) -> None:
-    log = tmp_path / "exp"
+    log = volume.path / "exp"
     args = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
     args += ["env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1", *shared(vllm_server)]
     both_started = generation_s(16, 32)
 
     # 1. run.sh --stop: every node stops (143), nothing left (both held mid-rollout after an episode)
-    nodes = [node(data_dir, log, "0", *args), node(data_dir, log, "1", *args)]
+    nodes = [node(data_dir, log, "0", *args, fs=volume), node(data_dir, log, "1", *args, fs=volume)]
     hold_rollouts_after_next_episode(log, dict(enumerate(nodes)), both_started)
     first_run = run_id(log)
     stop = subprocess.run(
@@ -334,9 +354,9 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
 
     # 2. --resume, the worker first: beside the stopped run's files it waits for a live master,
     #    then joins the new run; SIGTERM on the master stops the worker too, as a stop
-    worker = node(data_dir, log, "1", *args, "--resume")
+    worker = node(data_dir, log, "1", *args, "--resume", fs=volume)
     wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])
-    master = node(data_dir, log, "0", *args, "--resume")
+    master = node(data_dir, log, "0", *args, "--resume", fs=volume)
     # (the worker held mid-rollout, so the iteration is not done when the master stops)
     hold_rollouts_after_next_episode(log, {1: worker}, both_started)
     assert run_id(log) != first_run
@@ -348,7 +368,10 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     assert_nothing_left(log)
 
     # 3. --resume finishes the iteration: every planned episode once, the stopped parts kept
-    nodes = [node(data_dir, log, "0", *args, "--resume"), node(data_dir, log, "1", *args, "--resume")]
+    nodes = [
+        node(data_dir, log, "0", *args, "--resume", fs=volume),
+        node(data_dir, log, "1", *args, "--resume", fs=volume),
+    ]
     budget = generation_s(96, 32)
     waiting_for = "both nodes to finish the resumed iteration"
     outs = [communicate_waiting(proc, waiting_for=waiting_for, timeout=budget) for proc in nodes]
@@ -360,15 +383,16 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     assert_nothing_left(log)
 
 
+@pytest.mark.parametrize("volume", ["local"], indirect=True)
 def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(
-    data_dir: Path, tmp_path: Path, vllm_server: VllmServer
+    data_dir: Path, tmp_path: Path, vllm_server: VllmServer, volume: SharedFs
 ) -> None:
     """The seed's split deployment on three nodes, each told its rank only by the environment (`export RANK=r`
     for the rollout runs, NODE_RANK for the update runs): the update run trains (on the three nodes) what the
     rollout run (on the three) collected, each run coordinating in its own group; the update run's workers
     start a minute before its master and wait for it. The rollout runs use the
     seed's `--debug-mode` with a vLLM already running (one real server for the three, on this machine)."""
-    log = tmp_path / "exp"
+    log = volume.path / "exp"
     rollout = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
     rollout += ["env_config.train_tasks_rollout_size=24", "env_config.n_samples_per_task=4", *shared(vllm_server)]
     update = ["--rl-phase", "update", "--max-iterations", "1", "algorithm.max_steps=1", "algorithm.learning_rate=1e-4"]
@@ -379,12 +403,16 @@ def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(
     ranks = ("0", "1", "2")
 
     def update_node(rank: str) -> subprocess.Popen:
-        return node(data_dir, log, None, *update, env={"NODE_RANK": rank, **poll}, nodes=THREE, host=f"update{rank}")
+        return node(
+            data_dir, log, None, *update, env={"NODE_RANK": rank, **poll}, nodes=THREE, host=f"update{rank}", fs=volume
+        )
 
     # The update run's workers start a minute before its master (while the rollout runs collect): they wait.
     began = time.monotonic()
     nodes = [update_node(r) for r in ranks[1:]]
-    nodes += [node(data_dir, log, None, *rollout, env={"RANK": r}, nodes=THREE, host=f"rollout{r}") for r in ranks]
+    nodes += [
+        node(data_dir, log, None, *rollout, env={"RANK": r}, nodes=THREE, host=f"rollout{r}", fs=volume) for r in ranks
+    ]
     # (the rollout runs may finish meanwhile: only the waiting workers must not exit)
     wait_for(lambda: time.monotonic() - began >= 60, "a minute, before starting the update run's master", 90, nodes[:2])
     nodes.insert(0, update_node("0"))

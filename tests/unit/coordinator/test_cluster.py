@@ -17,6 +17,7 @@ from coordinator.cluster import (
     Endpoint,
     Evicted,
     Eviction,
+    FailureRecord,
     JoinTimeout,
     MasterAlive,
     StopRequest,
@@ -256,3 +257,26 @@ def test_the_waits_of_start_and_join_tick_on_poll_and_end_on_what_it_raises(tmp_
     with pytest.raises(Signalled):
         start_run(tmp_path, 2, [1, 1], me=ME, **QUICK, on_poll=lambda: driver_watches("start"))
     assert polls == ["join"] * 3 + ["start"] * 3
+
+
+def test_a_rank_file_a_stale_listing_lacks_is_found_by_name_and_one_a_name_lookup_misses_by_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sshfs lists a folder up to 20 s late, GlusterFS with NFS-like caches finds a new name 5 s late: the
+    protocol's readers look both ways (os.scandir / os.listdir stand in for the stale listing, Path.exists for
+    the stale name)."""
+    record = start_run(tmp_path, 2, [1, 1], me=ME, vllm_port=8100, torchrun_port=29500, **QUICK)
+    cluster = Cluster(tmp_path, record.run_id, rank=0)
+    cluster.fail(FailureRecord(1, 1, "train_rollout", "boom", 1, "node-1", 7))
+    cluster.request_stop(StopRequest("a person asked", None, "node-9", 1))
+    monkeypatch.setattr("coordinator.cluster.os.scandir", lambda _path: iter(()))
+    monkeypatch.setattr("coordinator.cluster.os.listdir", lambda _path: [])
+    assert cluster.failures()[1].reason == "boom" and cluster.stop_request() is not None
+    monkeypatch.undo()
+    monkeypatch.setattr(Path, "exists", lambda _self: False)
+    assert cluster.failures()[1].reason == "boom" and cluster.stop_request() is not None
+    monkeypatch.undo()
+    monkeypatch.setattr("coordinator.cluster.os.scandir", lambda _path: iter(()))
+    monkeypatch.setattr("coordinator.cluster.os.listdir", lambda _path: [])
+    monkeypatch.setattr(Path, "exists", lambda _self: False)
+    assert cluster.failures() == {} and cluster.stop_request() is None  # neither way sees them: not yet

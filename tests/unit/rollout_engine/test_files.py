@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_engine.files import append_jsonl, read_jsonl, save_jsonl, shared_lock
+from rollout_engine.files import append_jsonl, read_fresh, read_jsonl, save_jsonl, shared_lock
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -87,3 +87,24 @@ def test_a_non_durable_save_is_atomic_and_never_fsyncs(tmp_path: Path, monkeypat
     save_text(tmp_path / "beat", "2 3.0 h 3\n", durable=False)
     assert len(calls) == 2 and (tmp_path / "beat").read_text() == "2 3.0 h 3\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["beat", "durable"]  # no temp file left
+
+
+def test_read_fresh_looks_past_a_cached_absence_the_listing_contradicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that cached a name's absence (its first read fails) is asked again once a listing shows it; a
+    file no way shows is absent."""
+    path = tmp_path / "rank_1.json"
+    path.write_text("{}")
+    real = Path.read_bytes
+    misses = iter([True])  # the first read meets the cached absence
+
+    def cached(self: Path) -> bytes:
+        if self == path and next(misses, False):
+            raise FileNotFoundError(self)
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", cached)
+    assert read_fresh(path) == b"{}"
+    with pytest.raises(FileNotFoundError):
+        read_fresh(tmp_path / "rank_2.json")

@@ -43,6 +43,20 @@ def test_a_multi_rank_iteration_is_read_once_merged_and_refused_before_or_when_c
         load_trajectories(tmp_path, "train", [1])
 
 
+def test_a_merged_iteration_reads_every_rank_the_manifest_names_whatever_a_stale_listing_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sshfs lists a folder up to 20 s late: the master's listing may lack a worker's journal it has merged."""
+    roll_out(tmp_path, 0, ["a", "b"])
+    roll_out(tmp_path, 1, ["c"])
+    aggregate(tmp_path, "train", 1, num_nodes=2, wall_s=1.0)
+    real_glob = Path.glob
+    monkeypatch.setattr(
+        Path, "glob", lambda self, pattern: (p for p in real_glob(self, pattern) if "rank_1" not in p.name)
+    )
+    assert sorted(t.episode_id for t in load_trajectories(tmp_path, "train", [1])) == ["a#0", "b#0", "c#0"]
+
+
 def test_a_single_rank_iteration_needs_no_merge(tmp_path: Path) -> None:
     roll_out(tmp_path, 0, ["a"])
     assert [t.episode_id for t in load_trajectories(tmp_path, "train", [1])] == ["a#0"]
