@@ -55,6 +55,8 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   --dashboard-port P         serve the run's web page on 127.0.0.1:P while it runs (docs/observability.md)
   --dry-run                  print the commands each phase would run, then exit
   --stop                     with --log-path only: stop the run on that log path (every node), at once and cleanly
+  --check-shared-fs          with --log-path, --num-nodes N and this node's rank, on every node at once: measure what
+                             the shared filesystem shows one node of another's writes (docs/multinode.md)
   -h, --help                 this text
 
 overrides: key=value, +key=value, ~key (Hydra); they reach the rollout and the update
@@ -86,6 +88,7 @@ SWITCHES = {
     "--final-eval": "final_eval",
     "--keep-best": "keep_best",
     "--stop": "stop",
+    "--check-shared-fs": "check_shared_fs",
     "--dry-run": "dry_run",
     "-h": "help",
     "--help": "help",
@@ -142,6 +145,7 @@ class Args:
     dashboard_port: int | None = None
     dry_run: bool = False
     stop: bool = False
+    check_shared_fs: bool = False
     help: bool = False
     overrides: list[str] = field(default_factory=list)
     master: bool = False

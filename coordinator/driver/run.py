@@ -41,6 +41,10 @@ def main(argv: list[str]) -> int:
 
             stop_run(args, ROOT)
             return 0
+        if args.check_shared_fs:
+            from coordinator.driver.fscheck_cmd import check_shared_fs
+
+            return check_shared_fs(args)
         cli.validate(args)
         cli.apply_node_file(args)
         cli.slurm_default_addr(args)

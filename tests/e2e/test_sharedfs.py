@@ -5,6 +5,7 @@ the local disk under the mount point; and nothing of the server or the clients o
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -59,3 +60,48 @@ def test_two_nodes_share_files_through_their_own_clients(profile: str, tmp_path:
     assert not os.path.ismount(fs.path) and list(fs.path.iterdir()) == []  # nothing was written to the local disk
     left = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(map(str, servers))], capture_output=True, text=True)
     assert left.stdout.strip() == "", f"server or client processes left: {left.stdout}"
+
+
+#: what each profile must show (tests/e2e/sharedfs.py; ../shared/FACTS.md measured the same): sshfs lists a
+#: folder 20 s late and keeps a deleted name 21 s, and shares no lock between clients; GlusterFS shares locks
+SHOWN = {
+    "gluster": ["locks shared with rank 0:          yes"],
+    "gluster-5s": ["locks shared with rank 0:          yes"],
+    "sshfs": [
+        "a new file, in a listing:          not within 8 s",
+        "a deleted file, still there for:   not within 8 s",
+        "locks shared with rank 0:          no (each node locks alone)",
+    ],
+}
+
+
+@pytest.mark.parametrize("profile", ["gluster", "gluster-5s", "sshfs"])
+def test_check_shared_fs_measures_each_profile_on_every_node(profile: str, tmp_path: Path) -> None:
+    with shared_fs(tmp_path, profile) as fs:
+        log = fs.path / "exp"
+        args = ["--check-shared-fs", "--log-path", str(log), "--num-nodes", "2"]
+        nodes = [start_node(0, [*args, "--master"], fs=fs), start_node(1, [*args, "--worker", "1"], fs=fs)]
+        outs = [proc.communicate(timeout=180)[0] for proc in nodes]
+        assert [proc.returncode for proc in nodes] == [0, 0], outs
+        for out in outs:  # every node prints rank 0's findings
+            assert "rank 1 (node1) sees rank 0's writes:" in out, out
+            for line in SHOWN[profile]:
+                assert line in out, out
+            assert f"[baton] {log} is fit for a multi-node run at BATON_DEAD_AFTER_S=10" in out, out
+        (check,) = [p for p in (fs.store / "exp" / "fscheck").iterdir() if p.is_dir()]
+        findings = json.loads((check / "findings.json").read_text())
+        assert [pair["rank"] for pair in findings["pairs"]] == [1] and findings["pairs"][0]["host"] == "node1"
+
+
+def test_check_shared_fs_refuses_a_dead_after_no_longer_than_two_heartbeats_and_the_staleness(tmp_path: Path) -> None:
+    """Heartbeats every 1 s, a rank dead after 2 s: two beats and any staleness reach it (exit 2, naming the
+    setting and what to set)."""
+    with shared_fs(tmp_path, "gluster") as fs:
+        args = ["--check-shared-fs", "--log-path", str(fs.path / "exp"), "--num-nodes", "2"]
+        env = {"BATON_HEARTBEAT_S": "1", "BATON_DEAD_AFTER_S": "2"}
+        nodes = [start_node(0, [*args, "--master"], env, fs=fs), start_node(1, [*args, "--worker", "1"], env, fs=fs)]
+        outs = [proc.communicate(timeout=180)[0] for proc in nodes]
+    assert [proc.returncode for proc in nodes] == [2, 2], outs
+    for out in outs:
+        assert "[baton] error: BATON_DEAD_AFTER_S=2 is too short here: another node saw a replaced file's old" in out
+        assert "Set BATON_DEAD_AFTER_S above 2" in out and "actimeo=1" in out, out

@@ -1,0 +1,234 @@
+"""What the shared log path's filesystem shows one node of another's writes: `run.sh --check-shared-fs`.
+
+    findings = check(folder, rank, num_nodes, budget_s=8.0)     # every node at once; rank 0 leads
+    problems = verdict(findings, dead_after_s=30, heartbeat_s=5)
+
+Rank 0 (A) and each other rank (B) play through files of `folder` (`a.<r>.*` A's, `b.<r>.*` B's), on A's
+clock and B's clock, never comparing the two directly:
+
+1. A writes `a.<r>.ping`; B, looking both ways (listing and name), answers `b.<r>.pong` with the times it saw
+   the ping and answered; A, looking both ways, sees it: the round trip, and B's clock offset from A's (NTP's
+   estimate, within half the round trip).
+2. At one moment A creates `a.<r>.name` and `a.<r>.list`, deletes `a.<r>.gone` and replaces `a.<r>.content`
+   (temp file and rename, as every file of the protocol); B, who saw the old state in step 1, watches each
+   its own way (by name only, by listing only, by name, by content) until it sees the change or the budget
+   ends, noting the time on its clock.
+3. A holds an exclusive flock on `a.<r>.lock`; B tries it without blocking: taken means locks are not
+   shared between the nodes.
+
+B reports its times (`b.<r>.result`); A takes the delays on the two wall clocks (kept in step by NTP on a
+cluster; the offset estimate is reported beside them, not subtracted: a slow way there or back skews it). What the protocol needs
+from the filesystem, and what each finding means for it: docs/multinode.md "Filesystems".
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rollout_engine.files import read_fresh, save_text
+
+#: how often a side looks (s)
+POLL_S = 0.01
+#: the things B watches in step 2, and how it looks for each
+CHANGES = ("name", "listing", "deleted", "replaced")
+#: the PairFindings field of each
+FIELDS = ("new_by_name_s", "new_by_listing_s", "deleted_visible_s", "old_content_s")
+
+
+@dataclass
+class PairFindings:
+    """What rank `rank` saw of rank 0's writes; a delay None: not seen within the budget."""
+
+    rank: int
+    host: str
+    round_trip_s: float | None = None
+    clock_offset_s: float | None = None
+    new_by_name_s: float | None = None
+    new_by_listing_s: float | None = None
+    deleted_visible_s: float | None = None
+    old_content_s: float | None = None
+    locks_shared: bool | None = None
+
+
+@dataclass
+class Findings:
+    """The check as rank 0 saw it: one PairFindings per other rank, and the budget each wait had."""
+
+    budget_s: float
+    folder: str
+    pairs: list[PairFindings] = field(default_factory=list)
+
+    def worst(self, name: str) -> float | None:
+        """The largest delay of `name` over the pairs; None when a pair did not see it in time (or no pair)."""
+        values = [getattr(pair, name) for pair in self.pairs]
+        return None if not values or None in values else max(values)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _seen(path: Path) -> bool:
+    """Either way (scan_ranks' reason, coordinator/cluster.py)."""
+    try:
+        if path.name in os.listdir(path.parent):
+            return True
+    except FileNotFoundError:
+        return False
+    return path.exists()
+
+
+def _wait(condition: Callable[[], bool], deadline: float) -> float | None:
+    """Poll until `condition`; the time.time() it held, or None at the deadline."""
+    while True:
+        if condition():
+            return time.time()
+        if time.time() > deadline:
+            return None
+        time.sleep(POLL_S)
+
+
+def _write(path: Path, data: dict) -> None:
+    save_text(path, json.dumps(data) + "\n", durable=False)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(read_fresh(path))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = None) -> Findings:
+    """Rank 0's side for every other rank at once (waiting `wait_s`, default `budget_s`, for them to answer);
+    returns what each saw."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ranks = range(1, num_nodes)
+    for r in ranks:
+        _write(folder / f"a.{r}.gone", {})
+        _write(folder / f"a.{r}.content", {"version": 1})
+        (folder / f"a.{r}.lock").touch()
+    pinged = {r: time.time() for r in ranks}
+    for r in ranks:
+        _write(folder / f"a.{r}.ping", {"time": pinged[r]})
+    deadline = time.time() + (budget_s if wait_s is None else wait_s)
+    ponged: dict[int, tuple[float, dict]] = {}
+    while len(ponged) < len(ranks) and time.time() < deadline:
+        for r in ranks:
+            if r not in ponged and _seen(folder / f"b.{r}.pong") and (pong := _read(folder / f"b.{r}.pong")):
+                ponged[r] = (time.time(), pong)
+        time.sleep(POLL_S)
+    changed = time.time()
+    for r in ponged:
+        _write(folder / f"a.{r}.name", {})
+        _write(folder / f"a.{r}.list", {})
+        (folder / f"a.{r}.gone").unlink()
+        _write(folder / f"a.{r}.content", {"version": 2})
+    locks = {}
+    for r in ponged:
+        locks[r] = os.open(folder / f"a.{r}.lock", os.O_RDWR)
+        fcntl.flock(locks[r], fcntl.LOCK_EX)
+        _write(folder / f"a.{r}.locked", {"changed": changed})
+    results: dict[int, dict] = {}
+    deadline = time.time() + 2 * budget_s + 2  # the follower's watch, then its wait for the lock
+    while len(results) < len(ponged) and time.time() < deadline:
+        for r in ponged:
+            if r not in results and _seen(folder / f"b.{r}.result") and (result := _read(folder / f"b.{r}.result")):
+                results[r] = result
+        time.sleep(POLL_S)
+    for fd in locks.values():
+        os.close(fd)
+    findings = Findings(budget_s, str(folder))
+    for r in ranks:
+        pair = PairFindings(r, "")
+        if r in ponged:
+            back, pong = ponged[r]
+            pair.host = pong.get("host", "")
+            # NTP's estimate: the way there and the way back, B's time between them taken out
+            pair.round_trip_s = round((back - pinged[r]) - (pong["time"] - pong["seen"]), 3)
+            pair.clock_offset_s = round(((pong["seen"] - pinged[r]) + (pong["time"] - back)) / 2, 3)
+        result = results.get(r)
+        if result is not None:
+            # on the two nodes' wall clocks (a cluster's are kept in step by NTP): the offset estimated above
+            # is reported, not subtracted, for one slow direction (a cached absence) skews it by seconds
+            for name, attr in zip(CHANGES, FIELDS, strict=True):
+                seen = result["seen"].get(name)
+                if seen is not None:
+                    setattr(pair, attr, round(max(0.0, seen - changed), 3))
+            pair.locks_shared = result.get("locks_shared")
+        findings.pairs.append(pair)
+    return findings
+
+
+def follow(folder: Path, rank: int, budget_s: float, wait_s: float | None = None) -> None:
+    """Rank `rank`'s side, waiting `wait_s` (default `budget_s`) for rank 0's ping (its answers are rank 0's to
+    read)."""
+    deadline = time.time() + (budget_s if wait_s is None else wait_s)
+    ping = folder / f"a.{rank}.ping"
+    pinged = _wait(lambda: _seen(ping) and _read(ping) is not None, deadline)
+    if pinged is None:
+        return  # rank 0 never showed up: its findings say so
+    # the old state, seen before it changes: the gone file exists, the content is version 1
+    gone, content = folder / f"a.{rank}.gone", folder / f"a.{rank}.content"
+    _wait(lambda: gone.exists() and (_read(content) or {}).get("version") == 1, time.time() + budget_s)
+    # look the new names up before they exist, as a waiter at a barrier does: a client may cache their absence
+    (folder / f"a.{rank}.name").exists()
+    f"a.{rank}.list" in os.listdir(folder)  # noqa: B015
+    _write(folder / f"b.{rank}.pong", {"seen": pinged, "time": time.time(), "host": socket.gethostname()})
+    look = {
+        "name": lambda: (folder / f"a.{rank}.name").exists(),
+        "listing": lambda: f"a.{rank}.list" in os.listdir(folder),
+        "deleted": lambda: not gone.exists(),
+        "replaced": lambda: (_read(content) or {}).get("version") == 2,
+    }
+    seen: dict[str, float | None] = dict.fromkeys(CHANGES)
+    deadline = time.time() + budget_s
+    while None in seen.values() and time.time() < deadline:
+        for name, check in look.items():
+            if seen[name] is None and check():
+                seen[name] = time.time()
+        time.sleep(POLL_S)
+    shared = None
+    locked = folder / f"a.{rank}.locked"
+    if _wait(lambda: _seen(locked), time.time() + budget_s) is not None:
+        fd = os.open(folder / f"a.{rank}.lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shared = False
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            shared = True
+        finally:
+            os.close(fd)
+    _write(folder / f"b.{rank}.result", {"seen": seen, "locks_shared": shared})
+
+
+def verdict(findings: Findings, dead_after_s: float, heartbeat_s: float) -> list[str]:
+    """What the findings refuse: each problem names the setting, the measured staleness and the fix."""
+    problems = []
+    old = findings.worst("old_content_s")
+    # a heartbeat is a file replaced every heartbeat_s; another node sees each change up to `old` late, so the
+    # changes it sees can be heartbeat_s + old apart: a node is dead only after more than that, and a beat more
+    need = 2 * heartbeat_s + (findings.budget_s if old is None else old)
+    if findings.pairs and dead_after_s <= need:
+        seen = f"more than {findings.budget_s:.0f} s" if old is None else f"{old:.1f} s"
+        problems.append(
+            f"BATON_DEAD_AFTER_S={dead_after_s:g} is too short here: another node saw a replaced file's old content "
+            f"for {seen} (heartbeats every {heartbeat_s:g} s), so a live node could be counted dead. Set "
+            f"BATON_DEAD_AFTER_S above {need:.0f}, or mount the log path with shorter attribute caches (NFS: "
+            'actimeo=1; GlusterFS: --attribute-timeout=1; docs/multinode.md "Filesystems")'
+        )
+    by_name, by_listing = findings.worst("new_by_name_s"), findings.worst("new_by_listing_s")
+    if by_name is None and by_listing is None and findings.pairs:
+        problems.append(
+            f"a new file of another node was seen neither by name nor by listing within {findings.budget_s:.0f} s: "
+            "every barrier would wait that long. Mount the log path with shorter entry caches (NFS: lookupcache="
+            "positive, acdirmax=1; GlusterFS: --entry-timeout=1 --negative-timeout=1; docs/multinode.md)"
+        )
+    return problems
