@@ -2,7 +2,7 @@
 # System packages Baton needs (Chromium for MiniWoB++, a C compiler for
 # TextWorld's jericho), and those only its tests need (a real Slurm for
 # tests/e2e/test_slurm.py; GlusterFS and sshfs, a real shared filesystem for the
-# multi-node tests: tests/e2e/sharedfs.py): detection and installation with apt.
+# multi-node tests: bench/sharedfs.py): detection and installation with apt.
 # Library file: defines functions only. Needs common.sh.
 
 # sysdeps_chromium: print the path of a Chromium binary Playwright can launch.

@@ -18,7 +18,7 @@ from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.vllm import PolicyServer
 from tests.conftest import REPO, env_python
-from tests.e2e.sharedfs import SharedFs, shared_fs
+from bench.sharedfs import SharedFs, shared_fs
 from tests.waits import UPDATE_S, run_waiting
 
 
@@ -156,7 +156,7 @@ def train_journal(vllm_server: VllmServer, data_dir: Path, tmp_path_factory: pyt
 
 @pytest.fixture
 def volume(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SharedFs]:
-    """The shared filesystem a multi-node test's nodes share its log path through (tests/e2e/sharedfs.py): the
+    """The shared filesystem a multi-node test's nodes share its log path through (bench/sharedfs.py): the
     profile its `@pytest.mark.parametrize("volume", [...], indirect=True)` names, the local disk without one."""
     with shared_fs(tmp_path, getattr(request, "param", "local")) as fs:
         yield fs

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.conftest import REPO, default_sigint
 from tests.e2e.conftest import free_port
-from tests.e2e.sharedfs import SharedFs, node_init
+from bench.sharedfs import SharedFs, node_init
 
 #: heartbeats every second, a rank silent for 10 s is dead (defaults: 5 s and 30 s)
 FAST_LIVENESS = {"BATON_HEARTBEAT_S": "1", "BATON_DEAD_AFTER_S": "10"}
@@ -78,7 +78,7 @@ def start_node(
     script: Path | None = None,
 ) -> subprocess.Popen:
     """`bash scripts/run.sh <args>` as node `rank` (its address 127.0.0.<rank+2>) in namespaces of its own; with
-    `fs` (tests/e2e/sharedfs.py), its own client mounts fs.path first. (`script`: another script in run.sh's place.)"""
+    `fs` (bench/sharedfs.py), its own client mounts fs.path first. (`script`: another script in run.sh's place.)"""
     extra = {"BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": node_addr(rank), **FAST_LIVENESS}
     extra |= {"VLLM_CPU_OMP_THREADS_BIND": node_cores(rank), **(env or {})}
     mount = node_init(fs)

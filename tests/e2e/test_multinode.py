@@ -1,7 +1,7 @@
 """Several run.sh "nodes" sharing one log path (docs/multinode.md), each with its own vLLM, on this machine:
 each in PID, UTS and mount namespaces of its own, with its own host name and address (tests/e2e/nodes.py), and
 each reaching the log path through its own client of a real shared filesystem served by the test
-(tests/e2e/sharedfs.py; the profile is in each test's id): GlusterFS with its defaults, GlusterFS with NFS-like
+(bench/sharedfs.py; the profile is in each test's id): GlusterFS with its defaults, GlusterFS with NFS-like
 5 s client caches, sshfs (no lock shared between clients, listings and mtimes 20 s stale); the split deployment
 on the local disk.
 
@@ -48,7 +48,7 @@ from rollout_engine.layout import Layout
 from tests.conftest import REPO
 from tests.e2e.conftest import ONE_STEP_LOOP, VllmServer, processes_mentioning
 from tests.e2e.nodes import kill_node, kill_the_nodes_left, signal_group, signal_run_sh, start_node
-from tests.e2e.sharedfs import SharedFs
+from bench.sharedfs import SharedFs
 from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
 
 pytestmark = pytest.mark.e2e

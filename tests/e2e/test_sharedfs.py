@@ -1,4 +1,4 @@
-"""The shared-filesystem harness itself (tests/e2e/sharedfs.py), on each served profile: two nodes, each through
+"""The shared-filesystem harness itself (bench/sharedfs.py), on each served profile: two nodes, each through
 its own client in its own mount namespace, see each other's files; the files are on the server's store, not on
 the local disk under the mount point; and nothing of the server or the clients outlives it.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.nodes import kill_the_nodes_left, start_node
-from tests.e2e.sharedfs import shared_fs
+from bench.sharedfs import shared_fs
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +62,7 @@ def test_two_nodes_share_files_through_their_own_clients(profile: str, tmp_path:
     assert left.stdout.strip() == "", f"server or client processes left: {left.stdout}"
 
 
-#: what each profile must show (tests/e2e/sharedfs.py; ../shared/FACTS.md measured the same): sshfs lists a
+#: what each profile must show (bench/sharedfs.py; ../shared/FACTS.md measured the same): sshfs lists a
 #: folder 20 s late and keeps a deleted name 21 s, and shares no lock between clients; GlusterFS shares locks
 SHOWN = {
     "gluster": ["locks shared with rank 0:          yes"],

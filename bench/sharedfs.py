@@ -1,8 +1,8 @@
-"""A real shared filesystem for the multi-node tests: a volume served on this machine, mounted by every node
-through a client of its own, at the same path (docs/multinode.md "Filesystems").
+"""A real shared filesystem for the multi-node tests and benchmarks: a volume served on this machine, mounted by
+every node through a client of its own, at the same path (docs/multinode.md "Filesystems").
 
-    with shared_fs(tmp_path, "gluster-5s") as fs:          # the server, and this test's own client at fs.path
-        start_node(0, [..., "--log-path", str(fs.path / "log")], mount=fs.node_mount)
+    with shared_fs(tmp_path, "gluster-5s") as fs:          # the server, and this process's own client at fs.path
+        start_node(0, [..., "--log-path", str(fs.path / "log")], fs=fs)   # tests/e2e/nodes.py: node_init(fs)
 
 Profiles (`PROFILES`):
 - `local`: no server; fs.path is a folder of the local disk that every node sees at once.
