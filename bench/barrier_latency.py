@@ -3,6 +3,7 @@
     PYTHONPATH=. $BATON_APP_PY -m bench.barrier_latency                          # 8 ranks, 20 barriers, dead after 30 s
     PYTHONPATH=. $BATON_APP_PY -m bench.barrier_latency --barriers 3 --dead-after 2   # a quick check
     PYTHONPATH=. $BATON_APP_PY -m bench.barrier_latency --log-path /mnt/nfs/bench     # on a shared filesystem
+    PYTHONPATH=. $BATON_APP_PY -m bench.barrier_latency --profile gluster-5s --clients 8   # served here (as root)
 
 `--ranks` simulated ranks run as separate processes, each with its own heartbeat
 process (`python -m coordinator heartbeat`), on a log path in a temp
@@ -15,13 +16,19 @@ wait at one more barrier: the time from the kill to each waiter's RankFailed is
 how long the others take to notice (about `--dead-after`, give or take one
 heartbeat interval). All processes share this machine's clock, so wall times
 compare. Prints the CPU model beside the figures (stdout; progress on stderr).
+
+With `--profile` (bench/sharedfs.py: gluster, gluster-5s, sshfs), the log path is on a volume served on this
+machine, and the ranks run in `--clients` "nodes" (PID, UTS and mount namespaces of their own, each mounting the
+volume through its own client), rank r in node r % clients.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import statistics
@@ -32,6 +39,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.sharedfs import PROFILES, SharedFs, node_init, shared_fs
 from coordinator.barrier import arrivals, arrive, wait_barrier
 from coordinator.cluster import Cluster, Endpoint, RankFailed, StopRequest
 from coordinator.heartbeat import LivenessWatcher
@@ -60,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dead-after", type=float, default=30.0, help="seconds without a heartbeat change: dead")
     parser.add_argument("--heartbeat-interval", type=float, default=None, help="seconds (default: dead-after / 6)")
     parser.add_argument("--log-path", type=Path, default=None, help="default: a new temp directory")
+    parser.add_argument("--profile", choices=PROFILES, default="local", help="a shared filesystem served here")
+    parser.add_argument("--clients", type=int, default=1, help="with --profile: nodes, each with its own client")
     parser.add_argument("--rank-process", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.heartbeat_interval = args.heartbeat_interval or args.dead_after / 6
@@ -140,16 +150,29 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
-def run_ranks(args: argparse.Namespace, log: Path) -> list[RankResult]:
-    """Start every rank process (each in its own process group) and collect their results."""
+def run_ranks(args: argparse.Namespace, log: Path, fs: SharedFs | None = None) -> list[RankResult]:
+    """Start every rank process (each in its own process group; with `fs`, in its node's namespaces) and collect
+    their results."""
     cmd = [sys.executable, "-m", "bench.barrier_latency", "--log-path", str(log), "--ranks", str(args.ranks)]
     cmd += ["--barriers", str(args.barriers), "--poll", str(args.poll), "--dead-after", str(args.dead_after)]
     cmd += ["--heartbeat-interval", str(args.heartbeat_interval)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [
-        subprocess.Popen([*cmd, "--rank-process", str(r)], cwd=REPO, env=env, start_new_session=True)
-        for r in range(args.ranks)
-    ]
+    if fs is None:
+        procs = [
+            subprocess.Popen([*cmd, "--rank-process", str(r)], cwd=REPO, env=env, start_new_session=True)
+            for r in range(args.ranks)
+        ]
+    else:  # one process per node: its client, then its ranks; it exits when they have, with their worst code
+        procs = []
+        for node in range(args.clients):
+            ranks = " ".join(str(r) for r in range(node, args.ranks, args.clients))
+            script = (
+                f"hostname node{node}\n{node_init(fs)}\nrc=0; pids=()\nfor r in {ranks}; do "
+                f"{shlex.join(cmd)} --rank-process $r & pids+=($!); done\n"
+                'for p in "${pids[@]}"; do wait "$p" || rc=1; done\nexit $rc\n'
+            )
+            unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--uts", "bash", "-c", script, f"node{node}"]
+            procs.append(subprocess.Popen(unshare, cwd=REPO, env=env, start_new_session=True))
     try:
         deadline = time.monotonic() + 180 + 2 * args.dead_after + args.barriers * 5
         for proc in procs:
@@ -161,7 +184,7 @@ def run_ranks(args: argparse.Namespace, log: Path) -> list[RankResult]:
                 proc.wait()
     failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
     if failed:
-        raise SystemExit(f"ranks {failed} failed; see their output above")
+        raise SystemExit(f"{'nodes' if fs else 'ranks'} {failed} failed; see their output above")
     return [RankResult(**json.loads((log / "bench" / f"rank_{r}.json").read_text())) for r in range(args.ranks)]
 
 
@@ -170,13 +193,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.rank_process is not None:
         rank_process(args)
         return
-    with tempfile.TemporaryDirectory(prefix="baton-barrier-") as tmp:
-        log = args.log_path or Path(tmp)
-        print(f"[bench] {args.ranks} rank processes on {log}", file=sys.stderr)
-        results = run_ranks(args, log)
+    with tempfile.TemporaryDirectory(prefix="baton-barrier-") as tmp, contextlib.ExitStack() as stack:
+        fs = None if args.profile == "local" else stack.enter_context(shared_fs(Path(tmp), args.profile))
+        log = args.log_path or (fs.path / "bench" if fs else Path(tmp))
+        where = f"{args.profile}, {args.clients} clients" if fs else "the local disk"
+        print(f"[bench] {args.ranks} rank processes on {log} ({where})", file=sys.stderr)
+        results = run_ranks(args, log, fs)
     latencies = [s for result in results for s in result.latencies_s]
     noticed = [result.noticed_s for result in results if result.noticed_s is not None]
-    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores")
+    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; filesystem: {where}")
     print(
         f"ranks {args.ranks}, barriers {args.barriers}, poll {args.poll:g} s,"
         f" heartbeat every {args.heartbeat_interval:.3g} s, dead after {args.dead_after:g} s"

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.sharedfs import SharedFs, shared_fs
 from coordinator.driver import say
 from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.vllm import PolicyServer
 from tests.conftest import REPO, env_python
-from bench.sharedfs import SharedFs, shared_fs
 from tests.waits import UPDATE_S, run_waiting
 
 

@@ -18,9 +18,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from bench.sharedfs import SharedFs, node_init
 from tests.conftest import REPO, default_sigint
 from tests.e2e.conftest import free_port
-from bench.sharedfs import SharedFs, node_init
 
 #: heartbeats every second, a rank silent for 10 s is dead (defaults: 5 s and 30 s)
 FAST_LIVENESS = {"BATON_HEARTBEAT_S": "1", "BATON_DEAD_AFTER_S": "10"}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.nodes import kill_the_nodes_left, start_node
 from bench.sharedfs import shared_fs
+from tests.e2e.nodes import kill_the_nodes_left, start_node
 
 pytestmark = pytest.mark.e2e
 

@@ -11,12 +11,14 @@ axis (CI time: one training each instead of six):
 Each promoted policy is loaded into one running vLLM in place (`PolicyServer.reload`, as the loop serves a
 new policy), and its greedy outputs must differ from the base model's. Last, a fresh vLLM started on one
 promoted policy must serve exactly what the in-place reload served (the tied output head: a promoted policy
-carries `lm_head.safetensors`; rollout_engine/checkpoint.py).
+carries `lm_head.safetensors`; rollout_engine/checkpoint.py); its process tree, its reuse by a second start
+on its port and its clean stop are checked there too.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +30,7 @@ import yaml
 
 from rollout_engine.checkpoint import HEAD, tensor_files
 from tests.conftest import REPO
-from tests.e2e.conftest import VllmServer, run_update, start_vllm, stop_vllm
+from tests.e2e.conftest import VllmServer, policy_server, run_update, start_vllm, stop_vllm
 
 pytestmark = pytest.mark.e2e
 
@@ -115,15 +117,59 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     SERVED[path] = (policy, now)
 
 
-def test_a_reloaded_policy_serves_what_a_fresh_server_serves(tmp_path: Path) -> None:
-    """The in-place reload must serve the promoted weights exactly, output head included."""
+def test_a_reloaded_policy_serves_what_a_fresh_server_serves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The in-place reload must serve the promoted weights exactly, output head included. The fresh server runs
+    an API server and an engine process; a second start on its port (a later run on this run directory) reuses
+    it instead of racing it; its stop leaves no process behind."""
     # a training output without the head (ZeRO-2 saves it, the others do not): promotion wrote it
     path = next((p for p in ("dpo-zero3", "lora-2proc") if p in SERVED), None)
     assert path is not None, "neither the DPO nor the LoRA path promoted a policy above (their failures say why)"
     policy, reloaded = SERVED[path]
-    server = start_vllm(tmp_path / "fresh", policy)
+    run_dir = tmp_path / "fresh"
+    server = start_vllm(run_dir, policy)
     try:
+        pgid = server.pgid()
+        started = _descendants(pgid)
+        assert len(started) >= 2, "vLLM runs an API server and an engine process"
         fresh = fingerprint(server)
+        capsys.readouterr()
+        policy_server(run_dir, server.port, server.model).start(str(policy), deadline_s=60)
+        assert "reusing it" in capsys.readouterr().err
+        assert server.pgid() == pgid, "the recorded server was restarted instead of reused"
     finally:
         stop_vllm(server)
     assert fresh == reloaded, f"{path}: reloaded in place {reloaded} != served by a fresh start {fresh}"
+    left = [pid for pid in started if _alive(pid)]
+    assert left == [], f"processes left after PolicyServer.stop: {left}"
+    assert not (run_dir / "pids" / "vllm.pgid").exists()
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process whose parent chain reaches `root` (plus root)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found = {root}
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                changed = True
+    return {pid for pid in found if Path(f"/proc/{pid}").exists()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]

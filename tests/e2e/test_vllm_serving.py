@@ -1,10 +1,10 @@
 """The real vLLM serves the default model through the product's driver (coordinator/driver/vllm.py:
-PolicyServer), answers the official openai client, and leaves no process behind when stopped."""
+PolicyServer) and answers the official openai client; a server of another run is never reused. (That a
+stopped server leaves no process behind: tests/e2e/test_update_paths.py's fresh server.)"""
 
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from pathlib import Path
 
@@ -12,66 +12,23 @@ import pytest
 from openai import OpenAI
 
 from coordinator.driver import say
-from tests.e2e.conftest import policy_server, start_vllm, stop_vllm
+from tests.e2e.conftest import policy_server
 
 pytestmark = pytest.mark.e2e
 
 
-def _descendants(root: int) -> set[int]:
-    """Every live process whose parent chain reaches `root` (plus root)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found = {root}
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parents.items():
-            if ppid in found and pid not in found:
-                found.add(pid)
-                changed = True
-    return {pid for pid in found if Path(f"/proc/{pid}").exists()}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
-
-
-def test_chat_completion_then_clean_stop(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    server = start_vllm(tmp_path, model_dir)
-    try:
-        pgid = server.pgid()
-        started = _descendants(pgid)
-        assert len(started) >= 2, "vLLM runs an API server and an engine process"
-        client = OpenAI(base_url=server.base_url, api_key="unused")
-        reply = client.chat.completions.create(
-            model=server.model,
-            messages=[{"role": "user", "content": "What is 2+3? Answer with only the final number."}],
-            max_tokens=16,
-            temperature=0,
-        )
-        assert reply.choices[0].message.content.strip()
-        assert reply.usage.completion_tokens > 0
-        # a second start on the same port (a later run on this run directory) reuses the healthy server
-        # instead of racing it
-        capsys.readouterr()
-        policy_server(tmp_path, server.port, server.model).start(str(model_dir), deadline_s=60)
-        assert "reusing it" in capsys.readouterr().err
-        assert server.pgid() == pgid, "the recorded server was restarted instead of reused"
-    finally:
-        stop_vllm(server)
-    left = [pid for pid in started if _alive(pid)]
-    assert left == [], f"processes left after PolicyServer.stop: {left}"
-    assert not (tmp_path / "pids" / "vllm.pgid").exists()
+def test_the_openai_client_gets_a_chat_completion(vllm_server) -> None:
+    """(A server's process tree, its reuse by a second start on its port and its clean stop: the fresh server of
+    tests/e2e/test_update_paths.py, test_a_reloaded_policy_serves_what_a_fresh_server_serves.)"""
+    client = OpenAI(base_url=vllm_server.base_url, api_key="unused")
+    reply = client.chat.completions.create(
+        model=vllm_server.model,
+        messages=[{"role": "user", "content": "What is 2+3? Answer with only the final number."}],
+        max_tokens=16,
+        temperature=0,
+    )
+    assert reply.choices[0].message.content.strip()
+    assert reply.usage.completion_tokens > 0
 
 
 def test_a_server_this_run_did_not_start_is_never_reused(vllm_server, tmp_path: Path) -> None:
