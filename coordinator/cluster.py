@@ -40,8 +40,9 @@ from typing import Any
 from rollout_engine.errors import BatonError
 from rollout_engine.exits import Exit
 from rollout_engine.fence import read_run_record
-from rollout_engine.files import read_fresh, save_json
+from rollout_engine.files import save_json
 from rollout_engine.layout import ClusterRun, Layout, rank_file_name
+from rollout_engine.shared_read import read_fresh
 
 ON_RANK_FAILURE = ("abort", "continue")
 RANK_FILE = re.compile(r"rank_(\d+)(\.json)?")

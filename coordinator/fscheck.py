@@ -17,8 +17,9 @@ clock and B's clock, never comparing the two directly:
    shared between the nodes.
 
 B reports its times (`b.<r>.result`); A takes the delays on the two wall clocks (kept in step by NTP on a
-cluster; the offset estimate is reported beside them, not subtracted: a slow way there or back skews it). What the protocol needs
-from the filesystem, and what each finding means for it: docs/multinode.md "Filesystems".
+cluster; the offset estimate is reported beside them, not subtracted: a slow way there or back skews it).
+What the protocol needs from the filesystem, and what each finding means for it: docs/multinode.md
+"Filesystems".
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rollout_engine.files import read_fresh, save_text
+from rollout_engine.files import save_text
+from rollout_engine.shared_read import read_fresh
 
 #: how often a side looks (s)
 POLL_S = 0.01

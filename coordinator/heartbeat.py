@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from rollout_engine.defaults import DEAD_AFTER_S
 from rollout_engine.files import save_text
 from rollout_engine.layout import rank_file_name
+from rollout_engine.shared_read import read_fresh
 
 if TYPE_CHECKING:
     from coordinator.cluster import Cluster, ClusterError, Incarnation
@@ -67,8 +68,8 @@ def read_beats(cluster: Cluster) -> dict[int, Beat]:
     beats = {}
     for rank, path in cluster.heartbeat_files().items():
         try:
-            beat = Beat.parse(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:  # replaced between the listing and the read
+            beat = Beat.parse(read_fresh(path).decode("utf-8"))
+        except FileNotFoundError:  # removed between the listing and the read
             continue
         if beat is not None:
             beats[rank] = beat

@@ -17,6 +17,7 @@ import json
 import os
 
 from rollout_engine.errors import InfraError
+from rollout_engine.shared_read import read_fresh
 
 RUN_ID_VAR = "BATON_RUN_ID"
 FENCE_VAR = "BATON_RUN_FENCE"
@@ -29,8 +30,7 @@ class StaleRun(InfraError):
 def read_run_record(path: str | os.PathLike[str]) -> dict:
     """The run record's JSON (`<log>/cluster/run.json`): its one reader (coordinator.cluster.load_run builds its
     RunRecord from this). OSError / ValueError when it cannot be read or parsed."""
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
+    data = json.loads(read_fresh(path).decode("utf-8"))  # a newer master's start replaces it by rename
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds no JSON object")
     return data

@@ -7,7 +7,6 @@
     append_jsonl(path, obj)
     append_shared_jsonl(path, obj)   # the same under `<path>.lock`: metrics.jsonl, which several processes append to
     with shared_lock(path): ...      # an exclusive lock that holds across the hosts of a shared log path
-    read_fresh(path)            # another node's file: a cached absence of its name is looked past
     read = read_jsonl(path)     # read.rows, read.torn (line numbers skipped)
     read = parse_jsonl(data)    # the same rule on bytes already read
 
@@ -129,24 +128,6 @@ def append_shared_line(path: str | Path, line: str) -> None:
 
 def append_shared_jsonl(path: str | Path, obj: Any) -> None:
     append_shared_line(path, json.dumps(obj, ensure_ascii=False))
-
-
-def read_fresh(path: str | Path) -> bytes:
-    """`path`'s bytes, written by another node of a shared log path. A name looked up before it existed can stay
-    absent in the client's cache for its negative timeout (GlusterFS's negative-timeout, NFS's lookupcache) while
-    a listing of the folder shows it: on FileNotFoundError the folder is listed (which replaces the cached
-    absence) and the file read once more. FileNotFoundError when neither way finds it."""
-    path = Path(path)
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        try:
-            listed = path.name in os.listdir(path.parent)
-        except FileNotFoundError:
-            listed = False
-        if not listed:
-            raise
-        return path.read_bytes()
 
 
 def read_jsonl(path: str | Path) -> JsonlRead:

@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import append_line, parse_jsonl, read_fresh, save_json
+from rollout_engine.files import append_line, parse_jsonl, save_json
 from rollout_engine.layout import manifest_name
+from rollout_engine.shared_read import read_fresh
 from rollout_engine.types import Trajectory
 
 logger = logging.getLogger(__name__)

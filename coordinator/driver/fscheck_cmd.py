@@ -18,7 +18,8 @@ from pathlib import Path
 from coordinator.driver import cli, say
 from coordinator.fscheck import Findings, PairFindings, follow, lead, verdict
 from rollout_engine.defaults import DEAD_AFTER_S, HEARTBEAT_S
-from rollout_engine.files import read_fresh, save_text
+from rollout_engine.files import save_text
+from rollout_engine.shared_read import read_fresh
 
 #: how long each wait of the check may take (s): what is not seen by then is reported as "not within"
 BUDGET_S = 8.0

@@ -276,6 +276,10 @@ def on_evicted(run: Run) -> None:
         stop_update(run)
 
 
+#: how long a SIGKILLed training group may take to exit before stop_update goes on
+KILLED_S = 5
+
+
 def stop_update(run: Run) -> None:
     """Stop a running update so that its training groups end too: SIGTERM makes python -m training stop the
     LLaMA-Factory and torchrun groups it started (within launch.grace_s); as a last resort SIGKILL the groups
@@ -295,4 +299,8 @@ def stop_update(run: Run) -> None:
         for line in listing.read_text().splitlines():
             parts = line.split()
             if len(parts) == 2 and parts[0].isdigit():
-                procs.signal_group(int(parts[0]), parts[1], signal.SIGKILL)
+                killed, deadline = int(parts[0]), time.monotonic() + KILLED_S
+                if procs.signal_group(killed, parts[1], signal.SIGKILL):
+                    # a SIGKILLed process takes a moment to exit: return once the group is gone
+                    while procs.group_alive(killed) and time.monotonic() < deadline:
+                        time.sleep(0.02)

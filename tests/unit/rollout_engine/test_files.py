@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_engine.files import append_jsonl, read_fresh, read_jsonl, save_jsonl, shared_lock
+from rollout_engine.files import append_jsonl, read_jsonl, save_jsonl, shared_lock
+from rollout_engine.shared_read import read_fresh
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -108,3 +109,24 @@ def test_read_fresh_looks_past_a_cached_absence_the_listing_contradicts(
     assert read_fresh(path) == b"{}"
     with pytest.raises(FileNotFoundError):
         read_fresh(tmp_path / "rank_2.json")
+
+
+def test_read_fresh_opens_again_a_file_another_node_replaced_under_a_stale_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file another client replaced by rename can answer ESTALE through the handle this client cached
+    (GlusterFS: a heartbeat read while its writer renamed the next one over it): looked up again, it reads."""
+    import errno
+
+    path = tmp_path / "rank_2"
+    path.write_text("beat 7\n")
+    real = Path.read_bytes
+    stale = iter([True, True])
+
+    def replaced(self: Path) -> bytes:
+        if self == path and next(stale, False):
+            raise OSError(errno.ESTALE, "Stale file handle", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", replaced)
+    assert read_fresh(path) == b"beat 7\n"
