@@ -19,6 +19,7 @@ a file that merely appears may be an old one that NFS showed late.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import socket
 import sys
@@ -70,6 +71,10 @@ def read_beats(cluster: Cluster) -> dict[int, Beat]:
         try:
             beat = Beat.parse(read_fresh(path).decode("utf-8"))
         except FileNotFoundError:  # removed between the listing and the read
+            continue
+        except OSError as exc:  # still a stale handle on the file just replaced: this look sees no change
+            if exc.errno != errno.ESTALE:
+                raise
             continue
         if beat is not None:
             beats[rank] = beat

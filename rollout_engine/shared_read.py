@@ -7,6 +7,7 @@ Imports nothing of Baton's, so that every module can use it (rollout_engine.fenc
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -22,8 +23,9 @@ def read_fresh(path: str | Path) -> bytes:
     - a name looked up before it existed can stay absent for the client's negative timeout (GlusterFS's
       negative-timeout, NFS's lookupcache) while a listing of the folder shows it: on FileNotFoundError the
       folder is listed (which replaces the cached absence) and the file read once more;
-    - a file another node replaced by rename can answer ESTALE through the handle this client still holds for
-      the old one (GlusterFS, NFS): it is looked up and read again, up to STALE_TRIES times.
+    - a file another node replaced by rename can answer ESTALE through the entry this client still caches for
+      the old one (GlusterFS, NFS): the folder is listed and the file read again, up to STALE_TRIES times
+      within about 0.75 s; then OSError(ESTALE), which a reader that polls can take as "not now".
 
     FileNotFoundError when neither way finds it."""
     path = Path(path)
@@ -42,5 +44,8 @@ def read_fresh(path: str | Path) -> bytes:
         except OSError as exc:
             if exc.errno != errno.ESTALE or attempt == STALE_TRIES - 1:
                 raise
-            time.sleep(0.01 * (attempt + 1))
+            # the cached entry still names the replaced file: a listing of the folder refreshes the entries
+            with contextlib.suppress(OSError):
+                os.listdir(path.parent)
+            time.sleep(0.05 * 2**attempt)
     raise AssertionError("unreachable")
