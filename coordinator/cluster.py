@@ -42,7 +42,7 @@ from rollout_engine.exits import Exit
 from rollout_engine.fence import read_run_record
 from rollout_engine.files import save_json
 from rollout_engine.layout import ClusterRun, Layout, rank_file_name
-from rollout_engine.shared_read import read_fresh
+from rollout_engine.shared_read import exists_either_way, read_fresh
 
 ON_RANK_FAILURE = ("abort", "continue")
 RANK_FILE = re.compile(r"rank_(\d+)(\.json)?")
@@ -257,16 +257,6 @@ def scan_ranks(directory: Path, expect: Iterable[int] = (), suffix: str = ".json
             if path.exists():
                 found[rank] = path
     return found
-
-
-def exists_either_way(path: Path) -> bool:
-    """`path` is seen by a listing of its folder or by its name (scan_ranks' reason)."""
-    try:
-        if path.name in os.listdir(path.parent):
-            return True
-    except FileNotFoundError:
-        return False
-    return path.exists()
 
 
 def load_json(path: Path) -> dict[str, Any] | None:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rollout_engine.files import save_text
-from rollout_engine.shared_read import read_fresh
+from rollout_engine.shared_read import exists_either_way, read_fresh
 
 #: how often a side looks (s)
 POLL_S = 0.01
@@ -76,16 +76,6 @@ class Findings:
         return asdict(self)
 
 
-def _seen(path: Path) -> bool:
-    """Either way (scan_ranks' reason, coordinator/cluster.py)."""
-    try:
-        if path.name in os.listdir(path.parent):
-            return True
-    except FileNotFoundError:
-        return False
-    return path.exists()
-
-
 def _wait(condition: Callable[[], bool], deadline: float) -> float | None:
     """Poll until `condition`; the time.time() it held, or None at the deadline."""
     while True:
@@ -123,7 +113,11 @@ def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = N
     ponged: dict[int, tuple[float, dict]] = {}
     while len(ponged) < len(ranks) and time.time() < deadline:
         for r in ranks:
-            if r not in ponged and _seen(folder / f"b.{r}.pong") and (pong := _read(folder / f"b.{r}.pong")):
+            if (
+                r not in ponged
+                and exists_either_way(folder / f"b.{r}.pong")
+                and (pong := _read(folder / f"b.{r}.pong"))
+            ):
                 ponged[r] = (time.time(), pong)
         time.sleep(POLL_S)
     changed = time.time()
@@ -141,7 +135,11 @@ def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = N
     deadline = time.time() + 2 * budget_s + 2  # the follower's watch, then its wait for the lock
     while len(results) < len(ponged) and time.time() < deadline:
         for r in ponged:
-            if r not in results and _seen(folder / f"b.{r}.result") and (result := _read(folder / f"b.{r}.result")):
+            if (
+                r not in results
+                and exists_either_way(folder / f"b.{r}.result")
+                and (result := _read(folder / f"b.{r}.result"))
+            ):
                 results[r] = result
         time.sleep(POLL_S)
     for fd in locks.values():
@@ -173,7 +171,7 @@ def follow(folder: Path, rank: int, budget_s: float, wait_s: float | None = None
     read)."""
     deadline = time.time() + (budget_s if wait_s is None else wait_s)
     ping = folder / f"a.{rank}.ping"
-    pinged = _wait(lambda: _seen(ping) and _read(ping) is not None, deadline)
+    pinged = _wait(lambda: exists_either_way(ping) and _read(ping) is not None, deadline)
     if pinged is None:
         return  # rank 0 never showed up: its findings say so
     # the old state, seen before it changes: the gone file exists, the content is version 1
@@ -198,7 +196,7 @@ def follow(folder: Path, rank: int, budget_s: float, wait_s: float | None = None
         time.sleep(POLL_S)
     shared = None
     locked = folder / f"a.{rank}.locked"
-    if _wait(lambda: _seen(locked), time.time() + budget_s) is not None:
+    if _wait(lambda: exists_either_way(locked), time.time() + budget_s) is not None:
         fd = os.open(folder / f"a.{rank}.lock", os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

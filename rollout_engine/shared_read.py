@@ -1,6 +1,7 @@
 """The one way to read a small file another node of a shared log path wrote (docs/multinode.md "Filesystems").
 
     data = read_fresh(path)     # FileNotFoundError only when neither a listing nor the name finds it
+    exists_either_way(path)     # a listing of its folder shows it, or its name does
 
 Imports nothing of Baton's, so that every module can use it (rollout_engine.fence included).
 """
@@ -49,3 +50,14 @@ def read_fresh(path: str | Path) -> bytes:
                 os.listdir(path.parent)
             time.sleep(0.05 * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def exists_either_way(path: Path) -> bool:
+    """`path` is seen by a listing of its folder or by its name: on some clients one way is seconds late, on
+    others the other (coordinator.cluster.scan_ranks; docs/multinode.md "Filesystems")."""
+    try:
+        if path.name in os.listdir(path.parent):
+            return True
+    except FileNotFoundError:
+        return False
+    return path.exists()
