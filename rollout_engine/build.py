@@ -47,9 +47,15 @@ def build_env(cfg: RolloutConfig, context: RunContext | None = None) -> Env:
     try:
         env = factory(context=context or build_context(cfg))
     except TypeError as exc:
-        keys = sorted(k for k in cfg.env if k != "_target_")
+        if "unexpected keyword argument" in str(exc):
+            keys = sorted(k for k in cfg.env if k != "_target_")
+            raise ConfigError(
+                f"env has a parameter {target} does not take ({exc}); got keys {keys}; remove it or fix its spelling"
+            ) from None
+        given = {k: v for k, v in OmegaConf.to_container(cfg.env).items() if k != "_target_"}
         raise ConfigError(
-            f"env has a parameter {target} does not take ({exc}); got keys {keys}; remove it or fix its spelling"
+            f"env has a value of the wrong type for {target} ({exc}); got {given}; give each parameter the type "
+            "its configs/env/ file shows (a number, not text)"
         ) from None
     if not isinstance(env, Env):
         raise ConfigError(f"env._target_ must name an Env subclass (got {target!r}); {fix}")

@@ -76,6 +76,14 @@ def test_unknown_env_parameter_and_target_are_config_errors() -> None:
         build_env(validate(composed("rollout_test", [*BASE, "env.answer_rule=middle"])))
 
 
+def test_an_env_parameter_of_the_wrong_type_is_named_as_such_not_as_an_unknown_parameter() -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_env(validate(composed("rollout_train", [*BASE, "env=miniwob", "env.settle_ms=abc"])))
+    (problem,) = caught.value.problems
+    assert "a value of the wrong type" in problem and "'settle_ms': 'abc'" in problem, problem
+    assert "remove it or fix its spelling" not in problem
+
+
 @pytest.mark.parametrize(
     ("name", "greedy", "expected"), [("rollout_test", "true", 0.0), ("rollout_train", "true", 0.7)]
 )
