@@ -1,9 +1,11 @@
-"""Multi-node e2e "nodes" on one machine: each `run.sh` runs in a PID and UTS namespace of its own
+"""Multi-node e2e "nodes" on one machine: each `run.sh` runs in PID, UTS and mount namespaces of its own
 (`unshare --pid --fork --mount-proc --uts`): its own host name (node0, node1, ...), its own address
 (127.0.0.2, 127.0.0.3, ...: BATON_NODE_ADDR), its own vLLM port, and it cannot see the other nodes'
-processes, as on real machines. The log path is shared.
+processes, as on real machines. The log path is shared: on the local disk, or (`fs`, bench/sharedfs.py)
+through the node's own client of a filesystem the test serves, mounted in the node's mount namespace.
 
-A node's first process (pid 1 of its namespace, NODE_INIT) sets the host name, runs run.sh, and when
+A node's first process (pid 1 of its namespace, NODE_INIT) sets the host name, mounts its client (with
+`fs`), runs run.sh, unmounts and stops its client, and when
 run.sh has exited lists what is still running in the namespace: a node that leaves a process behind
 exits 99 naming it (the kernel would kill them with pid 1, hiding the leak). Signals go to run.sh
 itself (`signal_run_sh`); SIGKILL of pid 1 kills the whole node at once (`kill_node`).
