@@ -97,6 +97,18 @@ def _read(path: Path) -> dict | None:
         return None
 
 
+def _answers(folder: Path, ranks: list[int], name: str, deadline: float) -> dict[int, tuple[float, dict]]:
+    """Each rank's `b.<r>.<name>` as it appears (looked for both ways), with the time.time() it was seen."""
+    found: dict[int, tuple[float, dict]] = {}
+    while len(found) < len(ranks) and time.time() < deadline:
+        for r in ranks:
+            path = folder / f"b.{r}.{name}"
+            if r not in found and exists_either_way(path) and (answer := _read(path)):
+                found[r] = (time.time(), answer)
+        time.sleep(POLL_S)
+    return found
+
+
 def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = None) -> Findings:
     """Rank 0's side for every other rank at once (waiting `wait_s`, default `budget_s`, for them to answer);
     returns what each saw."""
@@ -109,17 +121,7 @@ def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = N
     pinged = {r: time.time() for r in ranks}
     for r in ranks:
         _write(folder / f"a.{r}.ping", {"time": pinged[r]})
-    deadline = time.time() + (budget_s if wait_s is None else wait_s)
-    ponged: dict[int, tuple[float, dict]] = {}
-    while len(ponged) < len(ranks) and time.time() < deadline:
-        for r in ranks:
-            if (
-                r not in ponged
-                and exists_either_way(folder / f"b.{r}.pong")
-                and (pong := _read(folder / f"b.{r}.pong"))
-            ):
-                ponged[r] = (time.time(), pong)
-        time.sleep(POLL_S)
+    ponged = _answers(folder, list(ranks), "pong", time.time() + (budget_s if wait_s is None else wait_s))
     changed = time.time()
     for r in ponged:
         _write(folder / f"a.{r}.name", {})
@@ -131,17 +133,10 @@ def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = N
         locks[r] = os.open(folder / f"a.{r}.lock", os.O_RDWR)
         fcntl.flock(locks[r], fcntl.LOCK_EX)
         _write(folder / f"a.{r}.locked", {"changed": changed})
-    results: dict[int, dict] = {}
-    deadline = time.time() + 2 * budget_s + 2  # the follower's watch, then its wait for the lock
-    while len(results) < len(ponged) and time.time() < deadline:
-        for r in ponged:
-            if (
-                r not in results
-                and exists_either_way(folder / f"b.{r}.result")
-                and (result := _read(folder / f"b.{r}.result"))
-            ):
-                results[r] = result
-        time.sleep(POLL_S)
+    # the follower's watch, then its wait for the lock
+    results = {
+        r: answer for r, (_, answer) in _answers(folder, list(ponged), "result", time.time() + 2 * budget_s + 2).items()
+    }
     for fd in locks.values():
         os.close(fd)
     findings = Findings(budget_s, str(folder))
