@@ -1,7 +1,8 @@
 """The one rule for JSON-lines files a user hands Baton: task files and demonstrations.
 
-    for number, text in input_lines(path, f"task file {path}", fix):   # ConfigError naming file and line
-        row = json.loads(text)
+    data = read_input(path, "task file", "point it at a readable JSONL task file")   # ConfigError if unreadable
+    for number, text in input_lines(data, f"task file {path}", "one JSON task per line, docs/formats.md"):
+        row = json.loads(text)                                                        # (ConfigError: file:line)
 
 Unlike a journal Baton writes itself (rollout_engine.files: a torn line is a crash's and is skipped),
 an input file is taken whole or refused: UTF-8 text (a BOM allowed on the first line), no line over

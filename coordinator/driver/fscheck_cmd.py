@@ -3,7 +3,8 @@ the log path's filesystem shows it of rank 0's writes (coordinator/fscheck.py), 
 mean, and exits 2 when a setting is shorter than the staleness measured (naming it and the mount options).
 
 Rank 0 makes `<log>/fscheck/<id>/` and names it in `<log>/fscheck/current.json`; the others take the check that
-file names once it is younger than they are (within BATON_FSCHECK_WAIT_S of their start: they may start first).
+file names once it is younger than they are (made at most WAIT_S, 120 s, before their start: they may start
+first).
 """
 
 from __future__ import annotations
