@@ -8,14 +8,16 @@
 `--ranks` simulated ranks run as separate processes, each with its own heartbeat
 process (`python -m coordinator heartbeat`), on a log path in a temp
 directory (or `--log-path`). Rank 0 starts the run, the others join it; then
-every rank passes `--barriers` barriers in a row (arrive, then wait_barrier
-polling every `--poll` s). Barrier latency is the time from the last arrival
-(the wall time it wrote) to each waiter's release, over every waiter of every
-barrier. Then the last rank SIGKILLs its own heartbeat process while the others
-wait at one more barrier: the time from the kill to each waiter's RankFailed is
-how long the others take to notice (about `--dead-after`, give or take one
-heartbeat interval). All processes share this machine's clock, so wall times
-compare. Prints the CPU model beside the figures (stdout; progress on stderr).
+every rank passes `--barriers` barriers in a row as the driver does (arrive; rank 0 waits for every rank and
+opens the barrier, the others wait for its word: coordinator/barrier.py's two tiers; polling every `--poll` s).
+Barrier latency is the time from the last arrival (the wall time it wrote) to each waiter's release, over every
+waiter of every barrier. Then the last rank SIGKILLs its own heartbeat process while the others wait at one
+more barrier: rank 0 finds it dead and writes its failure flag naming it (as the driver's master does), the
+others stop at that flag; the time from the kill to each waiter's RankFailed is how long the others take to
+notice (about `--dead-after`, give or take one heartbeat interval and one look, LOOK_S). All processes share
+this machine's clock, so wall times compare. Prints the CPU model beside the figures (stdout; progress on
+stderr). On GlusterFS it also prints the load the waiting puts on the server: the brick's file operations per
+second per rank (`gluster volume profile`), over 10 s in which every rank waits at the last barrier.
 
 With `--profile` (bench/sharedfs.py: gluster, gluster-5s, sshfs), the log path is on a volume served on this
 machine, and the ranks run in `--clients` "nodes" (PID, UTS and mount namespaces of their own, each mounting the
@@ -40,8 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.sharedfs import PROFILES, SharedFs, node_init, shared_fs
-from coordinator.barrier import arrivals, arrive, wait_barrier
-from coordinator.cluster import Cluster, Endpoint, RankFailed, StopRequest
+from coordinator.barrier import BarrierResult, arrivals, arrive, open_barrier, wait_barrier, wait_open
+from coordinator.cluster import Cluster, Endpoint, FailureRecord, RankFailed, StopRequest
 from coordinator.heartbeat import LivenessWatcher
 from coordinator.membership import join_run, start_run
 from rollout_engine.files import save_json
@@ -50,6 +52,8 @@ REPO = Path(__file__).resolve().parents[1]
 PHASE = "bench"
 KILL_PHASE = "victim_silent"
 NOTICED_PHASE = "noticed"
+#: seconds of waiting over which the filesystem's load is counted
+LOAD_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -93,11 +97,10 @@ def rank_process(args: argparse.Namespace) -> None:
     beater = start_heartbeat(log, record.run_id, rank)
     cluster = Cluster(log, record.run_id, rank=rank)
     try:
-        watcher = LivenessWatcher(cluster, list(range(n)), args.dead_after)
         latencies = []
         for iteration in range(args.barriers + 1):  # iteration 0: everyone joined and beats
             arrive(cluster, iteration, PHASE)
-            result = wait_barrier(cluster, iteration, PHASE, list(range(n)), watcher, poll_s=args.poll)
+            result = barrier(cluster, iteration, PHASE, args)
             released = time.time()
             if iteration > 0:
                 latencies.append(released - max(a.time for a in result.arrivals.values()))
@@ -107,6 +110,18 @@ def rank_process(args: argparse.Namespace) -> None:
         if beater.poll() is None:
             beater.terminate()
         beater.wait()
+
+
+def barrier(cluster: Cluster, iteration: int, phase: str, args: argparse.Namespace) -> BarrierResult:
+    """The driver's wait at a barrier of every rank (coordinator/driver/nodes.py): rank 0 waits for them all and
+    opens it, the others wait for its word while it lives."""
+    if cluster.rank == 0:
+        ranks = list(range(args.ranks))
+        watcher = LivenessWatcher(cluster, ranks, args.dead_after)
+        result = wait_barrier(cluster, iteration, phase, ranks, watcher, poll_s=args.poll)
+        open_barrier(cluster, result)
+        return result
+    return wait_open(cluster, iteration, phase, LivenessWatcher(cluster, [0], args.dead_after), poll_s=args.poll)
 
 
 def silence(cluster: Cluster, beater: subprocess.Popen, args: argparse.Namespace) -> None:
@@ -125,13 +140,14 @@ def notice(cluster: Cluster, args: argparse.Namespace) -> float:
     """An observer: wait at the last barrier until the victim is found dead; seconds from the kill."""
     iteration, victim = args.barriers + 1, args.ranks - 1
     arrive(cluster, iteration, KILL_PHASE)
-    watcher = LivenessWatcher(cluster, list(range(args.ranks)), args.dead_after)
     try:
-        wait_barrier(cluster, iteration, KILL_PHASE, list(range(args.ranks)), watcher, poll_s=args.poll)
+        barrier(cluster, iteration, KILL_PHASE, args)
     except RankFailed as failed:
-        if failed.rank != victim:
-            raise
         noticed = time.time()
+        if failed.rank == victim and cluster.rank == 0:  # the master's flag names it: the workers' way to know
+            cluster.fail(FailureRecord(0, iteration, KILL_PHASE, str(failed), 1, socket.gethostname(), os.getpid()))
+        elif f"rank {victim}: dead" not in failed.reason:
+            raise
     else:
         raise RuntimeError("the barrier opened without the victim")
     killed = json.loads((cluster.run_dir / "killed.json").read_text())["time"]
@@ -173,8 +189,11 @@ def run_ranks(args: argparse.Namespace, log: Path, fs: SharedFs | None = None) -
             )
             unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--uts", "bash", "-c", script, f"node{node}"]
             procs.append(subprocess.Popen(unshare, cwd=REPO, env=env, start_new_session=True))
+    load = None
     try:
         deadline = time.monotonic() + 180 + 2 * args.dead_after + args.barriers * 5
+        if fs is not None and fs.profile.startswith("gluster"):
+            load = waiting_load(fs, log, deadline)
         for proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
@@ -185,7 +204,29 @@ def run_ranks(args: argparse.Namespace, log: Path, fs: SharedFs | None = None) -
     failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
     if failed:
         raise SystemExit(f"{'nodes' if fs else 'ranks'} {failed} failed; see their output above")
-    return [RankResult(**json.loads((log / "bench" / f"rank_{r}.json").read_text())) for r in range(args.ranks)]
+    results = [RankResult(**json.loads((log / "bench" / f"rank_{r}.json").read_text())) for r in range(args.ranks)]
+    return results, load
+
+
+def waiting_load(fs: SharedFs, log: Path, deadline: float) -> float | None:
+    """The brick's file operations per second while every rank waits at the last barrier (the victim's beat
+    killed: LOAD_S of nothing but polling), from GlusterFS's own counters; None if the wait ended first."""
+    fs.gluster("volume", "profile", "gv0", "start")
+    while not list(log.glob("cluster/runs/*/killed.json")):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+    fs.gluster("volume", "profile", "gv0", "info", "incremental")  # the counters from now on
+    started = time.monotonic()
+    time.sleep(LOAD_S)
+    text = fs.gluster("volume", "profile", "gv0", "info", "incremental")
+    seconds = time.monotonic() - started
+    calls = 0
+    for line in text.splitlines():
+        parts = line.split()  # %-latency, avg, min, max (each "<n> ns"), calls, FOP: the brick's interval stats
+        if len(parts) >= 6 and parts[-2].isdigit() and parts[-1].isalpha() and parts[-1].isupper():
+            calls += int(parts[-2])
+    return calls / seconds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -198,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         log = args.log_path or (fs.path / "bench" if fs else Path(tmp))
         where = f"{args.profile}, {args.clients} clients" if fs else "the local disk"
         print(f"[bench] {args.ranks} rank processes on {log} ({where})", file=sys.stderr)
-        results = run_ranks(args, log, fs)
+        results, load = run_ranks(args, log, fs)
     latencies = [s for result in results for s in result.latencies_s]
     noticed = [result.noticed_s for result in results if result.noticed_s is not None]
     print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; filesystem: {where}")
@@ -214,6 +255,11 @@ def main(argv: list[str] | None = None) -> None:
         f"dead rank noticed (SIGKILL of rank {args.ranks - 1}'s heartbeat -> RankFailed, {len(noticed)} observers):"
         f" median {statistics.median(noticed):.2f} s, max {max(noticed):.2f} s"
     )
+    if load is not None:
+        print(
+            f"filesystem load while every rank waits (the brick's operations, {LOAD_S:g} s):"
+            f" {load:.0f} per second, {load / args.ranks:.1f} per second per rank"
+        )
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ set -e
 state=$0
 ip link set lo up
 ip addr add {address}/32 dev lo
+# glusterd's command socket is /run/glusterd.socket: a /run of its own, so that two servers never share it
+mount -t tmpfs tmpfs /run
 for dir in /var/lib/glusterd /run/gluster /var/log/glusterfs; do
   mkdir -p "$dir" "$state/$(basename "$dir")"
   mount --bind "$state/$(basename "$dir")" "$dir"
@@ -71,6 +73,14 @@ class SharedFs:
     node_mount: str = ""
     _procs: list[subprocess.Popen] = field(default_factory=list)
     _handles: list[Path] = field(default_factory=list)
+
+    def gluster(self, *args: str) -> str:
+        """The `gluster` command line's output inside the server's namespaces (a GlusterFS profile only)."""
+        unshare = self._procs[0].pid
+        # its child, the server's first process: in the server's PID namespace too (the CLI needs its /proc)
+        server = Path(f"/proc/{unshare}/task/{unshare}/children").read_text().split()[0]
+        cmd = ["nsenter", f"--target={server}", "--net", "--mount", "--pid", "gluster", "--mode=script", *args]
+        return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
     @property
     def store(self) -> Path:

@@ -15,15 +15,28 @@ an eviction or a heartbeat silent for dead_after_s; RunStopped for stop.json or
 a newer run; Evicted when this rank was evicted; RunFinished for a silent rank
 once the master wrote finished.json (it ran the last step and exited).
 BarrierTimeout only with an explicit timeout_s.
+
+Several nodes wait in two tiers, so that a poll costs the filesystem O(ranks) on
+the master and O(1) on each worker rather than O(ranks) on every node:
+
+    master = wait_barrier(cluster0, 3, "rollout_done", [0, 1, 2], watcher)   # every arrival, every rank's life
+    open_barrier(cluster0, master)                                           # `open.json`: the others go on
+    worker = wait_open(cluster1, 3, "rollout_done", LivenessWatcher(cluster1, [0], 30))   # the master only
+
+A worker learns of another worker's loss from the master, whose failure flag
+names it (it fails the run in abort mode; continue mode drops the worker and says
+so in `open.json`).
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,8 +46,15 @@ from rollout_engine.defaults import BARRIER_REPORT_S
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
 from rollout_engine.layout import rank_file_name
+from rollout_engine.shared_read import read_fresh
 
 PHASE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+#: how often a waiter reads its own standing (stop, eviction, a newer run) and the others' failure flags,
+#: evictions and heartbeats (s): heartbeats change every few seconds and a rank is dead after tens, so more often
+#: only loads the filesystem; each poll in between reads only the arrivals (or the master's word)
+LOOK_S = 1.0
+#: below this many ranks to look at, their files are read one by one rather than their folders listed
+FEW = 4
 
 
 class BarrierTimeout(ClusterError):
@@ -103,10 +123,21 @@ def arrive(
     save_json(cluster.barrier_dir(iteration, phase) / rank_file_name(cluster.rank, ".json"), asdict(arrival))
 
 
-def arrivals(cluster: Cluster, iteration: int, phase: str) -> dict[int, Arrival]:
-    """Who has arrived: one listing of the barrier directory, and a lookup of each rank's file it lacks."""
-    found = {}
-    for rank, path in scan_ranks(cluster.barrier_dir(iteration, phase), cluster.expected_ranks()).items():
+def arrivals(
+    cluster: Cluster,
+    iteration: int,
+    phase: str,
+    known: dict[int, Arrival] | None = None,
+    want: Iterable[int] | None = None,
+) -> dict[int, Arrival]:
+    """Who has arrived: one listing of the barrier directory, and a lookup of each rank's file it lacks (of
+    `want`, default every rank); the arrivals in `known` (read at an earlier poll of the same wait) are not read
+    again."""
+    found = dict(known or {})
+    expect = [rank for rank in (cluster.expected_ranks() if want is None else want) if rank not in found]
+    for rank, path in scan_ranks(cluster.barrier_dir(iteration, phase), expect).items():
+        if rank in found:
+            continue
         data = load_json(path)
         if data is not None:
             found[rank] = Arrival(**data)
@@ -115,12 +146,13 @@ def arrivals(cluster: Cluster, iteration: int, phase: str) -> dict[int, Arrival]
 
 def check_ranks(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | None) -> None:
     """Raise RankFailed for the first of `ranks` that failed, was evicted, or is dead by observation."""
-    failures = cluster.failures()
+    few = len(ranks) < FEW
+    failures = {r: f for r in ranks if (f := cluster.failure(r))} if few else cluster.failures()
     for rank in ranks:
         if rank in failures:
             failure = failures[rank]
             raise RankFailed(rank, f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}")
-    evictions = cluster.evictions()
+    evictions = {r: e for r in ranks if (e := cluster.eviction(r))} if few else cluster.evictions()
     for rank in ranks:
         if rank in evictions and rank != cluster.rank:
             raise RankFailed(rank, f"evicted: {evictions[rank].reason}")
@@ -163,23 +195,100 @@ def wait_barrier(
     start = clock()
     next_tick = start + tick_s
     expected, gone = list(ranks), []
+    arrived: dict[int, Arrival] = {}
+    looked: float | None = None
     while True:
-        cluster.check_standing()
-        arrived = arrivals(cluster, iteration, phase)
+        now = clock()
+        look = looked is None or now - looked >= LOOK_S
+        if look:
+            cluster.check_standing()
+        arrived = arrivals(cluster, iteration, phase, arrived, expected)
         missing = [rank for rank in expected if rank not in arrived]
-        if missing and drop is not None:
+        if missing and drop is not None and look:
             out = drop(missing)
             gone += out
             expected = [rank for rank in expected if rank not in out]
             missing = [rank for rank in missing if rank not in out]
         if not missing:
             return BarrierResult(iteration, phase, expected, arrived, clock() - start, gone)
-        check_ranks(cluster, [rank for rank in expected if fatal is None or rank in fatal], watcher)
-        now = clock()
+        if look:
+            looked = now
+            check_ranks(cluster, [rank for rank in expected if fatal is None or rank in fatal], watcher)
         if timeout_s is not None and now - start >= timeout_s:
             raise BarrierTimeout(iteration, phase, missing, timeout_s)
         if on_tick is not None and now >= next_tick:
             on_tick(BarrierWait(iteration, phase, missing, now - start))
+            next_tick = now + tick_s
+        if on_poll is not None:
+            on_poll()
+        time.sleep(poll_s)
+
+
+def open_barrier(cluster: Cluster, result: BarrierResult) -> None:
+    """The master's word that every rank it waited for arrived: the workers' wait_open returns `result`."""
+    data = {"ranks": result.ranks, "gone": result.gone, "arrivals": {r: asdict(a) for r, a in result.arrivals.items()}}
+    save_json(cluster.paths.barrier_open(result.iteration, result.phase), data)
+
+
+def opened(cluster: Cluster, iteration: int, phase: str) -> tuple[list[int], list[int], dict[int, Arrival]] | None:
+    """The master's `open.json` of a barrier (ranks, gone, arrivals), or None before it is there."""
+    try:
+        data = json.loads(read_fresh(cluster.paths.barrier_open(iteration, phase)))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # a stale handle on a replaced file: not now
+        if exc.errno != errno.ESTALE:
+            raise
+        return None
+    arrived = {int(rank): Arrival(**arrival) for rank, arrival in data["arrivals"].items()}
+    return list(data["ranks"]), list(data["gone"]), arrived
+
+
+def wait_open(
+    cluster: Cluster,
+    iteration: int,
+    phase: str,
+    master: LivenessWatcher | None,
+    *,
+    timeout_s: float | None = None,
+    poll_s: float = 0.2,
+    on_tick: Callable[[BarrierWait], None] | None = None,
+    tick_s: float = BARRIER_REPORT_S,
+    clock: Callable[[], float] = time.monotonic,
+    on_poll: Callable[[], None] | None = None,
+) -> BarrierResult:
+    """A worker's wait at a barrier of every rank (after its own arrival): until the master opens it
+    (open_barrier), while the master lives. Each poll reads `open.json`; every LOOK_S this rank's standing, the
+    master's failure flag and its heartbeat (`master`: a watcher of rank 0)."""
+    check_phase(phase)
+    start = clock()
+    next_tick = start + tick_s
+    looked: float | None = None
+    while True:
+        now = clock()
+        look = looked is None or now - looked >= LOOK_S
+        if look:
+            cluster.check_standing()
+        word = opened(cluster, iteration, phase)
+        if word is not None:
+            ranks, gone, arrived = word
+            return BarrierResult(iteration, phase, ranks, arrived, clock() - start, gone)
+        if look:
+            looked = now
+            failure = cluster.failure(0)
+            if failure is not None:
+                raise RankFailed(0, f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}")
+            if master is not None:
+                master.observe()
+                if 0 in master.dead():
+                    finished = cluster.finished()
+                    if finished is not None:  # the master exited after the last step: its silence is no death
+                        raise RunFinished(finished.reason)
+                    raise RankFailed(0, f"dead: no heartbeat change seen for {master.silent_s(0):.0f} s")
+        if timeout_s is not None and now - start >= timeout_s:
+            raise BarrierTimeout(iteration, phase, [0], timeout_s)
+        if on_tick is not None and now >= next_tick:
+            on_tick(BarrierWait(iteration, phase, [0], now - start))
             next_tick = now + tick_s
         if on_poll is not None:
             on_poll()

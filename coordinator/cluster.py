@@ -325,11 +325,18 @@ class Cluster:
     def nodes(self) -> dict[int, NodeRecord]:
         return _load_ranks(self.paths.nodes_dir, NodeRecord, self.expected_ranks())
 
+    def node(self, rank: int) -> NodeRecord | None:
+        """One rank's registration: its file alone (a waiter looks at itself every poll; nodes() reads them all)."""
+        return _load_rank(self.paths.nodes_dir, rank, NodeRecord)
+
     def fail(self, failure: FailureRecord) -> None:
         save_json(self.paths.failed_dir / rank_file_name(failure.rank, ".json"), asdict(failure))
 
     def failures(self) -> dict[int, FailureRecord]:
         return _load_ranks(self.paths.failed_dir, FailureRecord, self.expected_ranks())
+
+    def failure(self, rank: int) -> FailureRecord | None:
+        return _load_rank(self.paths.failed_dir, rank, FailureRecord)
 
     def request_stop(self, request: StopRequest) -> None:
         save_json(self.paths.stop, asdict(request))
@@ -351,10 +358,15 @@ class Cluster:
     def evictions(self) -> dict[int, Eviction]:
         return _load_ranks(self.paths.evicted_dir, Eviction, self.expected_ranks())
 
+    def eviction(self, rank: int) -> Eviction | None:
+        return _load_rank(self.paths.evicted_dir, rank, Eviction)
+
     def evicted(self, rank: int, node: NodeRecord | None = None) -> Eviction | None:
         """The eviction that covers `node` (default: the rank's current registration), if any."""
-        eviction = self.evictions().get(rank)
-        node = node if node is not None else self.nodes().get(rank)
+        eviction = self.eviction(rank)
+        if eviction is None:
+            return None
+        node = node if node is not None else self.node(rank)
         return eviction if eviction is not None and eviction.applies_to(node) else None
 
     def members(self, num_nodes: int, planned: dict[int, Incarnation] | None = None) -> list[int]:
@@ -377,14 +389,14 @@ class Cluster:
 
     def standing(self) -> Evicted | RunStopped | None:
         """Why this node must stop, if it must: this rank evicted, stop.json, or a newer run in run.json."""
-        if self.rank is not None:
-            current = self.nodes().get(self.rank)
+        if self.rank is not None:  # this rank's own files only: every waiter looks at them every poll
+            current = self.node(self.rank)
             if self.me is not None and current is not None and current.incarnation != self.me:
                 return Evicted(
                     self.rank, f"rank {self.rank} was registered again, by {current.host} (pid {current.pid})"
                 )
             mine = planned_node(self.rank, self.me) if self.me is not None else current
-            eviction = self.evicted(self.rank, mine) if mine is not None else self.evictions().get(self.rank)
+            eviction = self.evicted(self.rank, mine) if mine is not None else self.eviction(self.rank)
             if eviction is not None:
                 return Evicted(self.rank, eviction.reason)
         request = self.stop_request()
@@ -420,6 +432,11 @@ def planned_node(rank: int, incarnation: Incarnation) -> NodeRecord:
     """The registration of `rank` by `incarnation`, as far as eviction goes (no address, port or join time)."""
     host, pid, started = incarnation
     return NodeRecord(rank, host, "", pid, None, 0.0, started)
+
+
+def _load_rank(directory: Path, rank: int, kind: type) -> Any:
+    data = load_json(directory / rank_file_name(rank, ".json"))
+    return None if data is None else kind(**data)
 
 
 def _load_ranks(directory: Path, kind: type, expect: Iterable[int]) -> dict[int, Any]:

@@ -24,7 +24,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,13 +64,18 @@ def write_beat(cluster: Cluster, rank: int, beat: Beat) -> None:
     save_text(cluster.heartbeat_dir / rank_file_name(rank), beat.line(), durable=False)
 
 
-def read_beats(cluster: Cluster) -> dict[int, Beat]:
-    """Every rank's last beat, from one listing of the heartbeat directory (temp files skipped)."""
+def read_beats(cluster: Cluster, ranks: Iterable[int] | None = None) -> dict[int, Beat]:
+    """The last beat of each of `ranks` (default: every rank, from one listing of the heartbeat directory; temp
+    files skipped). With `ranks`, only their files are read: a worker watching the master reads one file."""
+    if ranks is None:
+        paths = cluster.heartbeat_files()
+    else:
+        paths = {rank: cluster.heartbeat_dir / rank_file_name(rank) for rank in ranks}
     beats = {}
-    for rank, path in cluster.heartbeat_files().items():
+    for rank, path in paths.items():
         try:
             beat = Beat.parse(read_fresh(path).decode("utf-8"))
-        except FileNotFoundError:  # removed between the listing and the read
+        except FileNotFoundError:  # not written yet, or removed between the listing and the read
             continue
         except OSError as exc:  # still a stale handle on the file just replaced: this look sees no change
             if exc.errno != errno.ESTALE:
@@ -97,14 +102,21 @@ class LivenessWatcher:
         ranks: list[int],
         dead_after_s: float = DEAD_AFTER_S.default,
         clock: Callable[[], float] = time.monotonic,
+        every_s: float = 0.0,
     ) -> None:
-        self.cluster, self.dead_after_s, self.clock = cluster, dead_after_s, clock
+        self.cluster, self.dead_after_s, self.clock, self.every_s = cluster, dead_after_s, clock, every_s
         start = clock()
         self._seen = {rank: _Seen(None, start) for rank in ranks}
+        self._looked: float | None = None
 
     def observe(self) -> None:
-        """Read every heartbeat once and note what changed."""
-        beats, now = read_beats(self.cluster), self.clock()
+        """Read the watched ranks' heartbeats once and note what changed; within `every_s` of the last look,
+        nothing (a waiter polling every 0.2 s need not read beats written every few seconds that often)."""
+        now = self.clock()
+        if self._looked is not None and now - self._looked < self.every_s:
+            return
+        self._looked = now
+        beats = read_beats(self.cluster, list(self._seen))
         for rank, seen in self._seen.items():
             beat = beats.get(rank)
             if beat is None or beat == seen.beat:
@@ -156,7 +168,7 @@ def run_heartbeat(
     the run aborts on a rank's failure): then the reason is returned (RunStopped, Evicted,
     RankFailed). `wait` paces the loop: threading.Event().wait in a thread, a signal wait in the CLI.
     """
-    last = read_beats(cluster).get(rank)
+    last = read_beats(cluster, [rank]).get(rank)
     seq = last.seq if last is not None else 0
     while True:
         seq += 1
@@ -171,19 +183,21 @@ def run_heartbeat(
 class PeerWatch:
     """The other ranks, watched beside each node (`mode`: the run's on_rank_failure).
 
+    A worker watches only the master, the master every worker: each poll reads O(1) files on a worker and
+    O(ranks) on the master, never O(ranks) on every node (docs/multinode.md "Scale").
     abort: a failure flag, an eviction, or a rank whose heartbeat has not changed for dead_after_s since
     this watch saw it register (or saw it beat) ends this node: one that died within a beat of joining too
     (a rank not registered yet may still be joining: the barriers judge that one); once the master has
-    written finished.json (it ran the last step and exited), RunFinished instead.
-    continue: a worker watches only the master (its loss ends the run); the master evicts a worker that
-    failed or fell silent (its current registration: a restarted rank is a member again, judged from when
-    it registered again) and goes on.
+    written finished.json (it ran the last step and exited), RunFinished instead. A master ended so writes
+    its own failure flag naming the rank (coordinator/driver/nodes.py, `leave`): that is how the workers learn.
+    continue: the master evicts a worker that failed or fell silent (its current registration: a restarted
+    rank is a member again, judged from when it registered again) and goes on.
     """
 
     def __init__(self, cluster: Cluster, ranks: list[int], dead_after_s: float, mode: str = "abort") -> None:
         self.cluster, self.mode = cluster, mode
         self.ranks = [rank for rank in ranks if rank != cluster.rank]
-        if mode == "continue" and cluster.rank != 0:
+        if cluster.rank != 0:
             self.ranks = [rank for rank in self.ranks if rank == 0]
         self.watcher = LivenessWatcher(cluster, self.ranks, dead_after_s)
         self.registered: dict[int, Incarnation] = {}

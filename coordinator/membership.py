@@ -117,7 +117,7 @@ class MasterWatch:
         record, here = self.record, socket.gethostname()
         if record is None or record.master.host != here or pid_running(record.master.pid):
             return False
-        beat = read_beats(Cluster(self.log_path, record.run_id)).get(0)
+        beat = read_beats(Cluster(self.log_path, record.run_id), [0]).get(0)
         return beat is not None and beat.host == here and not pid_running(beat.pid)
 
     def stopped(self) -> bool:

@@ -130,6 +130,10 @@ class ClusterRun:
     def barrier_dir(self, iteration: int, phase: str) -> Path:
         return self.barriers / iteration_name(iteration) / phase
 
+    def barrier_open(self, iteration: int, phase: str) -> Path:
+        """The master's word that every rank it waited for arrived (coordinator.barrier.open_barrier)."""
+        return self.barrier_dir(iteration, phase) / "open.json"
+
 
 @dataclass(frozen=True)
 class Layout:

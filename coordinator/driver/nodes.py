@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.barrier import BarrierResult, BarrierWait, arrivals, arrive, wait_barrier
+from coordinator.barrier import BarrierResult, BarrierWait, arrivals, arrive, open_barrier, wait_barrier, wait_open
 from coordinator.cluster import (
     Cluster,
     ClusterError,
@@ -31,6 +31,7 @@ from coordinator.cluster import (
     FailureRecord,
     FinishRecord,
     Incarnation,
+    RankFailed,
     RunFinished,
     RunNotRunning,
     RunRecord,
@@ -143,6 +144,8 @@ class Node:
     #: a protocol outcome stopped this node (`outcome` 4): its way out writes no stop request or failure
     _stopped: bool = field(default=False, init=False, repr=False)
     _record: RunRecord | None = field(default=None, init=False, repr=False)
+    #: the master: the rank whose loss ended the run, as its failure flag tells the workers
+    _lost: str = field(default="", init=False, repr=False)
 
     @property
     def multi(self) -> bool:
@@ -189,6 +192,7 @@ class Node:
         it sees beating and joins. Then the run's id goes to every process this node starts (BATON_RUN_ID,
         BATON_RUN_FENCE) and the heartbeat runs beside the node, watched at every tick of the supervisor."""
         self.run_id, self.master_addr, self.torchrun_port, self.on_failure, self.planned = "", "", 0, "abort", {}
+        self._lost = ""
         self._beat = None
         if not self.multi:
             return
@@ -388,21 +392,34 @@ class Node:
     def _barrier(self, iteration: int, phase: str, ranks: list[int] | None, report_s: float) -> BarrierResult:
         """`coordinator wait`: every rank of `ranks` (default: all); a continue run waits for the workers its
         step was planned with (none: {}), never for one that joined since; a lost worker is dropped, only the
-        master's loss ends the wait."""
+        master's loss ends the wait. A barrier of every rank: the master waits for them and opens it, a worker
+        waits for the master's word (coordinator/barrier.py: two tiers)."""
         cluster, record, rank = self._cluster(), self._run_record(), self.args.rank
         expected = list(range(record.num_nodes)) if ranks is None else ranks
         continuing, planned = record.on_rank_failure == "continue", dict(self.planned)
         if continuing:
             expected = [r for r in expected if r in (0, rank) or r in planned]
-        watcher = LivenessWatcher(cluster, expected, record.dead_after_s)
 
         def tick(progress: BarrierWait) -> None:
             missing = ", ".join(str(r) for r in progress.missing)
-            say.log(
-                f"rank {rank}: {phase} of iteration {iteration}: waiting for ranks {missing}"
-                f" ({progress.waited_s:.0f} s)"
-            )
+            waiting = f"ranks {missing}" if self.is_master or ranks is not None else "the master to see every rank"
+            say.log(f"rank {rank}: {phase} of iteration {iteration}: waiting for {waiting} ({progress.waited_s:.0f} s)")
 
+        if ranks is None and not self.is_master:
+            master = LivenessWatcher(cluster, [0], record.dead_after_s)
+            result = wait_open(
+                cluster,
+                iteration,
+                phase,
+                master,
+                poll_s=POLL_S,
+                on_tick=tick,
+                tick_s=report_s,
+                on_poll=self.supervisor.tick,
+            )
+            self._say_gone(cluster, iteration, phase, result)
+            return result
+        watcher = LivenessWatcher(cluster, expected, record.dead_after_s)
         membership: dict[str, Any] = {}
         if continuing:
             peers = PeerWatch(cluster, list(range(record.num_nodes)), record.dead_after_s, "continue")
@@ -419,11 +436,18 @@ class Node:
             on_poll=self.supervisor.tick,
             **membership,
         )
+        if ranks is None:
+            open_barrier(cluster, result)
+        self._say_gone(cluster, iteration, phase, result)
+        return result
+
+    def _say_gone(self, cluster: Cluster, iteration: int, phase: str, result: BarrierResult) -> None:
         if result.gone:
             evictions = cluster.evictions()
             why = "; ".join(f"rank {r} evicted: {evictions[r].reason}" for r in result.gone if r in evictions)
-            say.log(f"rank {rank}: {phase} of iteration {iteration}: going on without ranks {result.gone} ({why})")
-        return result
+            say.log(
+                f"rank {self.args.rank}: {phase} of iteration {iteration}: going on without ranks {result.gone} ({why})"
+            )
 
     # -- a training's partners ---------------------------------------------------------------------------------
 
@@ -475,7 +499,11 @@ class Node:
             return rc
         ended = self.ended()
         if ended is not None:
-            return int(_ended_exit(rc, *ended))
+            code, reason = ended
+            if code == Exit.RANK_FAILED and self.is_master and not self._stopped:
+                # the workers watch only the master: its failure flag is how they learn of the other rank's
+                self._quietly(lambda: self._fail(iteration, phase or "run", reason, 1))
+            return int(_ended_exit(rc, code, reason))
         if rc == 0 and self.is_master:
             self._finish()
         elif rc in (Exit.SIGINT, Exit.SIGTERM) and (self.is_master or slurm_in_step()) and not self._stopped:
@@ -484,7 +512,7 @@ class Node:
             self._quietly(lambda: self._request_stop(reason))
         elif rc != 0 and not self._stopped:
             reason = {Exit.SIGINT: "stopped by SIGINT", Exit.SIGTERM: "stopped by SIGTERM"}.get(rc, "")
-            reason = reason or last_error or f"run.sh exited {rc}"
+            reason = reason or self._lost or last_error or f"run.sh exited {rc}"
             self._quietly(lambda: self._fail(iteration, phase or "run", reason, rc))
         return rc
 
@@ -546,6 +574,8 @@ class Node:
             raise self.outcome(Exit.BAD_INPUT, what) from exc
         except ClusterError as exc:
             say.log(f"{'' if isinstance(exc, (RunFinished, RunNotRunning)) else 'error: '}{exc}")
+            if isinstance(exc, RankFailed) and self.is_master:
+                self._lost = str(exc)  # the failure flag the workers read names the rank (leave)
             raise self.outcome(exc.exit_code, what) from exc
         except OSError as exc:
             say.log(f"error: {exc}")

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.barrier import BarrierTimeout, BarrierWait, arrivals, arrive, wait_barrier
+from coordinator.barrier import (
+    LOOK_S,
+    BarrierTimeout,
+    BarrierWait,
+    arrivals,
+    arrive,
+    open_barrier,
+    wait_barrier,
+    wait_open,
+)
 from coordinator.cluster import Cluster, Evicted, Eviction, FailureRecord, RankFailed, RunStopped, StopRequest
 from coordinator.heartbeat import Beat, LivenessWatcher, write_beat
 from rollout_engine.errors import ConfigError
@@ -72,19 +81,23 @@ def test_temp_files_of_a_writer_are_never_counted(tmp_path: Path) -> None:
         wait_barrier(node(tmp_path, 0), 0, "start", [0, 1], None, timeout_s=0.1, **QUICK)
 
 
-def test_a_failure_flag_wakes_the_waiter_at_once(tmp_path: Path) -> None:
+def test_a_failure_flag_ends_the_wait_at_the_next_look_at_the_others(tmp_path: Path) -> None:
+    """The others' failure flags, evictions and heartbeats are read every LOOK_S of the waiter's clock (each
+    poll reads only the arrivals): a flag written after the first look ends the wait LOOK_S after it."""
     failure = FailureRecord(2, 3, "rollout", "rollout exited 1", 1, "n2", 22)
     looks: list[BarrierWait] = []
+    clock = [0.0]
 
     def rank_2_fails_after_the_first_look(wait: BarrierWait) -> None:  # on_tick with tick_s=0: after every look
         looks.append(wait)
         node(tmp_path, 2).fail(failure)
+        clock[0] += LOOK_S / 4
 
     with pytest.raises(RankFailed) as caught:
         # timeout_s only catches a waiter that never sees the flag (it would wait for ever): a hang
         wait = {"timeout_s": 60, "on_tick": rank_2_fails_after_the_first_look, "tick_s": 0, **QUICK}
-        wait_barrier(node(tmp_path, 0), 3, "rollout_done", [0, 1, 2], None, **wait)
-    assert len(looks) == 1  # stopped at the first look after the flag was written
+        wait_barrier(node(tmp_path, 0), 3, "rollout_done", [0, 1, 2], None, clock=lambda: clock[0], **wait)
+    assert [wait.waited_s for wait in looks] == [0.0, LOOK_S / 4, LOOK_S / 2, 3 * LOOK_S / 4]
     assert caught.value.rank == 2
     assert str(caught.value) == "rank 2: failed in rollout of iteration 3: rollout exited 1"
     assert caught.value.exit_code == 3
@@ -113,7 +126,7 @@ def test_a_rank_whose_heartbeat_stops_is_dead(tmp_path: Path) -> None:
     clock = Seconds(cluster, beats_until=5)
     watcher = LivenessWatcher(cluster, [1], dead_after_s=3, clock=clock)
     with pytest.raises(RankFailed, match=r"rank 1: dead: no heartbeat change seen for 3 s"):
-        wait_barrier(cluster, 0, "start", [1], watcher, on_tick=clock.tick, tick_s=0, **QUICK)
+        wait_barrier(cluster, 0, "start", [1], watcher, on_tick=clock.tick, tick_s=0, clock=clock, **QUICK)
     assert clock.now == 5 + 3  # waited through the beats, dead dead_after_s after the last one
 
 
@@ -121,7 +134,7 @@ def test_a_long_phase_is_waited_through_while_the_others_beat(tmp_path: Path) ->
     cluster = node(tmp_path, 0)
     clock = Seconds(cluster, beats_until=float("inf"), arrives_at=9)  # three times dead_after_s
     watcher = LivenessWatcher(cluster, [1], dead_after_s=3, clock=clock)
-    result = wait_barrier(cluster, 0, "train_done", [1], watcher, on_tick=clock.tick, tick_s=0, **QUICK)
+    result = wait_barrier(cluster, 0, "train_done", [1], watcher, on_tick=clock.tick, tick_s=0, clock=clock, **QUICK)
     assert sorted(result.arrivals) == [1] and clock.now == 9
 
 
@@ -270,3 +283,107 @@ def test_on_poll_ticks_during_the_wait_and_what_it_raises_ends_it(tmp_path: Path
     with pytest.raises(Signalled):
         wait_barrier(node(tmp_path, 1), 2, "update", [0, 1], None, on_poll=driver_watches, **QUICK)
     assert len(polls) == 3
+
+
+# -- two tiers: the master opens a barrier of every rank, a worker waits for its word --------------------------
+
+
+def test_a_worker_goes_on_with_what_the_master_saw_once_it_opens_the_barrier(tmp_path: Path) -> None:
+    for rank in (0, 1, 2):
+        arrive(node(tmp_path, rank), 3, "rollout_done", data={"episodes": 10 + rank})
+    looks: list[BarrierWait] = []
+
+    def the_master_opens_after_the_first_look(wait: BarrierWait) -> None:
+        looks.append(wait)
+        if len(looks) == 1:
+            open_barrier(node(tmp_path, 0), wait_barrier(node(tmp_path, 0), 3, "rollout_done", [0, 1, 2], None))
+
+    worker = wait_open(
+        node(tmp_path, 1), 3, "rollout_done", None, on_tick=the_master_opens_after_the_first_look, tick_s=0, **QUICK
+    )
+    assert [wait.missing for wait in looks] == [[0]]  # it waited for the master alone
+    assert worker.ranks == [0, 1, 2] and worker.gone == []
+    assert {rank: arrival.data for rank, arrival in worker.arrivals.items()} == {
+        r: {"episodes": 10 + r} for r in (0, 1, 2)
+    }
+
+
+def test_a_worker_learns_of_another_worker_s_loss_from_the_master_s_failure_flag(tmp_path: Path) -> None:
+    node(tmp_path, 0).fail(
+        FailureRecord(0, 3, "rollout", "rank 2: dead: no heartbeat change seen for 30 s", 1, "n0", 5)
+    )
+    with pytest.raises(RankFailed) as caught:
+        wait_open(node(tmp_path, 1), 3, "rollout_done", None, timeout_s=60, **QUICK)
+    assert (
+        str(caught.value) == "rank 0: failed in rollout of iteration 3: rank 2: dead: no heartbeat change seen for 30 s"
+    )
+    assert caught.value.exit_code == 3
+
+
+def test_a_worker_waits_while_the_master_beats_and_stops_when_it_falls_silent(tmp_path: Path) -> None:
+    cluster = node(tmp_path, 1)
+    clock = [0.0]
+
+    def a_second_per_look(wait: BarrierWait) -> None:
+        clock[0] += 1
+        if clock[0] <= 5:
+            write_beat(cluster, 0, Beat(int(clock[0]), 0.0, "n0", 10))
+
+    master = LivenessWatcher(cluster, [0], dead_after_s=3, clock=lambda: clock[0])
+    with pytest.raises(RankFailed, match=r"^rank 0: dead: no heartbeat change seen for 3 s$"):
+        wait_open(
+            cluster, 3, "rollout_done", master, on_tick=a_second_per_look, tick_s=0, clock=lambda: clock[0], **QUICK
+        )
+    assert clock[0] == 5 + 3
+
+
+def test_a_poll_reads_o_1_files_on_a_worker_and_o_ranks_on_the_master(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What makes 128 ranks affordable (docs/multinode.md "Scale"): a worker's poll reads the same few files
+    however many ranks the run has; only the master's grows with them."""
+    import os
+
+    reads = {"n": 0}
+    read_bytes, listdir, scandir, exists = Path.read_bytes, os.listdir, os.scandir, Path.exists
+
+    def counted(real):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            reads["n"] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    def one_poll(ranks: int, rank: int) -> int:
+        log = tmp_path / f"n{ranks}"
+        run = old_run(log, num_nodes=ranks, rank_weights=[1] * ranks).run_id
+        for r in range(1, ranks):
+            write_beat(node(log, r, run), r, Beat(1, 0.0, "h", r))
+            arrive(node(log, r, run), 3, "rollout_done")
+        cluster = node(log, rank, run)
+        with monkeypatch.context() as patch:
+            for owner, name, real in (
+                (Path, "read_bytes", read_bytes),
+                (os, "listdir", listdir),
+                (os, "scandir", scandir),
+                (Path, "exists", exists),
+            ):
+                patch.setattr(owner, name, counted(real))
+            reads["n"] = 0
+            with pytest.raises(BarrierTimeout):
+                if rank == 0:  # rank 0 has not arrived: the master's poll looks at every other rank
+                    wait_barrier(
+                        cluster,
+                        3,
+                        "rollout_done",
+                        list(range(ranks)),
+                        LivenessWatcher(cluster, list(range(ranks)), 30),
+                        timeout_s=0,
+                        **QUICK,
+                    )
+                else:
+                    wait_open(cluster, 3, "rollout_done", LivenessWatcher(cluster, [0], 30), timeout_s=0, **QUICK)
+        return reads["n"]
+
+    assert one_poll(8, 1) == one_poll(64, 1) <= 12
+    assert one_poll(64, 0) > 64 > one_poll(8, 0)

@@ -291,7 +291,10 @@ def test_a_heartbeat_that_ended_the_node_on_purpose_is_not_started_again(
         "[baton] warning: stopping this node: rank 1: dead: no heartbeat change seen for 10 s;"
         " start every node again with --resume once it is fixed\n"
     )
-    assert not Cluster(nodes.log, master.run_id).failures()  # the heartbeat's reason, not a failure of this node
+    # the workers watch only the master: its failure flag, naming the rank its heartbeat found dead, tells them
+    failure = Cluster(nodes.log, master.run_id).failures()[0]
+    assert (failure.iteration, failure.phase) == (2, "update")
+    assert failure.reason == "rank 1: dead: no heartbeat change seen for 10 s"
 
 
 def test_a_stop_request_ends_a_barrier_wait_with_143_and_the_node_leaves_as_stopped(nodes: Nodes) -> None:
