@@ -393,11 +393,13 @@ def ancestors() -> set[int]:
     return {me.pid, *(parent.pid for parent in me.parents())}
 
 
-def leftover_processes(log: Path, needles: list[str] = ()) -> list[str]:
+def leftover_processes(log: Path, needles: list[str] = (), recorded: bool = True) -> list[str]:
     """Live processes of the run: recorded groups still running (leader's start time checked, as the
-    driver's procs.py does), and processes whose command line names the log path or a needle."""
+    driver's procs.py does), and processes whose command line names the log path or a needle.
+    `recorded` False: the run recorded its groups inside PID namespaces of its own (bench/nodes.py), whose
+    ids mean nothing here; only the command lines are looked at."""
     left = []
-    for path, pgid, start in recorded_groups(log):
+    for path, pgid, start in recorded_groups(log) if recorded else []:
         now = start_time(pgid)
         if (now is None or start in ("-", now)) and group_alive(pgid):
             left.append(f"group {pgid} recorded in {path}")
@@ -442,13 +444,15 @@ def check_log(
     deadlines: dict[str, float] | None = None,
     needles: list[str] = (),
     processes: bool = True,
+    recorded: bool = True,
 ) -> LogReport:
-    """Every invariant on `log` (`processes`: also look for what the run left running)."""
+    """Every invariant on `log` (`processes`: also look for what the run left running; `recorded` False: not
+    by its recorded groups, whose ids are those of the nodes' own PID namespaces)."""
     return LogReport(
         rollouts=check_rollouts(log, iterations),
         iterations=check_iterations(log, iterations),
         chain=check_policy_chain(log),
         records=check_iteration_records(log),
         late=check_deadlines(log, deadlines or {}),
-        leftovers=leftover_processes(log, list(needles)) if processes else [],
+        leftovers=leftover_processes(log, list(needles), recorded) if processes else [],
     )

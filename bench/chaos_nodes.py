@@ -3,12 +3,19 @@
     PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --rounds 12 --seed 1 --out chaos-nodes.json
     PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --rounds 10 --seed 1 --late 3   # >= 3 late restarts
     PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --faults "$KIND" --rounds 1   # one kind of FAULTS
+    PYTHONPATH=. $BATON_APP_PY -m bench.chaos_nodes --data-path D --profile gluster-5s --rounds 2   # a served volume
 
 Two "nodes" on this machine, as tests/e2e/test_multinode.py and bench/multinode_overhead.py simulate them: two
 `scripts/run.sh --rl-phase both --num-nodes 2 --rank-weights 1,1` (--master, --worker 1) sharing one log path,
 each in a session of its own, bound with taskset (and its vLLM with VLLM_CPU_OMP_THREADS_BIND) to its own core,
 with its own vLLM port, node address 127.0.0.1 and Baton's default liveness (a beat every 5 s, a rank dead after
 30 s of silence: `--heartbeat`, `--dead-after`).
+With `--profile gluster|gluster-5s|sshfs` (as root) the log path is on a volume served here (bench/sharedfs.py)
+and each node is as in the multi-node e2e tests (bench/nodes.py): run.sh in PID, UTS and mount namespaces of
+its own (still bound with taskset), host name node<r>, address 127.0.0.<r+2>, its own client of the volume at
+<--log-path>/shared (the nodes' log path: shared/log); the harness reads the log path in the volume's store
+(fs-state/brick/log, or fs-state/export/log for sshfs: where it stays after the soak) and keeps run.sh's outputs
+in <--log-path>/chaos/. `--log-path` is then a new folder each soak (default `local`: the disk, as above).
 A round runs the next iteration with bench/chaos.py's small settings (`SETTINGS`), `--max-iterations 1` (a late
 restart's: 3) and the round's `--on-rank-failure` (`abort` or `continue`), waits until the fault's phase runs on
 the struck node in its first iteration (its recorded group: `run/rank_<r>/pids/rollout-train.pgid`, or its
@@ -16,9 +23,11 @@ LLaMA-Factory groups `training/iter_<NNNN>/train[.rank_<r>].log.pgid`), then a s
 strikes (`FAULTS`):
 
 - a heartbeat: SIGKILL of the group `run/rank_<r>/pids/heartbeat.pgid` (the node's run.sh lives on, and must
-  start it again before the others count the node dead: no node may stop);
+  start it again before the others count the node dead: no node may stop); in a namespace the recorded id is
+  the node's own, mapped to this machine's through /proc/<pid>/status NSpgid of the node's processes;
 - a whole node, as a machine losing power: SIGSTOP of the node's run.sh session and of every group the node
-  recorded (read again until no new one appears), then SIGKILL of all of them at once.
+  recorded (read again until no new one appears), then SIGKILL of all of them at once; in a namespace SIGKILL
+  of the node's pid 1 (unshare's child), which kills every process of it, its client included, at once.
 
 Then it acts as docs/multinode.md tells a user: a node that stopped saying "start every node again with --resume"
 is waited for and every node is started again with --resume (at most 3 times); in a `continue` run a worker that
@@ -30,12 +39,15 @@ bench/chaos_checks.check_rejoined), every iteration of the round done, the resta
 still running `stop_bound_s` after the master finished the run (exit 0) is a hang (SIGTERM). Every run.sh has
 `--run-budget` seconds (a hang past it: SIGTERM, SIGKILL 60 s later). At the end it checks the log path
 (bench/chaos_checks.py: every planned episode of every rank once, takeover journals included, in every iteration;
-the policy chain; one record per iteration; phase deadlines; nothing left running) and how long the surviving
-nodes took to stop after the fault (the deadline: `dead_after_s`, two beats and the clean-up's).
+the policy chain; one record per iteration; phase deadlines; nothing left running: in namespaces, what a node's
+pid 1 found still running after run.sh exited, its exit 99, and no process here naming the log path or a vLLM
+port) and how long the surviving nodes took to stop after the fault (the deadline: `dead_after_s`, two beats and
+the clean-up's).
 
-Every signal goes to a run.sh this harness started (its Popen: a session of its own) or to a group the run
-recorded, after the leader's start time is checked (bench/chaos_checks.start_time, as coordinator/driver/procs.py does).
-Nothing is found by name. docs/reliability.md ("Several nodes") has a soak's table and what it found.
+Every signal goes to a run.sh this harness started (its Popen: a session of its own; in a namespace the child of
+the node's pid 1 that runs run.sh, and SIGTERM goes there, since unshare and pid 1 ignore it) or to a group the run
+recorded, after the leader's start time is checked (bench/chaos_checks.start_time, as coordinator/driver/procs.py
+does). Nothing is found by name. docs/reliability.md ("Several nodes") has a soak's table and what it found.
 """
 
 from __future__ import annotations
@@ -56,6 +68,9 @@ from pathlib import Path
 
 from bench.chaos import REPO, SETTINGS, draw, free_port, log, report
 from bench.chaos_checks import check_iterations_done, check_log, check_rejoined, member_iterations, start_time
+from bench.nodes import LEFT_RUNNING, NO_MOUNT, host_pgid, host_pid, node_command, signal_run_sh
+from bench.nodes import kill_node as kill_namespace
+from bench.sharedfs import PROFILES, SharedFs, shared_fs
 from coordinator.cluster import Cluster, load_run
 from coordinator.runstate import next_iteration, state_iterations
 from rollout_engine.layout import Layout
@@ -71,8 +86,10 @@ LATE_SPREAD_S = 20.0
 #: without the dead worker, the step it rejoins
 LATE_ITERATIONS = 3
 NODES = 2
-#: a run.sh's output: <log>/chaos/run_<k>.rank_<r>.log
+#: a run.sh's output: <log>/chaos/run_<k>.rank_<r>.log (with --profile: <soak folder>/chaos/)
 RUN_OUTPUT = re.compile(r"run_(\d+)\.rank_\d+\.log")
+#: a node's first process (bench/nodes.py NODE_INIT) found processes left after run.sh exited (its code)
+LEFT_LINE = re.compile(r"^\[node (\S+)\] left running after run.sh exited \((-?\d+)\):$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -138,10 +155,11 @@ class NodeRound:
 
 
 class Node:
-    """One simulated node: rank `rank`'s run.sh on its own core and vLLM port."""
+    """One simulated node: rank `rank`'s run.sh on its own core and vLLM port; with `namespaced`, in namespaces
+    of its own (bench/nodes.py: `proc` is its unshare)."""
 
-    def __init__(self, rank: int, core: int, port: int) -> None:
-        self.rank, self.core, self.port = rank, core, port
+    def __init__(self, rank: int, core: int, port: int, namespaced: bool = False) -> None:
+        self.rank, self.core, self.port, self.namespaced = rank, core, port, namespaced
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
         self.runs = 0
@@ -155,47 +173,87 @@ class Node:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def terminate(self) -> None:
+        """SIGTERM to run.sh (in a namespace: unshare and the node's pid 1 ignore it; run.sh is pid 1's child)."""
+        if not self.namespaced:
+            self.proc.terminate()
+            return
+        with contextlib.suppress(ProcessLookupError, RuntimeError, TimeoutError):
+            signal_run_sh(self.proc, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL of run.sh; in a namespace of the node's pid 1: everything in it at once."""
+        if not self.namespaced:
+            self.proc.kill()
+            return
+        with contextlib.suppress(ProcessLookupError, RuntimeError, TimeoutError, subprocess.TimeoutExpired):
+            kill_namespace(self.proc)
+
 
 class ChaosNodes:
     """One soak on one log path: NODES run.sh nodes, faults, the user's restarts, the checks."""
 
     def __init__(
-        self, data: Path, log_path: Path, extra: list[str], run_budget_s: float, heartbeat_s: float, dead_after_s: float
+        self,
+        data: Path,
+        log_path: Path,
+        extra: list[str],
+        run_budget_s: float,
+        heartbeat_s: float,
+        dead_after_s: float,
+        fs: SharedFs | None = None,
     ) -> None:
-        self.data, self.log, self.extra, self.run_budget_s = data, log_path, extra, run_budget_s
-        self.heartbeat_s, self.dead_after_s = heartbeat_s, dead_after_s
+        """Without `fs`, the nodes and this harness share `log_path` on this machine's disk, run.sh's outputs in
+        <log_path>/chaos/. With `fs` (a served volume, bench/sharedfs.py), `log_path` is the soak's folder: the
+        nodes, each in namespaces of its own through its own client, get the log path fs.path/log; this harness
+        reads it in the volume's store (fs.store/log: what the server holds, no client cache of its own
+        between), and keeps run.sh's outputs in <log_path>/chaos/."""
+        self.data, self.extra, self.run_budget_s = data, extra, run_budget_s
+        self.heartbeat_s, self.dead_after_s, self.fs = heartbeat_s, dead_after_s, fs
+        #: the log path the nodes are given (run_log) and where this harness reads it (log)
+        self.run_log = log_path if fs is None else fs.path / "log"
+        self.log = log_path if fs is None else fs.store / "log"
+        self.outputs = log_path / "chaos"
+        if fs is not None:
+            self.run_log.mkdir(exist_ok=True)
         cores = sorted(os.sched_getaffinity(0))
-        self.nodes = [Node(rank, cores[rank % len(cores)], vllm_port(rank)) for rank in range(NODES)]
+        self.nodes = [Node(r, cores[r % len(cores)], vllm_port(r), fs is not None) for r in range(NODES)]
         self.mode = "abort"
         self.iterations = 1  # --max-iterations of the round's runs
-        (log_path / "chaos").mkdir(parents=True, exist_ok=True)
+        self.outputs.mkdir(parents=True, exist_ok=True)
         # run.sh starts so far: a soak continued on a log path numbers its outputs after the earlier soak's
         self.starts = max((int(m.group(1)) for m in map(RUN_OUTPUT.fullmatch, self.output_names()) if m), default=0)
 
     # ---- run.sh ---------------------------------------------------------------------------------------
     def output_names(self) -> list[str]:
-        return [path.name for path in (self.log / "chaos").glob("run_*.log")]
+        return [path.name for path in self.outputs.glob("run_*.log")]
 
     def output_path(self, node: Node) -> Path:
-        return self.log / "chaos" / f"run_{node.runs:03d}.rank_{node.rank}.log"
+        return self.outputs / f"run_{node.runs:03d}.rank_{node.rank}.log"
 
     def start(self, node: Node, resume: bool) -> None:
-        """Node's run.sh for one iteration, in a session of its own, bound to its core; output to a file."""
+        """Node's run.sh for one iteration, in a session of its own (with a volume: in namespaces of its own,
+        bench/nodes.py), bound to its core; output to a file."""
         self.starts += 1
         node.runs, node.resume, node.started, node.reaped = self.starts, resume, time.monotonic(), False
-        cmd = ["taskset", "-c", str(node.core), "bash", str(REPO / "scripts/run.sh"), "--data-path", str(self.data)]
-        cmd += ["--log-path", str(self.log), "--rl-phase", "both", "--eval-interval", "1000"]
-        cmd += ["--max-iterations", str(self.iterations)]
-        cmd += ["--num-nodes", str(NODES), "--rank-weights", ",".join(["1"] * NODES), "--on-rank-failure", self.mode]
-        cmd += ["--master"] if node.rank == 0 else ["--worker", str(node.rank)]
-        cmd += (["--resume"] if resume else []) + SETTINGS + self.extra
+        args = ["--data-path", str(self.data), "--log-path", str(self.run_log), "--rl-phase", "both"]
+        args += ["--eval-interval", "1000", "--max-iterations", str(self.iterations)]
+        args += ["--num-nodes", str(NODES), "--rank-weights", ",".join(["1"] * NODES), "--on-rank-failure", self.mode]
+        args += ["--master"] if node.rank == 0 else ["--worker", str(node.rank)]
+        args += (["--resume"] if resume else []) + SETTINGS + self.extra
         env = {
             **os.environ,
             "BATON_HEARTBEAT_S": f"{self.heartbeat_s:g}",
             "BATON_DEAD_AFTER_S": f"{self.dead_after_s:g}",
         }
-        env |= {"BATON_VLLM_PORT": str(node.port), "BATON_NODE_ADDR": "127.0.0.1"}
         env |= {"VLLM_CPU_OMP_THREADS_BIND": str(node.core), "BATON_PROGRESS_S": "0"}
+        if self.fs is None:
+            command = ["bash", str(REPO / "scripts/run.sh"), *args]
+            env |= {"BATON_VLLM_PORT": str(node.port), "BATON_NODE_ADDR": "127.0.0.1"}
+        else:  # its host name node<r>, its address 127.0.0.<r+2> and its own client of the volume
+            command, extra = node_command(node.rank, REPO / "scripts/run.sh", args, self.fs)
+            env |= {"BATON_VLLM_PORT": str(node.port), **extra}
+        cmd = ["taskset", "-c", str(node.core), *command]
         with open(self.output_path(node), "w") as out:  # the child holds its own copy (never a pipe)
             node.proc = subprocess.Popen(
                 cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -213,13 +271,13 @@ class ChaosNodes:
         """At the harness's exit: SIGTERM each run.sh it started that still runs (it stops its groups)."""
         for node in self.nodes:
             if node.alive():
-                node.proc.terminate()
+                node.terminate()
         for node in self.nodes:
             if node.proc is not None:
                 try:
                     node.proc.wait(timeout=90)
                 except subprocess.TimeoutExpired:
-                    node.proc.kill()
+                    node.kill()
                     node.proc.wait()
 
     # ---- the nodes' recorded groups ---------------------------------------------------------------------
@@ -276,19 +334,39 @@ class ChaosNodes:
 
     # ---- the faults ---------------------------------------------------------------------------------
     def kill_heartbeat(self, rank: int) -> bool:
+        """SIGKILL of the heartbeat group node `rank` recorded (in a namespace: the group the node knows by
+        that id, its leader's start time checked as here)."""
         sent = False
         for name, pgid, start in self.records(rank):
-            if name == "heartbeat.pgid" and self.ours(pgid, start):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
+            if name != "heartbeat.pgid":
+                continue
+            if self.fs is None:
+                if self.ours(pgid, start):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pgid, signal.SIGKILL)
+                        sent = True
+                continue
+            with contextlib.suppress(ProcessLookupError, RuntimeError, TimeoutError):
+                proc = self.nodes[rank].proc
+                leader = host_pid(proc, pgid)
+                group = host_pgid(proc, pgid)
+                if group is not None and (leader is None or self.ours(leader, start)):
+                    os.killpg(group, signal.SIGKILL)
                     sent = True
         return sent
 
     def kill_node(self, node: Node) -> bool:
         """The node loses power: freeze its run.sh's session and every group it recorded (reading the records
-        again until no new one appears: a frozen node records nothing more), then SIGKILL them all."""
+        again until no new one appears: a frozen node records nothing more), then SIGKILL them all. In a
+        namespace: SIGKILL of the node's pid 1, which kills every process of it at once."""
         if not node.alive():
             return False
+        if node.namespaced:
+            try:
+                kill_namespace(node.proc)
+            except (ProcessLookupError, RuntimeError):
+                return False  # it exited just now
+            return True
         frozen = {node.proc.pid}  # run.sh's own session: the harness started it so; its pid is not reaped yet
         os.killpg(node.proc.pid, signal.SIGSTOP)
         while True:
@@ -354,12 +432,12 @@ class ChaosNodes:
         past = f"--run-budget {self.run_budget_s:.0f} s " if budget else ""
         row.hangs.append(f"{node.name} (run {node.runs}): run.sh ran past {past}{waiting_for}")
         log(f"  hang: {row.hangs[-1]}; SIGTERM")
-        node.proc.terminate()
+        node.terminate()
         try:
             node.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             log(f"  {node.name} ignored SIGTERM for 60 s; SIGKILL")
-            node.proc.kill()
+            node.kill()
             node.proc.wait()
 
     def settle(self, row: NodeRound, struck: float | None, iteration: int, late: float | None = None) -> None:
@@ -381,6 +459,8 @@ class ChaosNodes:
                         self.hang(node, row, f"{self.stop_bound_s():.0f} s after the master finished the run", False)
                     continue
                 node.reaped = True
+                if node.namespaced:
+                    rc = self.node_exit(node, rc, row)
                 row.exits[f"{node.name} (run {node.runs})"] = rc
                 if node.rank == 0 and rc == 0:
                     finished = time.monotonic()
@@ -420,6 +500,22 @@ class ChaosNodes:
                             self.start(node, node.resume)
                         waiting = []
             time.sleep(0.2)
+
+    def node_exit(self, node: Node, rc: int, row: NodeRound) -> int:
+        """A node in a namespace exited `rc`: what its pid 1 said besides run.sh's code. Processes left running
+        after run.sh exited (exit LEFT_RUNNING) are a leftover of the round and run.sh's own code is returned;
+        a client that did not mount is a problem."""
+        output = self.output(node)
+        left = list(LEFT_LINE.finditer(output)) if rc == LEFT_RUNNING else []
+        if left:
+            lines = [ln.strip() for ln in output[left[-1].end() :].splitlines() if ln.strip()]
+            found = [f"{node.name} (run {node.runs}), in its namespace after run.sh exited: {ln}" for ln in lines]
+            row.leftovers += found
+            row.problems += [f"left running: {item}" for item in found]
+            return int(left[-1].group(2))
+        if rc == NO_MOUNT and "its shared-filesystem client did not mount" in output:
+            row.problems.append(f"{node.name} (run {node.runs}): its shared-filesystem client did not mount")
+        return rc
 
     def next_iteration(self) -> int:
         """The iteration the master runs now (coordinator/runstate.py next_iteration, as the driver reads it)."""
@@ -462,9 +558,12 @@ class ChaosNodes:
                 took = row.stopped_s.get(str(rank))
                 if took is not None and took > bound:
                     row.hangs.append(f"rank {rank} stopped {took:.0f} s after the fault, past {bound:.0f} s")
-        needles = [f"--port {node.port}" for node in self.nodes]
-        report = check_log(self.log, deadlines=deadlines, needles=needles)
-        row.lost, row.duplicated, row.leftovers = report.lost, report.duplicated, report.leftovers
+        needles = [f"--port {node.port}" for node in self.nodes] + ([str(self.run_log)] if self.fs else [])
+        # in namespaces the recorded groups are the nodes' own ids, and nothing of a node outlives its pid 1:
+        # what was left there, NODE_INIT said (node_exit); here, the command lines
+        report = check_log(self.log, deadlines=deadlines, needles=needles, recorded=self.fs is None)
+        row.lost, row.duplicated = report.lost, report.duplicated
+        row.leftovers += report.leftovers
         row.hangs += report.late
         row.problems += report.problems()
         return row
@@ -525,7 +624,20 @@ def last_said(output: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos_nodes", description=__doc__.split("\n")[0])
     parser.add_argument("--data-path", type=Path, required=True)
-    parser.add_argument("--log-path", type=Path, help="default: a new temp directory (kept)")
+    parser.add_argument(
+        "--log-path",
+        type=Path,
+        help="default: a new temp directory (kept); with a served --profile, the soak's new folder (the volume's "
+        "state and store, fs-state/; its mount, shared/; run.sh's outputs, chaos/)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="local",
+        help="local: the log path on this machine's disk, each node a session of its own; gluster, gluster-5s, "
+        "sshfs: on a volume served here (bench/sharedfs.py, as root), each node in namespaces of its own "
+        "(bench/nodes.py) through its own client",
+    )
     parser.add_argument("--rounds", type=int, default=len(FAULTS))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", default="", help="comma-separated kinds to draw from (default: all)")
@@ -555,8 +667,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--faults: unknown kinds {unknown}; the kinds: {', '.join(FAULTS)}")
     plan = at_least_late(draw(kinds, args.rounds, rng), [k for k in kinds if FAULTS[k].late], args.late)
     log_path = (args.log_path or Path(tempfile.mkdtemp(prefix="baton-chaos-nodes-"))).resolve()
+    if args.profile != "local" and (log_path / "fs-state").exists():
+        parser.error(f"--log-path {log_path}: with --profile, a new folder (the volume is served anew each soak)")
+    # so that the `finally`s stop the run.sh it started, and the volume it serves
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with contextlib.ExitStack() as stack:
+        fs = None if args.profile == "local" else stack.enter_context(shared_fs(log_path, args.profile))
+        return soak(args, plan, rng, log_path, fs, argv)
+
+
+def soak(
+    args: argparse.Namespace,
+    plan: list[str],
+    rng: random.Random,
+    log_path: Path,
+    fs: SharedFs | None,
+    argv: list[str] | None,
+) -> int:
+    """The rounds of `plan` on the log path (with `fs`: on the served volume), the table, the exit code."""
     chaos = ChaosNodes(
-        args.data_path.resolve(), log_path, args.overrides, args.run_budget, args.heartbeat, args.dead_after
+        args.data_path.resolve(), log_path, args.overrides, args.run_budget, args.heartbeat, args.dead_after, fs
     )
     # the update's own deadline (launch.timeout_s + grace_s, defaults) and the run budget for the rest
     deadlines = {"update": 3600.0 + 10.0} | dict.fromkeys(
@@ -564,11 +694,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ports = ", ".join(f"rank {n.rank}: core {n.core}, port {n.port}" for n in chaos.nodes)
     liveness = f"a beat every {args.heartbeat:g} s, dead after {args.dead_after:g} s"
-    log(f"chaos-nodes: {len(plan)} rounds on {log_path} (seed {args.seed}; {ports}; {liveness})")
-    log(f"run.sh output: {log_path}/chaos/run_<k>.rank_<r>.log")
+    where = "" if fs is None else f"; {args.profile} served here, the nodes' log path {chaos.run_log}"
+    log(f"chaos-nodes: {len(plan)} rounds on {chaos.log} (seed {args.seed}; {ports}; {liveness}{where})")
+    log(f"run.sh output: {chaos.outputs}/run_<k>.rank_<r>.log")
     rows = []
     started = time.monotonic()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the run.sh it started
     try:
         for number, kind in enumerate(plan, start=1):
             fault = FAULTS[kind]
@@ -596,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  problem: {problem}")
     finally:
         chaos.stop_all()
-    report(rows, "bench.chaos_nodes", argv, log_path, started, args.out)
+    report(rows, "bench.chaos_nodes", argv, chaos.log, started, args.out)
     return 0 if all(r.recovered and not r.problems and not r.hangs for r in rows) else 1
 
 

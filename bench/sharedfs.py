@@ -2,7 +2,7 @@
 every node through a client of its own, at the same path (docs/multinode.md "Filesystems").
 
     with shared_fs(tmp_path, "gluster-5s") as fs:          # the server, and this process's own client at fs.path
-        start_node(0, [..., "--log-path", str(fs.path / "log")], fs=fs)   # tests/e2e/nodes.py: node_init(fs)
+        start_node(0, [..., "--log-path", str(fs.path / "log")], fs=fs)   # tests/e2e/nodes.py, bench/nodes.py
 
 Profiles (`PROFILES`):
 - `local`: no server; fs.path is a folder of the local disk that every node sees at once.

@@ -44,11 +44,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.nodes import kill_node, signal_group, signal_run_sh
 from bench.sharedfs import SharedFs
 from rollout_engine.layout import Layout
 from tests.conftest import REPO
 from tests.e2e.conftest import ONE_STEP_LOOP, VllmServer, processes_mentioning
-from tests.e2e.nodes import kill_node, kill_the_nodes_left, signal_group, signal_run_sh, start_node
+from tests.e2e.nodes import kill_the_nodes_left, start_node
 from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
 
 pytestmark = pytest.mark.e2e

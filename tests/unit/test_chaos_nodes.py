@@ -1,5 +1,6 @@
 """bench/chaos_nodes.py's plan and its reading of the master's step (offline, fast): --faults with kinds that
-hold commas, --late forcing late-restart rounds, the newest step the master planned."""
+hold commas, --late forcing late-restart rounds, the newest step the master planned, what a node's pid 1 said
+(--profile: processes left in its namespace)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 from pathlib import Path
 
 from bench.chaos import draw
-from bench.chaos_nodes import FAULTS, ChaosNodes, at_least_late, master_step, split_kinds
+from bench.chaos_nodes import FAULTS, ChaosNodes, NodeRound, at_least_late, master_step, split_kinds
 from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Endpoint
 from coordinator.membership import start_run
@@ -69,3 +70,19 @@ def test_a_soak_continued_on_a_log_path_numbers_its_run_outputs_after_the_earlie
     soak.starts += 1
     soak.nodes[0].runs = soak.starts
     assert soak.output_path(soak.nodes[0]).name == "run_013.rank_0.log"
+
+
+def test_what_a_node_s_pid_1_left_running_is_a_leftover_and_run_sh_s_own_code_counts(tmp_path: Path) -> None:
+    soak = ChaosNodes(tmp_path / "data", tmp_path / "log", [], 60.0, 5.0, 30.0)
+    node = soak.nodes[1]
+    node.runs = 4
+    said = "[baton] iteration 1 done on rank 1\n[node node1] left running after run.sh exited (0):\n  27 Ss sleep 300\n"
+    soak.output_path(node).write_text(said)
+    row = NodeRound(1, "worker node death (rollout)", 1, 0.0)
+    assert soak.node_exit(node, 99, row) == 0
+    assert row.leftovers == ["rank 1 (run 4), in its namespace after run.sh exited: 27 Ss sleep 300"]
+    assert row.problems == [f"left running: {row.leftovers[0]}"]
+    soak.output_path(node).write_text("[node node1] its shared-filesystem client did not mount /x/shared\n")
+    assert soak.node_exit(node, 98, row) == 98 and row.problems[-1].endswith("client did not mount")
+    clean = NodeRound(2, "worker node death (rollout)", 1, 0.0)
+    assert soak.node_exit(node, 3, clean) == 3 and not clean.leftovers and not clean.problems
