@@ -42,6 +42,8 @@ POLL_S = 0.01
 CHANGES = ("name", "listing", "deleted", "replaced")
 #: the PairFindings field of each
 FIELDS = ("new_by_name_s", "new_by_listing_s", "deleted_visible_s", "old_content_s")
+#: rank 0's findings, in the check's folder
+FINDINGS = "findings.json"
 
 
 @dataclass
@@ -74,6 +76,19 @@ class Findings:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def save_findings(folder: Path, findings: Findings) -> Path:
+    """Write the findings beside the check's files (`findings.json`, which the other ranks may read)."""
+    path = folder / FINDINGS
+    save_text(path, json.dumps(findings.to_json(), indent=1) + "\n")
+    return path
+
+
+def load_findings(path: Path) -> Findings:
+    """The findings another rank wrote (FileNotFoundError, ValueError or KeyError while they are not there)."""
+    data = json.loads(read_fresh(path))
+    return Findings(data["budget_s"], data["folder"], [PairFindings(**pair) for pair in data["pairs"]])
 
 
 def _wait(condition: Callable[[], bool], deadline: float) -> float | None:
@@ -111,7 +126,8 @@ def _answers(folder: Path, ranks: list[int], name: str, deadline: float) -> dict
 
 def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = None) -> Findings:
     """Rank 0's side for every other rank at once (waiting `wait_s`, default `budget_s`, for them to answer);
-    returns what each saw."""
+    returns what each saw. Once it stops waiting for answers it writes `closed`: a rank that comes later
+    keeps out (`follow` returns at once)."""
     folder.mkdir(parents=True, exist_ok=True)
     ranks = range(1, num_nodes)
     for r in ranks:
@@ -122,6 +138,7 @@ def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = N
     for r in ranks:
         _write(folder / f"a.{r}.ping", {"time": pinged[r]})
     ponged = _answers(folder, list(ranks), "pong", time.time() + (budget_s if wait_s is None else wait_s))
+    _write(folder / "closed", {"answered": sorted(ponged)})
     changed = time.time()
     for r in ponged:
         _write(folder / f"a.{r}.name", {})
@@ -165,10 +182,10 @@ def follow(folder: Path, rank: int, budget_s: float, wait_s: float | None = None
     """Rank `rank`'s side, waiting `wait_s` (default `budget_s`) for rank 0's ping (its answers are rank 0's to
     read)."""
     deadline = time.time() + (budget_s if wait_s is None else wait_s)
-    ping = folder / f"a.{rank}.ping"
-    pinged = _wait(lambda: exists_either_way(ping) and _read(ping) is not None, deadline)
-    if pinged is None:
-        return  # rank 0 never showed up: its findings say so
+    ping, closed = folder / f"a.{rank}.ping", folder / "closed"
+    pinged = _wait(lambda: exists_either_way(closed) or (exists_either_way(ping) and _read(ping) is not None), deadline)
+    if pinged is None or exists_either_way(closed):
+        return  # rank 0 never showed up, or stopped waiting for answers: its findings say so
     # the old state, seen before it changes: the gone file exists, the content is version 1
     gone, content = folder / f"a.{rank}.gone", folder / f"a.{rank}.content"
     _wait(lambda: gone.exists() and (_read(content) or {}).get("version") == 1, time.time() + budget_s)
@@ -204,8 +221,37 @@ def follow(folder: Path, rank: int, budget_s: float, wait_s: float | None = None
     _write(folder / f"b.{rank}.result", {"seen": seen, "locks_shared": shared})
 
 
+def summary(findings: Findings) -> str:
+    """One line for a run's log: the worst of each finding over the ranks that answered."""
+    answered = [pair for pair in findings.pairs if pair.round_trip_s is not None]
+    if not answered:
+        return f"no other rank answered within the check's wait ({findings.budget_s:g} s per look)"
+
+    def worst(name: str) -> str:
+        value = Findings(findings.budget_s, findings.folder, answered).worst(name)
+        return f"more than {findings.budget_s:g} s" if value is None else f"{value:.2f} s"
+
+    shared = {pair.locks_shared for pair in answered}
+    locks = "yes" if shared == {True} else "no (each node locks alone)" if False in shared else "unknown"
+    offset = max(abs(pair.clock_offset_s or 0.0) for pair in answered)
+    late = [pair.rank for pair in findings.pairs if pair.round_trip_s is None]
+    return (
+        f"ranks {_ranks([pair.rank for pair in answered])} see rank 0's writes: a new file by name"
+        f" {worst('new_by_name_s')}, by listing {worst('new_by_listing_s')}; a deleted file for"
+        f" {worst('deleted_visible_s')}; a replaced file's old content for {worst('old_content_s')}; locks shared:"
+        f" {locks}; clocks within {offset:.3f} s" + (f"; not in time: ranks {_ranks(late)}" if late else "")
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ",".join(str(rank) for rank in ranks)
+
+
 def verdict(findings: Findings, dead_after_s: float, heartbeat_s: float) -> list[str]:
-    """What the findings refuse: each problem names the setting, the measured staleness and the fix."""
+    """What the findings refuse: each problem names the setting, the measured staleness and the fix. A rank that
+    did not answer rank 0's ping took no part: it adds nothing (the findings name it)."""
+    answered = [pair for pair in findings.pairs if pair.round_trip_s is not None]
+    findings = Findings(findings.budget_s, findings.folder, answered)
     problems = []
     old = findings.worst("old_content_s")
     # a heartbeat is a file replaced every heartbeat_s; another node sees each change up to `old` late, so the

@@ -125,6 +125,8 @@ class ClusterRun:
     evicted_dir = property(lambda self: self.dir / "evicted")
     barriers = property(lambda self: self.dir / "barriers")
     stop = property(lambda self: self.dir / "stop.json")
+    #: the shared-filesystem check at the run's start (coordinator.fscheck): its files, and findings.json
+    fscheck = property(lambda self: self.dir / "fscheck")
     finished = property(lambda self: self.dir / "finished.json")
 
     def barrier_dir(self, iteration: int, phase: str) -> Path:

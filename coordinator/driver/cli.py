@@ -112,6 +112,7 @@ ENV_MINIMUMS = (
     (defaults.VLLM_RELOAD_S, 1),
     (defaults.POLICY_RESTARTS, 0),
     (defaults.JOIN_WAIT_S, 1),
+    (defaults.FS_CHECK_S, 0),
     (defaults.PROGRESS_S, 0),
 )
 SLURM_ADDR_SOURCE = "the first host of SLURM_JOB_NODELIST"

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from coordinator.driver import cli, say
-from coordinator.fscheck import Findings, PairFindings, follow, lead, verdict
+from coordinator.fscheck import FINDINGS, Findings, follow, lead, load_findings, save_findings, verdict
 from rollout_engine.defaults import DEAD_AFTER_S, HEARTBEAT_S
 from rollout_engine.files import save_text
 from rollout_engine.shared_read import read_fresh
@@ -51,20 +51,23 @@ def check_shared_fs(args: cli.Args, env: Mapping[str, str] = os.environ) -> int:
         save_text(root / "current.json", json.dumps({"id": check_id, "time": time.time()}) + "\n")
         say.log(f"checking {log} with {args.num_nodes - 1} other nodes (check {check_id}); start them now")
         findings = lead(folder, args.num_nodes, BUDGET_S, wait_s=WAIT_S)
-        save_text(folder / "findings.json", json.dumps(findings.to_json(), indent=1) + "\n")
+        save_findings(folder, findings)
     else:
         folder = _current(root, time.time())
         say.log(f"rank {args.rank}: answering rank 0's check {folder.name}")
         follow(folder, args.rank, BUDGET_S, wait_s=WAIT_S)
-        findings = _findings(folder / "findings.json")
+        findings = _findings(folder / FINDINGS)
     for line in describe(findings):
         print(line, flush=True)
     problems = verdict(findings, dead_after, heartbeat)
     for problem in problems:
         print(f"[baton] error: {problem}", flush=True)
-    if not problems:
+    silent = [pair.rank for pair in findings.pairs if pair.round_trip_s is None]
+    if silent:
+        print(f"[baton] error: ranks {silent} did not answer within {WAIT_S:.0f} s: start them too", flush=True)
+    if not problems and not silent:
         say.log(f"{log} is fit for a multi-node run at BATON_DEAD_AFTER_S={dead_after:g}")
-    return 2 if problems else 0
+    return 2 if problems else 1 if silent else 0
 
 
 def _current(root: Path, started: float) -> Path:
@@ -85,8 +88,7 @@ def _findings(path: Path) -> Findings:
     deadline = time.time() + WAIT_S
     while time.time() < deadline:
         try:
-            data = json.loads(read_fresh(path))
-            return Findings(data["budget_s"], data["folder"], [PairFindings(**p) for p in data["pairs"]])
+            return load_findings(path)
         except (FileNotFoundError, ValueError, KeyError):
             time.sleep(0.2)
     raise say.Die(1, f"rank 0 wrote no findings at {path} within {WAIT_S:.0f} s")

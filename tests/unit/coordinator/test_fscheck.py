@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from coordinator.fscheck import Findings, PairFindings, follow, lead, verdict
+from coordinator.fscheck import Findings, PairFindings, follow, lead, summary, verdict
 
 
 def test_two_processes_on_one_disk_see_every_change_at_once_and_share_locks(tmp_path: Path) -> None:
@@ -37,3 +37,8 @@ def test_the_verdict_refuses_a_dead_after_two_beats_and_the_staleness_reach() ->
     problems = verdict(never, dead_after_s=30, heartbeat_s=5)  # 2 x 5 + the 8 s wait = 18 < 30: only the names
     assert len(problems) == 1 and "seen neither by name nor by listing within 8 s" in problems[0]
     assert len(verdict(never, dead_after_s=18, heartbeat_s=5)) == 2
+    # a rank that never answered the ping (it started after rank 0 stopped waiting) took no part
+    late = Findings(8.0, "/log/fscheck/x", [*fresh.pairs, PairFindings(2, "")])
+    assert verdict(late, dead_after_s=30, heartbeat_s=5) == []
+    assert summary(late).endswith("locks shared: unknown; clocks within 0.000 s; not in time: ranks 2")
+    assert summary(late).startswith("ranks 1 see rank 0's writes: a new file by name 0.00 s, by listing more than 8 s")

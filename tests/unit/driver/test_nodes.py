@@ -27,6 +27,7 @@ from coordinator.cluster import Cluster, Eviction, StopRequest
 from coordinator.driver import say
 from coordinator.driver.nodes import Members, Node
 from coordinator.driver.supervise import EXPIRED, Supervisor
+from coordinator.fscheck import load_findings
 from coordinator.membership import pid_running, pid_started, start_run
 from tests.unit.coordinator.fakes import old_run
 
@@ -171,7 +172,14 @@ class Nodes:
 
 @pytest.fixture
 def nodes(tmp_path: Path, signals: Signals, monkeypatch: pytest.MonkeyPatch) -> Iterator[Nodes]:
-    for name, value in {"BATON_HEARTBEAT_S": "0.5", "BATON_DEAD_AFTER_S": "10", "BATON_JOIN_WAIT_S": "30"}.items():
+    # no shared-filesystem check at the start (master and worker start one after the other in one thread here)
+    settings = {
+        "BATON_HEARTBEAT_S": "0.5",
+        "BATON_DEAD_AFTER_S": "10",
+        "BATON_JOIN_WAIT_S": "30",
+        "BATON_FS_CHECK_S": "0",
+    }
+    for name, value in settings.items():
         monkeypatch.setenv(name, value)
     for name in ("BATON_RUN_ID", "BATON_RUN_FENCE", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_JOB_ID"):
         monkeypatch.delenv(name, raising=False)
@@ -494,3 +502,37 @@ def test_the_first_step_of_a_continue_run_waits_for_every_rank_to_join(nodes: No
         joined.join()
     assert members.ranks == [0, 1]
     assert members.incarnations[1] == worker.me
+
+
+def test_a_multi_node_start_checks_the_shared_filesystem_within_its_budget(
+    nodes: Nodes, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The master pings every worker; those that joined in time answer, one that starts later takes no part;
+    the whole check takes at most BATON_FS_CHECK_S and its findings are in the run's log and folder."""
+    monkeypatch.setenv("BATON_FS_CHECK_S", "5")
+    three = {"num_nodes": 3, "rank_weights": "1,1,1"}
+    master, worker, late = (nodes.make(rank, **three) for rank in range(3))
+    took: dict[int, float] = {}
+
+    def start(node: Node, iteration: int) -> None:
+        began = time.monotonic()
+        node.start(iteration)
+        took[node.args.rank] = time.monotonic() - began
+
+    threads = [threading.Thread(target=start, args=(node, 0)) for node in (master, worker)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert max(took.values()) <= 5
+    start(late, 0)  # after the master stopped waiting: it joins at once, without the check
+    assert took[2] < 1.5
+    findings = load_findings(Cluster(nodes.log, master.run_id).paths.fscheck / "findings.json")
+    answered = {pair.rank: pair for pair in findings.pairs}
+    assert answered[1].round_trip_s is not None and answered[1].new_by_name_s is not None
+    assert answered[1].locks_shared is True  # one machine: flock is shared between its open files
+    assert answered[2].round_trip_s is None
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if "shared filesystem (" in line)
+    assert "ranks 1 see rank 0's writes: a new file by name" in line and "; not in time: ranks 2;" in line
+    assert line.endswith(f"{Cluster(nodes.log, master.run_id).paths.fscheck}/findings.json")
