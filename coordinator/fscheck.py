@@ -9,10 +9,11 @@ clock and B's clock, never comparing the two directly:
 1. A writes `a.<r>.ping`; B, looking both ways (listing and name), answers `b.<r>.pong` with the times it saw
    the ping and answered; A, looking both ways, sees it: the round trip, and B's clock offset from A's (NTP's
    estimate, within half the round trip).
-2. At one moment A creates `a.<r>.name` and `a.<r>.list`, deletes `a.<r>.gone` and replaces `a.<r>.content`
-   (temp file and rename, as every file of the protocol); B, who saw the old state in step 1, watches each
-   its own way (by name only, by listing only, by name, by content) until it sees the change or the budget
-   ends, noting the time on its clock.
+2. Once every B answered or its wait ended, A writes `closed` (a B that comes later takes no part), and at one
+   moment creates `a.<r>.name` and `a.<r>.list`, deletes `a.<r>.gone` and replaces `a.<r>.content` (temp file
+   and rename, as every file of the protocol); B, who saw the old state in step 1, sees `closed` and watches
+   each its own way (by name only, by listing only, by name, by content) until it sees the change or the
+   budget ends, noting the time on its clock.
 3. A holds an exclusive flock on `a.<r>.lock`; B tries it without blocking: taken means locks are not
    shared between the nodes.
 
@@ -28,6 +29,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -178,13 +180,20 @@ def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = N
     return findings
 
 
-def follow(folder: Path, rank: int, budget_s: float, wait_s: float | None = None) -> None:
+def follow(
+    folder: Path, rank: int, budget_s: float, wait_s: float | None = None, stop: threading.Event | None = None
+) -> None:
     """Rank `rank`'s side, waiting `wait_s` (default `budget_s`) for rank 0's ping (its answers are rank 0's to
-    read)."""
+    read); `stop` set ends that wait."""
     deadline = time.time() + (budget_s if wait_s is None else wait_s)
     ping, closed = folder / f"a.{rank}.ping", folder / "closed"
-    pinged = _wait(lambda: exists_either_way(closed) or (exists_either_way(ping) and _read(ping) is not None), deadline)
-    if pinged is None or exists_either_way(closed):
+
+    def pinged_or_over() -> bool:
+        over = (stop is not None and stop.is_set()) or exists_either_way(closed)
+        return over or (exists_either_way(ping) and _read(ping) is not None)
+
+    pinged = _wait(pinged_or_over, deadline)
+    if pinged is None or exists_either_way(closed) or (stop is not None and stop.is_set()):
         return  # rank 0 never showed up, or stopped waiting for answers: its findings say so
     # the old state, seen before it changes: the gone file exists, the content is version 1
     gone, content = folder / f"a.{rank}.gone", folder / f"a.{rank}.content"
@@ -193,6 +202,8 @@ def follow(folder: Path, rank: int, budget_s: float, wait_s: float | None = None
     (folder / f"a.{rank}.name").exists()
     f"a.{rank}.list" in os.listdir(folder)  # noqa: B015
     _write(folder / f"b.{rank}.pong", {"seen": pinged, "time": time.time(), "host": socket.gethostname()})
+    # rank 0 changes the files once every rank answered or its wait ended (`closed`): the watch starts then
+    _wait(lambda: exists_either_way(closed) or (stop is not None and stop.is_set()), time.time() + (wait_s or budget_s))
     look = {
         "name": lambda: (folder / f"a.{rank}.name").exists(),
         "listing": lambda: f"a.{rank}.list" in os.listdir(folder),

@@ -39,11 +39,11 @@ from coordinator.cluster import (
     StopRequest,
 )
 from coordinator.driver import say
-from coordinator.fscheck import follow, lead, save_findings, summary, verdict
+from coordinator.driver.startcheck import StartCheck
 from coordinator.heartbeat import LivenessWatcher, PeerWatch
 from coordinator.membership import default_addr, join_run, pid_started, start_run
 from coordinator.protocol_cli import incarnation, protocol_root
-from rollout_engine.defaults import BARRIER_REPORT_S, DEAD_AFTER_S, FS_CHECK_S, HEARTBEAT_S, JOIN_WAIT_S, Setting
+from rollout_engine.defaults import BARRIER_REPORT_S, DEAD_AFTER_S, HEARTBEAT_S, JOIN_WAIT_S, Setting
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
 from rollout_engine.layout import Layout
@@ -147,6 +147,8 @@ class Node:
     _record: RunRecord | None = field(default=None, init=False, repr=False)
     #: the master: the rank whose loss ended the run, as its failure flag tells the workers
     _lost: str = field(default="", init=False, repr=False)
+    #: the shared-filesystem check at the start (coordinator/driver/startcheck.py)
+    _fscheck: StartCheck | None = field(default=None, init=False, repr=False)
 
     @property
     def multi(self) -> bool:
@@ -213,32 +215,9 @@ class Node:
             f" (torchrun port {self.torchrun_port or ''});"
             f" status: python -m coordinator status --log-path {self.args.log}{group}"
         )
-        self.check_fs()
-
-    def check_fs(self) -> None:
-        """The shared-filesystem check at the run's start (coordinator/fscheck.py; `run.sh --check-shared-fs` is
-        the long one), in at most BATON_FS_CHECK_S: the master pings every worker and waits 30 % of it for the
-        ones that joined to answer; its findings go to the run's log (one line) and to the run's
-        `fscheck/findings.json`. A liveness setting shorter than the staleness measured is bad input (exit 2 on
-        the master; the workers stop at its failure flag). A worker that joins after the master stopped waiting
-        (a late start, a restart in a continue run) takes no part."""
-        total = FS_CHECK_S.value()
-        if total <= 0:
-            return
-        folder, record = self._cluster().paths.fscheck, self._run_record()
-        budget, wait = total / 5, total * 0.3  # the longest: wait + 2 budgets + 2 s for the results (lead)
-        with self._protocol("the shared-filesystem check at the start"):
-            if not self.is_master:
-                follow(folder, self.args.rank, budget, wait_s=wait)
-                return
-            started = self.supervisor.clock()
-            findings = lead(folder, self.args.num_nodes, budget, wait_s=wait)
-            path = save_findings(folder, findings)
-            took = self.supervisor.clock() - started
-            say.log(f"shared filesystem ({took:.1f} s check): {summary(findings)}; {path}")
-            problems = verdict(findings, record.dead_after_s, record.heartbeat_interval_s)
-            if problems:
-                raise ConfigError(problems)
+        self._fscheck = StartCheck.begin(self)
+        if self._fscheck is not None:
+            self.supervisor.add(self._fscheck.watch)
 
     def _start_run(self, start_iteration: int) -> RunRecord:
         return start_run(
@@ -522,6 +501,9 @@ class Node:
         (or on any node of a Slurm step) asks the whole run to stop; any other failure of this node is flagged
         so that the others stop at once instead of at their next barrier."""
         self.unwatch_partners()
+        if self._fscheck is not None:
+            self._fscheck.stop()
+            self.supervisor.remove(self._fscheck.watch)
         if not self.run_id:
             return rc
         ended = self.ended()

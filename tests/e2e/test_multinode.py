@@ -165,6 +165,9 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(
     out_w = communicate_waiting(worker, waiting_for="the worker (RANK=1) to finish the run", timeout=budget)
     out_m = communicate_waiting(master, waiting_for="the master to finish the run", timeout=300)
     assert (master.returncode, worker.returncode) == (0, 0), out_m[-3000:] + out_w[-3000:]
+    # the shared-filesystem check at the start (BATON_FS_CHECK_S, 10 s): the worker answered, GlusterFS shares locks
+    check = re.search(r"\[baton\] shared filesystem \((\d+\.\d) s check\): ranks 1 see rank 0's writes: (.*)", out_m)
+    assert check and float(check.group(1)) <= 10 and "locks shared: yes" in check.group(2), out_m[-3000:]
     train = [episodes(log, "train", 1, rank) for rank in (0, 1)]
     ids = [{t["episode_id"] for t in share} for share in train]
     assert (len(ids[0]), len(ids[1])) == (64, 32) and not ids[0] & ids[1]  # disjoint 2:1 shares of the 96

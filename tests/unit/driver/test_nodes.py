@@ -24,7 +24,7 @@ import pytest
 
 from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Eviction, StopRequest
-from coordinator.driver import say
+from coordinator.driver import say, startcheck
 from coordinator.driver.nodes import Members, Node
 from coordinator.driver.supervise import EXPIRED, Supervisor
 from coordinator.fscheck import load_findings
@@ -504,35 +504,41 @@ def test_the_first_step_of_a_continue_run_waits_for_every_rank_to_join(nodes: No
     assert members.incarnations[1] == worker.me
 
 
-def test_a_multi_node_start_checks_the_shared_filesystem_within_its_budget(
+def test_a_multi_node_start_checks_the_shared_filesystem_beside_the_start(
     nodes: Nodes, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The master pings every worker; those that joined in time answer, one that starts later takes no part;
-    the whole check takes at most BATON_FS_CHECK_S and its findings are in the run's log and folder."""
+    """The start does not wait for the check: the master waits (in a thread) for every rank to register, at most
+    REGISTER_WAIT_S, pings those that did, and logs its findings at a supervisor tick once done; a rank that
+    starts later takes no part."""
     monkeypatch.setenv("BATON_FS_CHECK_S", "5")
+    monkeypatch.setattr(startcheck, "REGISTER_WAIT_S", 2.0)
     three = {"num_nodes": 3, "rank_weights": "1,1,1"}
     master, worker, late = (nodes.make(rank, **three) for rank in range(3))
-    took: dict[int, float] = {}
-
-    def start(node: Node, iteration: int) -> None:
-        began = time.monotonic()
-        node.start(iteration)
-        took[node.args.rank] = time.monotonic() - began
-
-    threads = [threading.Thread(target=start, args=(node, 0)) for node in (master, worker)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert max(took.values()) <= 5
-    start(late, 0)  # after the master stopped waiting: it joins at once, without the check
-    assert took[2] < 1.5
+    began = time.monotonic()
+    master.start(0)
+    worker.start(0)
+    assert time.monotonic() - began < 5  # the joins' own waits, not the check's
+    until(lambda: master.supervisor.tick() or "shared filesystem (" in capsys.readouterr().err, "the findings", 15)
+    started = time.monotonic()
+    late.start(0)  # after the master stopped waiting for answers: no part in the check
+    until(lambda: late._fscheck is not None and late._fscheck.done, "the late rank's side to end", 2)
+    assert time.monotonic() - started < 2
     findings = load_findings(Cluster(nodes.log, master.run_id).paths.fscheck / "findings.json")
-    answered = {pair.rank: pair for pair in findings.pairs}
-    assert answered[1].round_trip_s is not None and answered[1].new_by_name_s is not None
-    assert answered[1].locks_shared is True  # one machine: flock is shared between its open files
-    assert answered[2].round_trip_s is None
-    err = capsys.readouterr().err
-    line = next(line for line in err.splitlines() if "shared filesystem (" in line)
-    assert "ranks 1 see rank 0's writes: a new file by name" in line and "; not in time: ranks 2;" in line
-    assert line.endswith(f"{Cluster(nodes.log, master.run_id).paths.fscheck}/findings.json")
+    pairs = {pair.rank: pair for pair in findings.pairs}
+    assert pairs[1].round_trip_s is not None and pairs[1].new_by_name_s is not None
+    assert pairs[1].locks_shared is True  # one machine: flock is shared between its open files
+    assert pairs[2].round_trip_s is None
+
+
+def test_the_start_check_s_verdict_ends_the_master_with_exit_2(nodes: Nodes, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATON_FS_CHECK_S", "5")
+    master, worker = nodes.make(0), nodes.make(1)
+    master.start(0)
+    worker.start(0)
+    check = master._fscheck
+    assert check is not None
+    until(lambda: check.done, "the master's side", 15)
+    check.problems = ["BATON_DEAD_AFTER_S=10 is too short here: ..."]  # as verdict() says (tests/unit/coordinator)
+    with pytest.raises(say.Die) as caught:
+        master.supervisor.tick()
+    assert caught.value.code == 2 and str(caught.value.message).startswith("BATON_DEAD_AFTER_S=10 is too short")
