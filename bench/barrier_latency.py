@@ -12,8 +12,8 @@ every rank passes `--barriers` barriers in a row as the driver does (arrive; ran
 opens the barrier, the others wait for its word: coordinator/barrier.py's two tiers; polling every `--poll` s).
 Barrier latency is the time from the last arrival (the wall time it wrote) to each waiter's release, over every
 waiter of every barrier. Then the last rank SIGKILLs its own heartbeat process while the others wait at one
-more barrier: rank 0 finds it dead and writes its failure flag naming it (as the driver's master does), the
-others stop at that flag; the time from the kill to each waiter's RankFailed is how long the others take to
+more barrier: rank 0 finds it dead and says so at the barrier (fail_barrier, as the driver's master does), the
+others stop at their next poll; the time from the kill to each waiter's RankFailed is how long the others take to
 notice (about `--dead-after`, give or take one heartbeat interval and one look, LOOK_S). All processes share
 this machine's clock, so wall times compare. Prints the CPU model beside the figures (stdout; progress on
 stderr). On GlusterFS it also prints the load the waiting puts on the server: the brick's file operations per
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.sharedfs import PROFILES, SharedFs, node_init, shared_fs
-from coordinator.barrier import BarrierResult, arrivals, arrive, open_barrier, wait_barrier, wait_open
+from coordinator.barrier import BarrierResult, arrivals, arrive, fail_barrier, open_barrier, wait_barrier, wait_open
 from coordinator.cluster import Cluster, Endpoint, FailureRecord, RankFailed, StopRequest
 from coordinator.heartbeat import LivenessWatcher
 from coordinator.membership import join_run, start_run
@@ -118,7 +118,11 @@ def barrier(cluster: Cluster, iteration: int, phase: str, args: argparse.Namespa
     if cluster.rank == 0:
         ranks = list(range(args.ranks))
         watcher = LivenessWatcher(cluster, ranks, args.dead_after)
-        result = wait_barrier(cluster, iteration, phase, ranks, watcher, poll_s=args.poll)
+        try:
+            result = wait_barrier(cluster, iteration, phase, ranks, watcher, poll_s=args.poll)
+        except RankFailed as failed:
+            fail_barrier(cluster, iteration, phase, str(failed))
+            raise
         open_barrier(cluster, result)
         return result
     return wait_open(cluster, iteration, phase, LivenessWatcher(cluster, [0], args.dead_after), poll_s=args.poll)

@@ -23,13 +23,15 @@ the master and O(1) on each worker rather than O(ranks) on every node:
     open_barrier(cluster0, master)                                           # `open.json`: the others go on
     worker = wait_open(cluster1, 3, "rollout_done", LivenessWatcher(cluster1, [0], 30))   # the master only
 
-A worker learns of another worker's loss from the master, whose failure flag
-names it (it fails the run in abort mode; continue mode drops the worker and says
-so in `open.json`).
+A worker learns of another worker's loss from the master: at a barrier from its
+word (fail_barrier: `open.json` saying why it will not open), elsewhere from its
+failure flag, both naming the rank (abort mode; continue mode drops the worker
+and says so in `open.json`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -230,8 +232,14 @@ def open_barrier(cluster: Cluster, result: BarrierResult) -> None:
     save_json(cluster.paths.barrier_open(result.iteration, result.phase), data)
 
 
-def opened(cluster: Cluster, iteration: int, phase: str) -> tuple[list[int], list[int], dict[int, Arrival]] | None:
-    """The master's `open.json` of a barrier (ranks, gone, arrivals), or None before it is there."""
+def fail_barrier(cluster: Cluster, iteration: int, phase: str, reason: str) -> None:
+    """The master's word that a barrier will not open (a rank it waited for is gone): the workers waiting at it
+    stop at their next poll, before they would see the master's failure flag."""
+    save_json(cluster.paths.barrier_open(iteration, phase), {"failed": reason})
+
+
+def opened(cluster: Cluster, iteration: int, phase: str) -> BarrierResult | None:
+    """The master's word at a barrier: its result (waited_s 0) once it opened; RankFailed(0) when it will not."""
     try:
         data = json.loads(read_fresh(cluster.paths.barrier_open(iteration, phase)))
     except FileNotFoundError:
@@ -240,8 +248,10 @@ def opened(cluster: Cluster, iteration: int, phase: str) -> tuple[list[int], lis
         if exc.errno != errno.ESTALE:
             raise
         return None
+    if "failed" in data:
+        raise RankFailed(0, f"failed in {phase} of iteration {iteration}: {data['failed']}")
     arrived = {int(rank): Arrival(**arrival) for rank, arrival in data["arrivals"].items()}
-    return list(data["ranks"]), list(data["gone"]), arrived
+    return BarrierResult(iteration, phase, list(data["ranks"]), arrived, 0.0, list(data["gone"]))
 
 
 def wait_open(
@@ -271,8 +281,7 @@ def wait_open(
             cluster.check_standing()
         word = opened(cluster, iteration, phase)
         if word is not None:
-            ranks, gone, arrived = word
-            return BarrierResult(iteration, phase, ranks, arrived, clock() - start, gone)
+            return dataclasses.replace(word, waited_s=clock() - start)
         if look:
             looked = now
             failure = cluster.failure(0)

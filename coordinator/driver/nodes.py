@@ -23,7 +23,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.barrier import BarrierResult, BarrierWait, arrivals, arrive, open_barrier, wait_barrier, wait_open
+from coordinator.barrier import (
+    BarrierResult,
+    BarrierWait,
+    arrivals,
+    arrive,
+    fail_barrier,
+    open_barrier,
+    wait_barrier,
+    wait_open,
+)
 from coordinator.cluster import (
     Cluster,
     ClusterError,
@@ -430,18 +439,24 @@ class Node:
         if continuing:
             peers = PeerWatch(cluster, list(range(record.num_nodes)), record.dead_after_s, "continue")
             membership = {"drop": lambda missing: peers.drop(missing, planned), "fatal": [0]}
-        result = wait_barrier(
-            cluster,
-            iteration,
-            phase,
-            expected,
-            watcher,
-            poll_s=POLL_S,
-            on_tick=tick,
-            tick_s=report_s,
-            on_poll=self.supervisor.tick,
-            **membership,
-        )
+        try:
+            result = wait_barrier(
+                cluster,
+                iteration,
+                phase,
+                expected,
+                watcher,
+                poll_s=POLL_S,
+                on_tick=tick,
+                tick_s=report_s,
+                on_poll=self.supervisor.tick,
+                **membership,
+            )
+        except RankFailed as failed:
+            if ranks is None:  # the workers waiting at it stop at their next poll
+                reason = str(failed)
+                self._quietly(lambda: fail_barrier(cluster, iteration, phase, reason))
+            raise
         if ranks is None:
             open_barrier(cluster, result)
         self._say_gone(cluster, iteration, phase, result)

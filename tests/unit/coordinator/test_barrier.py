@@ -16,6 +16,7 @@ from coordinator.barrier import (
     BarrierWait,
     arrivals,
     arrive,
+    fail_barrier,
     open_barrier,
     wait_barrier,
     wait_open,
@@ -318,6 +319,22 @@ def test_a_worker_learns_of_another_worker_s_loss_from_the_master_s_failure_flag
         str(caught.value) == "rank 0: failed in rollout of iteration 3: rank 2: dead: no heartbeat change seen for 30 s"
     )
     assert caught.value.exit_code == 3
+
+
+def test_a_worker_stops_at_its_next_poll_when_the_master_says_the_barrier_will_not_open(tmp_path: Path) -> None:
+    looks: list[BarrierWait] = []
+
+    def the_master_finds_rank_2_dead(wait: BarrierWait) -> None:
+        looks.append(wait)
+        fail_barrier(node(tmp_path, 0), 3, "rollout_done", "rank 2: dead: no heartbeat change seen for 30 s")
+
+    with pytest.raises(RankFailed) as caught:
+        wait_open(node(tmp_path, 1), 3, "rollout_done", None, on_tick=the_master_finds_rank_2_dead, tick_s=0, **QUICK)
+    assert len(looks) == 1
+    assert (
+        str(caught.value)
+        == "rank 0: failed in rollout_done of iteration 3: rank 2: dead: no heartbeat change seen for 30 s"
+    )
 
 
 def test_a_worker_waits_while_the_master_beats_and_stops_when_it_falls_silent(tmp_path: Path) -> None:
