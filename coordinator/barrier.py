@@ -131,12 +131,14 @@ def arrivals(
     phase: str,
     known: dict[int, Arrival] | None = None,
     want: Iterable[int] | None = None,
+    by_name: bool = True,
 ) -> dict[int, Arrival]:
-    """Who has arrived: one listing of the barrier directory, and a lookup of each rank's file it lacks (of
-    `want`, default every rank); the arrivals in `known` (read at an earlier poll of the same wait) are not read
-    again."""
+    """Who has arrived: one listing of the barrier directory, and (`by_name`) a lookup of each rank's file it
+    lacks (of `want`, default every rank); the arrivals in `known` (read at an earlier poll of the same wait) are
+    not read again."""
     found = dict(known or {})
-    expect = [rank for rank in (cluster.expected_ranks() if want is None else want) if rank not in found]
+    wanted = cluster.expected_ranks() if want is None else want
+    expect = [rank for rank in wanted if rank not in found] if by_name else []
     for rank, path in scan_ranks(cluster.barrier_dir(iteration, phase), expect).items():
         if rank in found:
             continue
@@ -204,7 +206,9 @@ def wait_barrier(
         look = looked is None or now - looked >= LOOK_S
         if look:
             cluster.check_standing()
-        arrived = arrivals(cluster, iteration, phase, arrived, expected)
+        # the listing every poll, the lookups by name of the missing ranks every LOOK_S (on sshfs a listing is
+        # 20 s late, so a barrier opens within LOOK_S there; each lookup is a round trip to the server)
+        arrived = arrivals(cluster, iteration, phase, arrived, expected, by_name=look)
         missing = [rank for rank in expected if rank not in arrived]
         if missing and drop is not None and look:
             out = drop(missing)
@@ -238,10 +242,12 @@ def fail_barrier(cluster: Cluster, iteration: int, phase: str, reason: str) -> N
     save_json(cluster.paths.barrier_open(iteration, phase), {"failed": reason})
 
 
-def opened(cluster: Cluster, iteration: int, phase: str) -> BarrierResult | None:
-    """The master's word at a barrier: its result (waited_s 0) once it opened; RankFailed(0) when it will not."""
+def opened(cluster: Cluster, iteration: int, phase: str, listing: bool = True) -> BarrierResult | None:
+    """The master's word at a barrier: its result (waited_s 0) once it opened; RankFailed(0) when it will not.
+    Looked up by name, and (`listing`) where the name is not found, in a listing of its folder."""
+    path = cluster.paths.barrier_open(iteration, phase)
     try:
-        data = json.loads(read_fresh(cluster.paths.barrier_open(iteration, phase)))
+        data = json.loads(read_fresh(path) if listing else path.read_bytes())
     except FileNotFoundError:
         return None
     except OSError as exc:  # a stale handle on a replaced file: not now
@@ -268,8 +274,9 @@ def wait_open(
     on_poll: Callable[[], None] | None = None,
 ) -> BarrierResult:
     """A worker's wait at a barrier of every rank (after its own arrival): until the master opens it
-    (open_barrier), while the master lives. Each poll reads `open.json`; every LOOK_S this rank's standing, the
-    master's failure flag and its heartbeat (`master`: a watcher of rank 0)."""
+    (open_barrier), while the master lives. Each poll looks `open.json` up by name; every LOOK_S a listing of its
+    folder too, this rank's standing, the master's failure flag and its heartbeat (`master`: a watcher of
+    rank 0)."""
     check_phase(phase)
     start = clock()
     next_tick = start + tick_s
@@ -279,7 +286,9 @@ def wait_open(
         look = looked is None or now - looked >= LOOK_S
         if look:
             cluster.check_standing()
-        word = opened(cluster, iteration, phase)
+        # by name every poll, by listing too every LOOK_S (GlusterFS with NFS-like caches keeps a name's absence
+        # for its negative timeout, 5 s): a poll is one lookup
+        word = opened(cluster, iteration, phase, listing=look)
         if word is not None:
             return dataclasses.replace(word, waited_s=clock() - start)
         if look:
