@@ -223,17 +223,16 @@ class PeerWatch:
 
     def gone(self, rank: int) -> str | None:
         """Why `rank` is out of the run, if it is: its failure flag, its eviction, or its silence."""
-        nodes = self.cluster.nodes()
-        node = nodes.get(rank)
+        node = self.cluster.node(rank)  # its files only: a worker's watch reads O(1) files a beat
         if node is not None and self.registered.get(rank) != node.incarnation:
             # first seen registered, or registered again (restarted): judge its heartbeat from now on this clock
             self.watcher.forget(rank)
             self.registered[rank] = node.incarnation
         continuing = self.mode == "continue"
-        failure = self.cluster.failures().get(rank)
+        failure = self.cluster.failure(rank)
         if failure is not None and (not continuing or node is None or failure.incarnation == node.incarnation):
             return f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
-        eviction = self.cluster.evicted(rank)
+        eviction = self.cluster.evicted(rank, node)
         if eviction is not None:
             return None if continuing else f"evicted: {eviction.reason}"
         if rank in self.watcher.dead() and (node is not None or self.watcher.changed(rank)):

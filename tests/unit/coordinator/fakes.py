@@ -1,11 +1,17 @@
-"""Fakes for the protocol tests: heartbeats beating in threads, and a run left by an earlier master."""
+"""Fakes for the protocol tests: heartbeats beating in threads, a run left by an earlier master, and a count of
+the file operations a piece of the protocol makes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+
+import pytest
 
 from coordinator.cluster import Cluster, Endpoint, RunRecord
 from coordinator.heartbeat import Beat, run_heartbeat, write_beat
@@ -44,3 +50,22 @@ def old_run(log: Path, *, host: str = "gone-host", pid: int = 999_999, dead_afte
     save_json(Layout(log).run_record, asdict(record))
     write_beat(cluster, 0, Beat(41, 9e9, host, pid))
     return record
+
+
+@contextlib.contextmanager
+def file_operations(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Within: every read, listing and lookup by name (Path.read_bytes, os.listdir, os.scandir, Path.exists),
+    one entry per call, in the list yielded."""
+    calls: list[str] = []
+
+    def counted(name: str, real):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as patch:
+        for owner, name in ((Path, "read_bytes"), (os, "listdir"), (os, "scandir"), (Path, "exists")):
+            patch.setattr(owner, name, counted(name, getattr(owner, name)))
+        yield calls

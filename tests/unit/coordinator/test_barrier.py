@@ -24,7 +24,7 @@ from coordinator.barrier import (
 from coordinator.cluster import Cluster, Evicted, Eviction, FailureRecord, RankFailed, RunStopped, StopRequest
 from coordinator.heartbeat import Beat, LivenessWatcher, write_beat
 from rollout_engine.errors import ConfigError
-from tests.unit.coordinator.fakes import old_run
+from tests.unit.coordinator.fakes import file_operations, old_run
 
 QUICK = {"poll_s": 0.02}
 
@@ -359,17 +359,6 @@ def test_a_poll_reads_o_1_files_on_a_worker_and_o_ranks_on_the_master(
 ) -> None:
     """What makes 128 ranks affordable (docs/multinode.md "Scale"): a worker's poll reads the same few files
     however many ranks the run has; only the master's grows with them."""
-    import os
-
-    reads = {"n": 0}
-    read_bytes, listdir, scandir, exists = Path.read_bytes, os.listdir, os.scandir, Path.exists
-
-    def counted(real):  # type: ignore[no-untyped-def]
-        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
-            reads["n"] += 1
-            return real(*args, **kwargs)
-
-        return call
 
     def one_poll(ranks: int, rank: int) -> int:
         log = tmp_path / f"n{ranks}"
@@ -378,29 +367,20 @@ def test_a_poll_reads_o_1_files_on_a_worker_and_o_ranks_on_the_master(
             write_beat(node(log, r, run), r, Beat(1, 0.0, "h", r))
             arrive(node(log, r, run), 3, "rollout_done")
         cluster = node(log, rank, run)
-        with monkeypatch.context() as patch:
-            for owner, name, real in (
-                (Path, "read_bytes", read_bytes),
-                (os, "listdir", listdir),
-                (os, "scandir", scandir),
-                (Path, "exists", exists),
-            ):
-                patch.setattr(owner, name, counted(real))
-            reads["n"] = 0
-            with pytest.raises(BarrierTimeout):
-                if rank == 0:  # rank 0 has not arrived: the master's poll looks at every other rank
-                    wait_barrier(
-                        cluster,
-                        3,
-                        "rollout_done",
-                        list(range(ranks)),
-                        LivenessWatcher(cluster, list(range(ranks)), 30),
-                        timeout_s=0,
-                        **QUICK,
-                    )
-                else:
-                    wait_open(cluster, 3, "rollout_done", LivenessWatcher(cluster, [0], 30), timeout_s=0, **QUICK)
-        return reads["n"]
+        with file_operations(monkeypatch) as calls, pytest.raises(BarrierTimeout):
+            if rank == 0:  # rank 0 has not arrived: the master's poll looks at every other rank
+                wait_barrier(
+                    cluster,
+                    3,
+                    "rollout_done",
+                    list(range(ranks)),
+                    LivenessWatcher(cluster, list(range(ranks)), 30),
+                    timeout_s=0,
+                    **QUICK,
+                )
+            else:
+                wait_open(cluster, 3, "rollout_done", LivenessWatcher(cluster, [0], 30), timeout_s=0, **QUICK)
+        return len(calls)
 
     assert one_poll(8, 1) == one_poll(64, 1) <= 12
     assert one_poll(64, 0) > 64 > one_poll(8, 0)

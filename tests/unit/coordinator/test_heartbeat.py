@@ -5,8 +5,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from coordinator.cluster import Cluster, Eviction, RunStopped, StopRequest
 from coordinator.heartbeat import Beat, LivenessWatcher, read_beats, run_heartbeat, write_beat
+from tests.unit.coordinator.fakes import file_operations, old_run
 
 
 class FakeClock:
@@ -355,3 +358,23 @@ def test_continue_mode_a_worker_restarted_with_the_same_host_and_pid_is_a_new_in
     assert cluster.members(2, planned={1: ("node1", 1, 500)}) == [0]  # a step planned with the old one
     assert cluster.members(2, planned={1: ("node1", 1, 900)}) == [0, 1]
     assert "registered again" in str(Cluster(tmp_path, "r1", rank=1, me=("node1", 1, 500)).standing())
+
+
+def test_a_worker_s_peer_watch_reads_o_1_files_a_beat_and_the_master_s_o_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's heartbeat watches the master only: the same few files at 8 ranks as at 64."""
+    from coordinator.heartbeat import PeerWatch
+
+    def one_beat(ranks: int, rank: int) -> int:
+        log = tmp_path / f"n{ranks}"
+        run = old_run(log, num_nodes=ranks, rank_weights=[1] * ranks, dead_after_s=30).run_id
+        for r in range(ranks):
+            beat(Cluster(log, run), r, 1)
+        watch = PeerWatch(Cluster(log, run, rank=rank), list(range(ranks)), dead_after_s=30)
+        with file_operations(monkeypatch) as calls:
+            assert watch() is None
+        return len(calls)
+
+    assert one_beat(8, 1) == one_beat(64, 1) <= 8
+    assert one_beat(64, 0) > 64 > one_beat(8, 0)
