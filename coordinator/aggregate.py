@@ -47,6 +47,7 @@ from rollout_engine.layout import (
     takeover_journal_name,
 )
 from rollout_engine.metrics import compute_metrics, save_metrics
+from rollout_engine.shared_read import read_sealed
 from rollout_engine.takeover import DeadRank, TakeoverPlan, load_takeover_plan, read_cut
 from rollout_engine.types import Trajectory
 
@@ -76,9 +77,12 @@ def _verified_manifest(directory: Path, journal_name: str) -> dict[str, Any] | N
     """A journal's sealed manifest with `verified`: the journal is byte for byte what was sealed (None if unsealed)."""
     manifest = load_manifest(directory / manifest_name(journal_name), strict=False)
     if manifest is not None:
-        journal = directory / journal_name
-        data = journal.read_bytes() if journal.exists() else b""
-        manifest["verified"] = hashlib.sha256(data).hexdigest() == manifest.get("sha256")
+        journal, sha = directory / journal_name, str(manifest.get("sha256"))
+        if manifest.get("complete"):  # sealed on another node: this client may still keep a shorter size
+            data = read_sealed(journal, int(manifest.get("bytes") or 0), sha)
+        else:
+            data = journal.read_bytes() if journal.exists() else b""
+        manifest["verified"] = hashlib.sha256(data).hexdigest() == sha
     return manifest
 
 

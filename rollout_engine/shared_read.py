@@ -2,6 +2,7 @@
 
     data = read_fresh(path)     # FileNotFoundError only when neither a listing nor the name finds it
     exists_either_way(path)     # a listing of its folder shows it, or its name does
+    data = read_sealed(path, size, sha256)   # another node's sealed journal, once this client shows all of it
 
 Imports nothing of Baton's, so that every module can use it (rollout_engine.fence included).
 """
@@ -10,12 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 #: how many times a read that met a stale handle is tried again (each a fresh lookup of the name)
 STALE_TRIES = 5
+#: how long a reader waits for another node's sealed file to show all its bytes (s): sshfs keeps a file's
+#: attributes, its size included, for 20 s, and reads only up to the size it keeps
+SEALED_WAIT_S = 30.0
 
 
 def read_fresh(path: str | Path) -> bytes:
@@ -61,3 +67,28 @@ def exists_either_way(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return path.exists()
+
+
+def read_sealed(
+    path: Path,
+    size: int,
+    sha256: str,
+    wait_s: float | None = None,
+    read: Callable[[Path], bytes] = read_fresh,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bytes:
+    """The bytes of `path`, a file another node wrote and sealed at `size` bytes hashing to `sha256` (a journal:
+    it only grows). A client that still keeps an older, shorter size reads a prefix: while fewer than `size`
+    bytes come, read again every 0.5 s for up to `wait_s` (default SEALED_WAIT_S), listing the folder first.
+    Returns what was read last; the caller compares it with the seal (b"" for a file not there)."""
+    deadline = time.monotonic() + (SEALED_WAIT_S if wait_s is None else wait_s)
+    while True:
+        try:
+            data = read(path)
+        except FileNotFoundError:
+            data = b""
+        if len(data) >= size or hashlib.sha256(data).hexdigest() == sha256 or time.monotonic() >= deadline:
+            return data
+        with contextlib.suppress(OSError):
+            os.listdir(path.parent)
+        sleep(0.5)

@@ -24,13 +24,15 @@ dead rank, resumed, finished its own share) are never read.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rollout_engine import shared_read
 from rollout_engine.errors import ConfigError
-from rollout_engine.journal import load_manifest, read_journal
+from rollout_engine.journal import load_manifest, parse_journal, read_journal
 from rollout_engine.layout import (
     MERGED_MANIFEST,
     Layout,
@@ -39,6 +41,7 @@ from rollout_engine.layout import (
     parse_journal_name,
     takeover_journal_name,
 )
+from rollout_engine.shared_read import read_sealed
 from rollout_engine.takeover import read_cut
 from rollout_engine.types import Trajectory
 
@@ -84,12 +87,31 @@ def read_iteration(directory: Path) -> list[Trajectory]:
         )
     if len(own) > 1:
         check_merged(directory, len(own))
+    seals = (manifest or {}).get("ranks", {})
     out: list[Trajectory] = []
     for path in (directory / name for name in own):
+        parsed = parse_journal_name(path.name)
+        seal = seals.get(str(parsed[0])) if parsed is not None else None
+        if seal and seal.get("sha256"):
+            out += parse_journal(_sealed_bytes(path, seal), path)
+            continue
         if not path.with_name(manifest_name(path.name)).exists():
             log.warning("%s has no manifest (rollout not sealed); reading it anyway", path)
         out += read_journal(path)
     return out
+
+
+def _sealed_bytes(path: Path, seal: dict[str, Any]) -> bytes:
+    """The journal as the master merged it (another node's, read through this node's client), or ConfigError."""
+    size, sha = int(seal.get("bytes") or 0), str(seal["sha256"])
+    data = read_sealed(path, size, sha)
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise ConfigError(
+            f"{path} is not the journal the master merged ({len(data)} bytes read, {size} sealed, another sha256): "
+            f"it changed since, or this node's filesystem client still showed an older copy after "
+            f"{shared_read.SEALED_WAIT_S:.0f} s; merge the iteration again (--resume on every node)"
+        )
+    return data
 
 
 def read_takeover(directory: Path, manifest: dict[str, Any]) -> list[Trajectory]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from coordinator.aggregate import aggregate, rank_metrics_path
+from rollout_engine import shared_read
 from rollout_engine.files import append_jsonl, save_json
 from rollout_engine.journal import Journal
 from rollout_engine.layout import takeover_journal_name
@@ -18,6 +21,13 @@ from rollout_engine.takeover import (
     takeover_plan_path,
 )
 from rollout_engine.types import Trajectory
+
+
+@pytest.fixture(autouse=True)
+def no_wait_for_a_stale_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A journal shorter than sealed is read again for SEALED_WAIT_S (a client keeping an old size): here, where
+    the tests shorten journals on purpose, not at all (tests/unit/rollout_engine/test_files.py tests the wait)."""
+    monkeypatch.setattr(shared_read, "SEALED_WAIT_S", 0.0)
 
 
 def trajectory(episode: str, *, success: bool) -> Trajectory:

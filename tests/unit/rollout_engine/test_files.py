@@ -130,3 +130,22 @@ def test_read_fresh_opens_again_a_file_another_node_replaced_under_a_stale_handl
 
     monkeypatch.setattr(Path, "read_bytes", replaced)
     assert read_fresh(path) == b"beat 7\n"
+
+
+def test_read_sealed_reads_again_while_a_client_shows_a_shorter_prefix_of_a_sealed_journal(tmp_path: Path) -> None:
+    """sshfs keeps a file's size for 20 s and reads only up to it: the master read another node's journal a
+    few seconds after it was sealed and found it changed (a soak on sshfs). The reader waits for all of it."""
+    import hashlib
+
+    from rollout_engine.shared_read import read_sealed
+
+    journal = tmp_path / "rank_1.jsonl"
+    journal.write_bytes(b'{"a": 1}\n{"a": 2}\n')
+    full = journal.read_bytes()
+    shown = [full[:9], full[:9], full]  # what this client shows at each read: its old size twice, then all
+    slept: list[float] = []
+    data = read_sealed(journal, len(full), hashlib.sha256(full).hexdigest(), 5, lambda p: shown.pop(0), slept.append)
+    assert data == full and slept == [0.5, 0.5]
+    # a journal changed after its seal (shorter than sealed for longer than the wait) is returned as it is
+    journal.write_bytes(full[:9])
+    assert read_sealed(journal, len(full), hashlib.sha256(full).hexdigest(), 0) == full[:9]
