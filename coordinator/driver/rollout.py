@@ -80,11 +80,20 @@ def rollout(run: Run, split: str, iteration: int, resume: bool) -> None:
         from coordinator.aggregate import aggregate
 
         try:
-            aggregate(
+            record = aggregate(
                 Path(run.log), split, iteration, run.args.num_nodes, time.monotonic() - start, plan, survivors(run, [])
             )
         except Exception as exc:
             raise Die(1, f"could not merge the ranks' {split} rollouts of iteration {iteration} ({exc})") from exc
+        if split == "train" and not record.get("complete", True):
+            # the update would refuse it; left unmarked, a resume rolls the phase out again (each rank's sealed
+            # journal is kept, nothing is done twice) and merges it again
+            manifest = run.layout.merged_manifest(split, iteration)
+            raise Die(
+                1,
+                f"the merge of the ranks' train rollouts of iteration {iteration} is not complete (a journal missing,"
+                f" unsealed or not as sealed: {manifest}); start every node again with --resume to merge it again",
+            )
     mark(run, iteration, phase)
 
 

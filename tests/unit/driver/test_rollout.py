@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import runstate
 from coordinator.driver import rollout, say
 from coordinator.driver.context import Run
 from coordinator.driver.phase import run_group
 from coordinator.driver.procs import group_alive
+from coordinator.driver.say import Die
 from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.vllm import PolicyServer
 from tests.conftest import env_python
@@ -411,3 +413,23 @@ def test_no_held_out_rollout_this_iteration_nothing_to_decide(
     rollout.keep_best(best.run, 2)
     assert capsys.readouterr().err == ""
     assert best.current() == "v0001"
+
+
+@pytest.mark.parametrize("complete", [False, True])
+def test_a_master_whose_train_merge_is_not_complete_leaves_the_phase_unmarked_for_a_resume_to_merge_again(
+    runs: Runs, monkeypatch: pytest.MonkeyPatch, complete: bool
+) -> None:
+    """The update refuses an incomplete merge, and a resume skips a phase marked done: marked, it would refuse
+    at every resume (a soak on sshfs). Unmarked, a resume rolls out again (the sealed journals are kept) and
+    merges again."""
+    import coordinator.aggregate
+
+    run = runs.make(num_nodes=2, rank_weights="1,1")
+    monkeypatch.setattr(rollout, "rollout_run", lambda *args: [])
+    monkeypatch.setattr(coordinator.aggregate, "aggregate", lambda *args: {"complete": complete})
+    if complete:
+        rollout.rollout(run, "train", 1, False)
+    else:
+        with pytest.raises(Die, match=r"^the merge of the ranks' train rollouts of iteration 1 is not complete"):
+            rollout.rollout(run, "train", 1, False)
+    assert runstate.is_done(run.log, 1, "train_rollout") is complete
