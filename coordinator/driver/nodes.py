@@ -224,7 +224,7 @@ class Node:
             f" (torchrun port {self.torchrun_port or ''});"
             f" status: python -m coordinator status --log-path {self.args.log}{group}"
         )
-        self._fscheck = StartCheck.begin(self)
+        self._fscheck = StartCheck.begin(self._cluster(), self._run_record())
         if self._fscheck is not None:
             self.supervisor.add(self._fscheck.watch)
 

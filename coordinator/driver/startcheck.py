@@ -1,7 +1,7 @@
 """The shared-filesystem check at every multi-node start (coordinator/fscheck.py; `run.sh --check-shared-fs` is
 the long one), beside the start rather than in its way:
 
-    check = StartCheck.begin(node)     # a thread: the master's side, or a worker's
+    check = StartCheck.begin(cluster, record)   # a thread: the master's side (cluster.rank 0), or a worker's
     supervisor.add(check.watch)        # logs the master's findings once there; bad input (exit 2) on a verdict
     check.stop()                       # on the way out
 
@@ -17,14 +17,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from coordinator.cluster import Cluster, RunRecord
 from coordinator.driver import say
 from coordinator.fscheck import follow, lead, save_findings, summary, verdict
 from rollout_engine.defaults import FS_CHECK_S
-
-if TYPE_CHECKING:
-    from coordinator.driver.nodes import Node
 
 #: how long the master waits for every rank to register before it checks with those that did (s)
 REGISTER_WAIT_S = 120.0
@@ -32,7 +29,8 @@ REGISTER_WAIT_S = 120.0
 
 @dataclass
 class StartCheck:
-    node: Node
+    cluster: Cluster  # this node's view of the run (its rank)
+    record: RunRecord
     total_s: float
     line: str = ""  # the master's findings, for the log
     problems: list[str] = field(default_factory=list)
@@ -42,12 +40,12 @@ class StartCheck:
     _thread: threading.Thread | None = None
 
     @classmethod
-    def begin(cls, node: Node) -> StartCheck | None:
+    def begin(cls, cluster: Cluster, record: RunRecord) -> StartCheck | None:
         """Start this node's side in a thread (None when BATON_FS_CHECK_S is 0)."""
         total = FS_CHECK_S.value()
         if total <= 0:
             return None
-        check = cls(node, float(total))
+        check = cls(cluster, record, float(total))
         check._thread = threading.Thread(target=check._run, name="fscheck", daemon=True)
         check._thread.start()
         return check
@@ -57,14 +55,12 @@ class StartCheck:
         return self._thread is not None and not self._thread.is_alive()
 
     def _run(self) -> None:
-        node = self.node
-        cluster = node._cluster()
+        cluster, record = self.cluster, self.record
         folder, budget, wait = cluster.paths.fscheck, self.total_s / 5, self.total_s * 0.3
         try:
-            if not node.is_master:
-                follow(folder, node.args.rank, budget, wait_s=REGISTER_WAIT_S + self.total_s, stop=self._stop)
+            if cluster.rank != 0:
+                follow(folder, int(cluster.rank or 0), budget, wait_s=REGISTER_WAIT_S + self.total_s, stop=self._stop)
                 return
-            record = node._run_record()
             deadline = time.monotonic() + REGISTER_WAIT_S
             while len(cluster.nodes()) < record.num_nodes and time.monotonic() < deadline:
                 if self._stop.wait(0.5):
