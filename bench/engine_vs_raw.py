@@ -35,9 +35,9 @@ from typing import Any
 import openai
 
 from bench.server import REPO, add_server_args, prepare_data, serve
-from coordinator.summary import load_metrics
 from rollout_engine.files import read_jsonl
 from rollout_engine.layout import Layout
+from rollout_engine.metrics_log import load_metrics
 
 logger = logging.getLogger("bench.engine_vs_raw")
 

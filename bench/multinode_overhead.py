@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from coordinator.runstate import phase_times
-from coordinator.summary import load_metrics
+from rollout_engine.metrics_log import load_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 

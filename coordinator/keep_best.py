@@ -189,8 +189,8 @@ class Found:
 
 def decide_and_mark(log_path: Path, iteration: int, margin: float, base_model: str) -> Found:
     """Decide for iteration `iteration` from the run's metrics; keep policy/best on the best policy's folder."""
-    from coordinator.summary import load_metrics
     from rollout_engine.layout import Layout
+    from rollout_engine.metrics_log import load_metrics
     from training.promotion import mark_best
 
     layout = Layout(log_path)

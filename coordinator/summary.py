@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.runstate import load_markers, phase_times
-from rollout_engine.files import append_shared_jsonl, read_jsonl
+from rollout_engine.files import append_shared_jsonl
 from rollout_engine.layout import Layout
+from rollout_engine.metrics_log import load_metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +60,6 @@ class IterationRecord:
     serving_dtype: str | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
     time: float = 0.0
-
-
-def load_metrics(log_path: Path) -> list[dict[str, Any]]:
-    """Every parseable line of `<log>/metrics.jsonl` (torn lines are skipped with a warning)."""
-    path = Layout(log_path).metrics
-    if not path.exists():
-        return []
-    read = read_jsonl(path)
-    if read.torn:
-        log.warning("%s: skipped torn lines %s", path, read.torn)
-    return read.rows
 
 
 def _last(rows: list[dict], **match: Any) -> dict | None:

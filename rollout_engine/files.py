@@ -5,8 +5,8 @@
     save_text(path, text, durable=False)   # atomic, no fsync: a heartbeat (below)
     append_line(path, line)     # one O_APPEND write, then fsync (journals: one writer each)
     append_jsonl(path, obj)
-    append_shared_jsonl(path, obj)   # the same under `<path>.lock`: metrics.jsonl, which several processes append to
-    with shared_lock(path): ...      # an exclusive lock that holds across the hosts of a shared log path
+    append_shared_jsonl(path, obj)   # the same under `<path>.lock`: metrics.jsonl (processes of one host)
+    with shared_lock(path): ...      # an exclusive lock (across hosts only where the filesystem shares locks)
     read = read_jsonl(path)     # read.rows, read.torn (line numbers skipped)
     read = parse_jsonl(data)    # the same rule on bytes already read
 
@@ -118,10 +118,9 @@ def shared_lock(path: str | Path) -> FileLock:
 
 
 def append_shared_line(path: str | Path, line: str) -> None:
-    """`append_line` under `<path>.lock`, for a file that several processes append to, perhaps from several
-    hosts (metrics.jsonl: a rollout run and an update run share it). O_APPEND is atomic on a local filesystem,
-    not across NFS clients; under the lock each append opens the file afresh (close-to-open: the size is the
-    server's) and is written back (fsync) before the next one starts."""
+    """`append_line` under `<path>.lock`, for a file that several processes of one host append to
+    (metrics.jsonl: a single node's rollout and its driver). No file is appended from two hosts
+    (rollout_engine.metrics_log): not every shared filesystem shares locks between its clients."""
     with shared_lock(f"{path}.lock"):
         append_line(path, line)
 

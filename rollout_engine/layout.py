@@ -175,6 +175,10 @@ class Layout:
         """Several nodes: rank r's own rollout records (the master merges them into metrics.jsonl)."""
         return self.metrics_dir / rank_file_name(rank, ".jsonl")
 
+    #: the update's records (training, promotion, revert): its own file, merged into metrics.jsonl by the
+    #: master that rolls out (rollout_engine.metrics_log)
+    update_metrics = property(lambda self: self.metrics_dir / "update.jsonl")
+
     plot = property(lambda self: self.root / "plots" / "success.png")
     trackers = property(lambda self: self.root / "trackers")
 

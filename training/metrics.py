@@ -1,4 +1,4 @@
-"""Loss and throughput of one training run, appended to `<log>/metrics.jsonl`.
+"""Loss and throughput of one training run, appended to `<log>/metrics/update.jsonl` (rollout_engine.metrics_log).
 
 LLaMA-Factory writes `trainer_log.jsonl` (one line per logging step: loss,
 lr, epoch, elapsed) and `train_results.json` (train_runtime,

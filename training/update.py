@@ -31,8 +31,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rollout_engine.errors import BatonError, ConfigError
-from rollout_engine.files import append_shared_jsonl, save_json, save_text
+from rollout_engine.files import save_json, save_text
 from rollout_engine.layout import Layout, iteration_name
+from rollout_engine.metrics_log import append_update
 from training import config as config_mod
 from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
@@ -262,7 +263,7 @@ def check_batch(cfg: UpdateConfig, samples: int, described: str, device: Device)
 
 
 def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
-    """Run llamafactory-cli on the prepared YAML; metrics to <log>/metrics.jsonl."""
+    """Run llamafactory-cli on the prepared YAML; its record to <log>/metrics/update.jsonl (metrics_log)."""
     if not paths.recipe.exists() and not cfg.launch.dataset_sha256:
         raise ConfigError(f"{paths.recipe} does not exist; run phase=prepare first")
     if cfg.launch.dataset_sha256:
@@ -285,8 +286,8 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
         )
     if cfg.launch.node_rank == 0:
         stats = parse_training(paths.output, paths.train_log)
-        append_shared_jsonl(
-            Layout(cfg.log_path).metrics,
+        append_update(
+            cfg.log_path,
             {
                 "kind": "training",
                 "iteration": cfg.iteration,
@@ -378,8 +379,8 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
         cfg.promotion.keep_optimizer,
         weights_dtype(parent) if cfg.promotion.dtype == "auto" else cfg.promotion.dtype,
     )
-    append_shared_jsonl(
-        Layout(cfg.log_path).metrics,
+    append_update(
+        cfg.log_path,
         {"kind": "promotion", "iteration": cfg.iteration, "time": time.time(), "policy_version": version},
     )
     return version
@@ -397,8 +398,8 @@ def revert_policy(cfg: UpdateConfig) -> int:
     source = config_mod.model_path(cfg).resolve()
     policy_root = Layout(cfg.log_path).policy
     version = revert(source, policy_root, cfg.iteration, cfg.revert.to_version, why, cfg.promotion.keep_last)
-    append_shared_jsonl(
-        Layout(cfg.log_path).metrics,
+    append_update(
+        cfg.log_path,
         {
             "kind": "revert",
             "iteration": cfg.iteration,

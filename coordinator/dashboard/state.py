@@ -26,9 +26,10 @@ from coordinator.dashboard.journals import Journals
 from coordinator.dashboard.svg import Chart, Series
 from coordinator.runstate import load_markers, state_iterations
 from coordinator.runview import RankRollout, RunView, StallWatch, Trouble
-from coordinator.summary import iteration_records, load_metrics
+from coordinator.summary import iteration_records
 from rollout_engine.journal import load_manifest
 from rollout_engine.layout import Layout, journal_name, manifest_name
+from rollout_engine.metrics_log import load_metrics
 
 #: tracked groups that are helpers of a phase, not a phase (coordinator/driver/run.py: run.group_names)
 _HELPERS = re.compile(r"watch.*|vllm|heartbeat.*|dashboard.*")

@@ -249,8 +249,13 @@ def finish(run: Run, n: int, served: str) -> None:
         return
     from coordinator.plot import save_plot
     from coordinator.summary import summarize, summary_line
+    from rollout_engine.metrics_log import merge_update
 
     line = plot = ""
+    try:  # the update's records into metrics.jsonl, whose one writer this master is (rollout_engine.metrics_log)
+        merge_update(run.log)
+    except OSError as exc:  # load_metrics still reads them from the update's file; the next step merges them
+        warn(f"could not merge the update's records into metrics.jsonl ({exc})")
     try:
         line = summary_line(summarize(Path(run.log), n, int(served) if served else None))
     except Exception as exc:  # the record is derived data: the next iteration's summary still comes

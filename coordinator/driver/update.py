@@ -18,9 +18,9 @@ from coordinator.driver.phase import mark, run_group, tail, timed
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.vllm import device
-from coordinator.summary import load_metrics
 from rollout_engine.defaults import CHECK_TIMEOUT_S
 from rollout_engine.exits import Exit
+from rollout_engine.metrics_log import load_metrics
 
 
 def free_port() -> int:

@@ -47,6 +47,7 @@ import pytest
 from bench.nodes import kill_node, signal_group, signal_run_sh
 from bench.sharedfs import SharedFs
 from rollout_engine.layout import Layout
+from rollout_engine.metrics_log import load_metrics
 from tests.conftest import REPO
 from tests.e2e.conftest import ONE_STEP_LOOP, VllmServer, processes_mentioning
 from tests.e2e.nodes import kill_the_nodes_left, start_node
@@ -189,6 +190,11 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(
     assert merged["ranks"] == 2 and merged["episodes"] == 96 and merged["success_rate"] == round(successes / 96, 4)
     iterations = {r["iteration"]: r for r in rows if r["kind"] == "iteration"}
     assert sorted(iterations) == [1, 2] and iterations[1]["update"] == "promoted v1"
+    # the update's records, merged by the master from the update's own file: each once
+    assert [(r["kind"], r["update_seq"]) for r in rows if r["kind"] in ("training", "promotion")] == [
+        ("training", 1),
+        ("promotion", 2),
+    ]
     assert iterations[2]["eval_success_rate"] is not None
     # each node's terminal view read every rank from the log path: after the rollout barrier, both ranks' final
     # numbers; the training's last step; then the iteration's summary line
@@ -434,4 +440,11 @@ def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(
     assert all((log / "training" / "iter_0001" / f"train.rank_{rank}.log").exists() for rank in (1, 2))
     assert (log / "roles" / "rollout" / "cluster" / "run.json").exists()
     assert (log / "roles" / "update" / "cluster" / "run.json").exists() and not (log / "cluster").exists()
+    # the update run (its own host) appended no line to metrics.jsonl, the rollout run's master's file: its records
+    # are in its own file, numbered (the master merges them by number), and readers see each once
+    assert all("update_seq" in r for r in metrics(log) if r["kind"] in ("training", "promotion"))
+    assert [(r["kind"], r["update_seq"]) for r in load_metrics(log) if "update_seq" in r] == [
+        ("training", 1),
+        ("promotion", 2),
+    ]
     assert_nothing_left(log, ranks=3)

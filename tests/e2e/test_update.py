@@ -113,7 +113,10 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
     record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
     assert record["version"] == 1 and record["iteration"] == 1 and record["parent"] is None
     assert not (log / "policy" / "v0001" / "training_args.bin").exists()  # no pickles in a policy
-    metrics = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    # an update run writes its records to its own file, never to metrics.jsonl (a rollout run's master merges them)
+    metrics = [json.loads(line) for line in (log / "metrics" / "update.jsonl").read_text().splitlines()]
+    rollout_side = log / "metrics.jsonl"
+    assert '"training"' not in (rollout_side.read_text() if rollout_side.exists() else "")
     training = [m for m in metrics if m.get("kind") == "training"][-1]
     assert training["steps"] == 1 and len(training["losses"]) == 1 and training["train_samples_per_second"] > 0
     promotions = [m for m in metrics if m.get("kind") == "promotion"]

@@ -93,7 +93,7 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     assert (ds["zero_optimization"]["stage"] if ds else None) == want["deepspeed"] and "torch_autocast" not in (
         ds or {}
     )
-    metrics = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (log / "metrics" / "update.jsonl").read_text().splitlines()]
     training = next(m for m in metrics if m.get("kind") == "training")
     assert training["steps"] == 2 and len(training["losses"]) == 2, training
     if path.startswith("dpo"):  # pairs: a chosen and a rejected reply of one task
