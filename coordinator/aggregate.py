@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollout_engine import shared_read
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import read_jsonl, save_json
+from rollout_engine.files import parse_jsonl, save_json
 from rollout_engine.journal import load_manifest, read_journal
 from rollout_engine.layout import (
     MERGED_MANIFEST,
@@ -47,7 +49,7 @@ from rollout_engine.layout import (
     takeover_journal_name,
 )
 from rollout_engine.metrics import compute_metrics, save_metrics
-from rollout_engine.shared_read import read_sealed
+from rollout_engine.shared_read import read_fresh, read_sealed
 from rollout_engine.takeover import DeadRank, TakeoverPlan, load_takeover_plan, read_cut
 from rollout_engine.types import Trajectory
 
@@ -59,18 +61,29 @@ def rank_metrics_path(log_path: Path, rank: int) -> Path:
     return Layout(log_path).rank_metrics(rank)
 
 
-def _rank_record(log_path: Path, rank: int, split: str, iteration: int) -> dict[str, Any] | None:
+def _rank_record(log_path: Path, rank: int, split: str, iteration: int, wait_s: float = 0.0) -> dict[str, Any] | None:
+    """Rank `rank`'s own record of the rollout, read again every 0.5 s for up to `wait_s` while missing: a rank
+    appends it after sealing its journal, and a client that keeps an older size of the file (sshfs: 20 s)
+    reads it without its last lines."""
     path = rank_metrics_path(log_path, rank)
-    rows = read_jsonl(path).rows if path.exists() else []
-    found = [
-        r
-        for r in rows
-        if r.get("kind") == "rollout"
-        and r.get("split") == split
-        and r.get("iteration") == iteration
-        and "takeover_of" not in r  # a takeover rollout's record: the rank's own is the one kept
-    ]
-    return found[-1] if found else None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            rows = parse_jsonl(read_fresh(path)).rows
+        except FileNotFoundError:
+            rows = []
+        found = [
+            r
+            for r in rows
+            if isinstance(r, dict)
+            and r.get("kind") == "rollout"
+            and r.get("split") == split
+            and r.get("iteration") == iteration
+            and "takeover_of" not in r  # a takeover rollout's record: the rank's own is the one kept
+        ]
+        if found or time.monotonic() >= deadline:
+            return found[-1] if found else None
+        time.sleep(0.5)
 
 
 def _verified_manifest(directory: Path, journal_name: str) -> dict[str, Any] | None:
@@ -244,7 +257,8 @@ def aggregate(
     record = compute_metrics(trajectories, wall_s, planned, cancelled=max(planned - len(trajectories), 0))
     per_rank = {}
     for rank in ranks:
-        own = _rank_record(log_path, rank, split, iteration)
+        sealed = _sealed(manifests.get(rank))  # a rank that sealed its journal complete has appended its record
+        own = _rank_record(log_path, rank, split, iteration, shared_read.SEALED_WAIT_S if sealed else 0.0)
         per_rank[str(rank)] = {k: own.get(k) for k in PER_RANK_KEYS} if own else None
     versions = {r["policy_version"] for r in per_rank.values() if r}
     record.update(

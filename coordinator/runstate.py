@@ -26,8 +26,14 @@ from rollout_engine.layout import MARKER_SUFFIX, Layout, iterations
 
 
 def state_iterations(log: str | Path) -> list[int]:
-    """Iterations with a state folder, ascending."""
-    return [n for n, path in iterations(Layout(log).state_root) if path.is_dir()]
+    """Iterations with a state folder, ascending. The listing is followed by lookups of the next numbers by
+    name: another host's new folder (a split deployment's rollout master's, read by its update run) can be
+    missing from a cached listing for 20 s (sshfs) while a lookup by name sees it at once."""
+    layout = Layout(log)
+    found = [n for n, path in iterations(layout.state_root) if path.is_dir()]
+    while layout.state_dir((found[-1] if found else 0) + 1).is_dir():
+        found.append((found[-1] if found else 0) + 1)
+    return found
 
 
 def next_iteration(log: str | Path) -> int:

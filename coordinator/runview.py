@@ -15,6 +15,7 @@ what it wrote has not changed for a while on this process's monotonic clock
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -135,9 +136,13 @@ class RunView:
         self.log = Path(log_path)
 
     def rollouts(self) -> list[RankRollout]:
-        """Every rank's status file, by rank (a file that is missing or being replaced is left out)."""
+        """Every rank's status file, by rank (a file that is missing or being replaced is left out). The ranks
+        of the current runs are looked up by name as well as listed: a cached listing (sshfs: 20 s) can lack
+        another node's new file."""
         found: list[RankRollout] = []
-        for path in sorted(self.log.glob("status*.json")):
+        names = {path.name for path in self.log.glob("status*.json")}
+        names |= {Layout(self.log).status(rank).name for rank in range(self.num_nodes())}
+        for path in sorted(self.log / name for name in names):
             match = _STATUS.fullmatch(path.name)
             if not match:
                 continue
@@ -171,6 +176,15 @@ class RunView:
         """Where a multi-node run's protocol files are: the log path (a both run) and `roles/<role>/`."""
         roles = [p.parent.parent for p in self.log.glob("roles/*/cluster/run.json")]
         return [root for root in [self.log, *roles] if Layout(root).run_record.exists()]
+
+    def num_nodes(self) -> int:
+        """The most nodes of a current multi-node run on this log path (0: none, or a single node)."""
+        counts = [0]
+        for root in self.protocol_roots():
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                record = load_run(root)
+                counts.append(record.num_nodes if record is not None else 0)
+        return max(counts)
 
     def heartbeats(self) -> dict[int, Beat]:
         """The current run's heartbeats (of every protocol root: a split deployment has two)."""

@@ -27,7 +27,7 @@ _HEAVY = ("prompt_token_ids", "completion_token_ids")
 
 @dataclass
 class _Cached:
-    key: tuple[int, int]  # (size, mtime_ns) of the file when read
+    key: tuple[int, int]  # (inode, size) of the file when read
     rows: list[dict[str, Any]]
 
 
@@ -73,7 +73,9 @@ class Journals:
             stat = path.stat()
         except OSError:
             return []
-        key = (stat.st_size, stat.st_mtime_ns)
+        # a journal only grows, and one moved aside on a restart is followed by a new file: no mtime, which a
+        # network filesystem's client may show late or in whole seconds
+        key = (stat.st_ino, stat.st_size)
         with self._lock:
             cached = self._cache.get(path)
             if cached is not None and cached.key == key:

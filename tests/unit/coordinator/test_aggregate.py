@@ -60,6 +60,29 @@ def test_the_merged_record_counts_every_rank_as_one_node_would(tmp_path: Path) -
     assert manifest["episodes"] == 6 and set(manifest["ranks"]) == {"0", "1"}
 
 
+def test_a_ranks_record_a_client_shows_late_is_waited_for_when_its_journal_is_sealed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sshfs keeps a file's size for 20 s: the master reads rank 1's metrics without the record the rank
+    appended after sealing its journal, until the size catches up."""
+    write_rank(tmp_path, 0, [trajectory("e0", success=True)], 1)
+    write_rank(tmp_path, 1, [trajectory("f0", success=False)], 1)
+    reads = []
+
+    def stale_size(path: Path) -> bytes:
+        if path == rank_metrics_path(tmp_path, 1):
+            reads.append(path)
+            if len(reads) <= 2:
+                return b""  # the size this client kept: from before the rank's append
+        return path.read_bytes()
+
+    monkeypatch.setattr(shared_read, "SEALED_WAIT_S", 5.0)
+    monkeypatch.setattr("coordinator.aggregate.read_fresh", stale_size)
+    record = aggregate(tmp_path, "train", 2, num_nodes=2, wall_s=5.0)
+    assert record["per_rank"]["1"] is not None and record["per_rank"]["1"]["episodes"] == 1
+    assert len(reads) == 3
+
+
 def test_a_rank_without_a_sealed_journal_makes_the_iteration_incomplete(tmp_path: Path) -> None:
     write_rank(tmp_path, 0, [trajectory("e0", success=True)], 1)
     save_json(tmp_path / "unrelated.json", {})

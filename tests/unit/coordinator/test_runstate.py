@@ -25,6 +25,18 @@ def test_numbers_persist_a_finished_iteration_is_followed_by_the_next_an_unfinis
     assert runstate.state_iterations(tmp_path)[-1] == 10
 
 
+def test_a_new_iteration_missing_from_a_cached_listing_is_found_by_name(tmp_path: Path, monkeypatch) -> None:
+    """A split deployment's update run lists the rollout master's state folders; sshfs lists a new one up to
+    20 s late, and the update run must not wait for that."""
+    for n in (1, 2, 3):
+        runstate.mark(tmp_path, n, "train_rollout")
+    listed = runstate.iterations
+    monkeypatch.setattr(runstate, "iterations", lambda folder: listed(folder)[:1])  # the listing a client cached
+    assert runstate.state_iterations(tmp_path) == [1, 2, 3]
+    monkeypatch.setattr(runstate, "iterations", lambda folder: [])
+    assert runstate.state_iterations(tmp_path) == [1, 2, 3]
+
+
 def test_markers_hold_what_the_phase_did_and_a_restart_forgets_an_interrupted_iterations_phases(
     tmp_path: Path,
 ) -> None:

@@ -65,6 +65,18 @@ def test_every_ranks_status_file_is_read_and_only_the_phases_rollouts_are_shown(
     assert build_frame(RunView(tmp_path), StallWatch(), "rollout-train", 3).lines == ["train rollout: starting"]
 
 
+def test_a_ranks_status_file_missing_from_a_cached_listing_is_read_by_name(tmp_path: Path, monkeypatch) -> None:
+    """sshfs lists another node's new file up to 20 s late: the view looks up each rank of the run by name."""
+    run_record(tmp_path)
+    status(tmp_path, 0)
+    status(tmp_path, 1)
+    listed = Path.glob
+    monkeypatch.setattr(
+        Path, "glob", lambda self, pattern: [p for p in listed(self, pattern) if "rank_1" not in p.name]
+    )
+    assert [r.rank for r in RunView(tmp_path).rollouts()] == [0, 1]
+
+
 def test_training_progress_from_llamafactorys_trainer_log(tmp_path: Path) -> None:
     out = tmp_path / "training" / "iter_0002" / "output"
     out.mkdir(parents=True)
@@ -114,15 +126,21 @@ def test_a_silent_status_then_no_finished_episode_are_trouble_on_the_observers_c
     assert watch.observe(view) == []
 
 
-def test_a_heartbeat_that_stops_changing_is_trouble(tmp_path: Path) -> None:
-    clock = Clock()
-    cluster = tmp_path / "cluster"
+def run_record(log: Path) -> Path:
+    """A two-node run `r1`'s record; its cluster folder."""
+    cluster = log / "cluster"
     (cluster / "runs" / "r1" / "heartbeat").mkdir(parents=True)
     master = {"host": "node0", "addr": "10.0.0.1", "pid": 1}
     record = {"run_id": "r1", "created": 0.0, "num_nodes": 2, "rank_weights": [1, 1], "master": master}
     record |= {"torchrun_port": None, "start_iteration": 1, "on_rank_failure": "abort"}
     record |= {"heartbeat_interval_s": 5.0, "dead_after_s": 30.0}
     (cluster / "run.json").write_text(json.dumps(record))
+    return cluster
+
+
+def test_a_heartbeat_that_stops_changing_is_trouble(tmp_path: Path) -> None:
+    clock = Clock()
+    cluster = run_record(tmp_path)
     beat = cluster / "runs" / "r1" / "heartbeat" / "rank_1"
     beat.write_text("7 1000.0 node1 4242\n")
     watch = StallWatch(beat_s=15, clock=clock)
