@@ -304,11 +304,15 @@ def check_policy_chain(log: Path) -> list[str]:
 
 
 def check_iteration_records(log: Path) -> list[str]:
-    """More than one `"kind": "iteration"` record of an iteration in metrics.jsonl."""
+    """More than one `"kind": "iteration"` record of an iteration in metrics.jsonl, or an update record merged
+    into it more than once (its `update_seq` twice)."""
     path = Layout(log).metrics
     rows = read_lines(path) if path.exists() else []
     counts = Counter(row["iteration"] for row in rows if row.get("kind") == "iteration")
-    return [f"metrics.jsonl: iteration {it} recorded {n} times" for it, n in sorted(counts.items()) if n > 1]
+    merged = Counter(row["update_seq"] for row in rows if "update_seq" in row)
+    return [f"metrics.jsonl: iteration {it} recorded {n} times" for it, n in sorted(counts.items()) if n > 1] + [
+        f"metrics.jsonl: the update's record {seq} merged {n} times" for seq, n in sorted(merged.items()) if n > 1
+    ]
 
 
 def member_iterations(log: Path, rank: int, split: str = "train") -> list[int]:

@@ -148,6 +148,9 @@ def test_an_iteration_recorded_twice_in_metrics(tmp_path: Path) -> None:
     with (tmp_path / "metrics.jsonl").open("a") as out:
         out.write(json.dumps({"kind": "iteration", "iteration": 2}) + "\n")
     assert check_iteration_records(tmp_path) == ["metrics.jsonl: iteration 2 recorded 2 times"]
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"kind": "training", "iteration": 2, "update_seq": 4}\n' * 2)
+    assert check_iteration_records(tmp_path)[1:] == ["metrics.jsonl: the update's record 4 merged 2 times"]
 
 
 def test_a_phase_past_its_deadline(tmp_path: Path) -> None:

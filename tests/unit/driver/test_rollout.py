@@ -27,6 +27,7 @@ from coordinator.driver.procs import group_alive
 from coordinator.driver.say import Die
 from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.vllm import PolicyServer
+from rollout_engine.metrics_log import load_metrics
 from tests.conftest import env_python
 from tests.unit.driver.fakes import Runs, model_folder, running, wait_for
 
@@ -321,8 +322,7 @@ class KeepBest:
         return (self.log / "policy" / "current").readlink().name
 
     def reverts(self) -> list[dict]:
-        rows = [json.loads(line) for line in (self.log / "metrics.jsonl").read_text().splitlines()]
-        return [row for row in rows if row.get("kind") == "revert"]
+        return [row for row in load_metrics(self.log) if row.get("kind") == "revert"]
 
 
 @pytest.fixture
@@ -382,7 +382,7 @@ def test_a_resumed_iteration_is_not_reverted_twice_even_when_the_run_died_before
     capsys.readouterr()
     rollout.keep_best(best.run, 5)  # --resume after the revert: nothing more
     assert capsys.readouterr().err == ""
-    metrics = best.log / "metrics.jsonl"
+    metrics = best.log / "metrics" / "update.jsonl"  # the revert's record is the update's (merged at the step's end)
     metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines() if '"revert"' not in line))
     rollout.keep_best(best.run, 5)  # died between the promotion and its record: the same version again
     assert "serving v2 again as v5 (--keep-best)" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.aggregate import aggregate
+from rollout_engine import shared_read
 from rollout_engine.errors import ConfigError
 from rollout_engine.journal import Journal
 from rollout_engine.layout import takeover_journal_name
@@ -20,6 +21,14 @@ from rollout_engine.takeover import (
 )
 from tests.unit.training.trajectories import traj
 from training.journal import load_trajectories
+
+
+@pytest.fixture(autouse=True)
+def no_wait_for_a_stale_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sealed file that reads short (a journal changed on purpose here) or a rank's record that is missing (these
+    ranks write none) is read again for SEALED_WAIT_S on a shared filesystem; here not at all
+    (tests/unit/rollout_engine/test_files.py and tests/unit/coordinator/test_aggregate.py test the waits)."""
+    monkeypatch.setattr(shared_read, "SEALED_WAIT_S", 0.0)
 
 
 def roll_out(log: Path, rank: int, ids: list[str]) -> Path:
