@@ -208,11 +208,13 @@ def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(
 
 
 @pytest.mark.parametrize("volume", ["gluster"], indirect=True)
-def test_a_dead_node_stops_the_others_which_name_it(data_dir: Path, tmp_path: Path, volume: SharedFs) -> None:
+def test_a_dead_node_stops_the_others_which_name_it(
+    data_dir: Path, tmp_path: Path, vllm_server: VllmServer, volume: SharedFs
+) -> None:
     log = volume.path / "exp"
     args = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
-    args += ["env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1"]
-    started = 2 * VLLM_START_S + generation_s(8, 32)
+    args += ["env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1", *shared(vllm_server)]
+    started = generation_s(8, 32)
     # 1. the worker dies mid-rollout (right after an episode: most of its share is left)
     nodes = {0: node(data_dir, log, "0", *args, fs=volume), 1: node(data_dir, log, "1", *args, fs=volume)}
     more = lambda: len(episodes(log, "train", 1, 1)) > 0  # noqa: E731

@@ -1,10 +1,7 @@
 """scripts/run.sh end to end on the default model: real vLLM, rollout engine, LLaMA-Factory.
+(`--rl-phase both` over two iterations, promotion, in-place reload, metrics, plot and TensorBoard: the
+quickstart's test, tests/e2e/test_quickstart.py.)
 
-- `--rl-phase both --max-iterations 2`: trajectories of both iterations, a
-  promoted policy that serves iteration 2 (its policy version on every
-  trajectory, the in-place reload recorded), metrics and plot, no process left;
-  with `tracker=tensorboard`, the iteration metrics and LLaMA-Factory's loss
-  curve in TensorBoard event files.
 - SIGINT during a rollout, then SIGTERM during the clean-up: run.sh exits (130) within 30 s
   with nothing of it left;
   `--resume` completes the iteration without duplicate episodes, though vLLM is SIGKILLed
@@ -27,8 +24,8 @@ import pytest
 
 from rollout_engine.layout import Layout
 from tests.conftest import REPO, default_sigint
-from tests.e2e.conftest import ONE_STEP_LOOP, free_port, processes_mentioning
-from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
+from tests.e2e.conftest import free_port, processes_mentioning
+from tests.waits import VLLM_START_S, communicate_waiting, generation_s
 
 pytestmark = pytest.mark.e2e
 
@@ -66,66 +63,6 @@ def serves(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def test_both_two_iterations_promote_serve_and_record(data_dir: Path, tmp_path: Path) -> None:
-    log, port = tmp_path / "exp", free_port()
-    proc = run_sh(
-        data_dir,
-        log,
-        "--rl-phase",
-        "both",
-        "--eval-interval",
-        "2",
-        "--max-iterations",
-        "2",
-        *TINY,
-        *ONE_STEP_LOOP,
-        "env_config.test_tasks_rollout_size=8",
-        "tracker=tensorboard",
-        port=port,
-    )
-    # 2 x (96 train + 8 eval episodes of 32 tokens), 2 updates, a vLLM start and a reload
-    budget = VLLM_START_S + generation_s(2 * 104, 32) + 2 * UPDATE_S
-    rc, out = finish(proc, "run.sh to finish 2 iterations of --rl-phase both", budget)
-    assert rc == 0, out[-4000:]
-    first, second = journal(log, "train", 1), journal(log, "train", 2)
-    assert len(first) == len(second) == 96
-    assert journal(log, "test", 1) and not (log / "trajectories" / "test" / "iter_0002").exists()  # 2 % 2 != 1
-    record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
-    assert (record["version"], record["iteration"]) == (1, 1)  # trained on iteration 1, served in iteration 2
-    assert os.readlink(log / "policy" / "current") == "v0002"  # iteration 2's update promoted the next one
-    assert {t["policy_version"] for t in first} == {None} and {t["policy_version"] for t in second} == {1}
-    served = (log / "run" / "state" / "iter_0001" / "serve.done").read_text().strip()
-    assert served == "v1 by reload", served  # in place (the restart fallback: tests/unit/driver/test_vllm.py)
-    iterations = {}
-    for line in (log / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row.get("kind") == "iteration":
-            iterations[row["iteration"]] = row
-    assert sorted(iterations) == [1, 2]
-    assert iterations[1]["eval_success_rate"] is not None and iterations[2]["eval_success_rate"] is None
-    assert iterations[1]["promoted_version"] == 1 and iterations[2]["served_version"] == 1
-    assert iterations[1]["update"] == "promoted v1" and iterations[1]["train_loss"] is not None
-    assert {"train_rollout", "update", "serve"} <= set(iterations[1]["phase_s"])
-    assert (log / "plots" / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    tracked = tensorboard_scalars(log / "trackers" / "tensorboard")  # tracker=tensorboard
-    assert [step for step, _ in tracked["iteration/train_success_rate"]] == [1, 2]
-    assert tracked["training/train_loss"][0] == (1, pytest.approx(iterations[1]["train_loss"]))
-    curves = tensorboard_scalars(log / "training" / "iter_0001" / "tensorboard")  # LLaMA-Factory's report_to
-    assert curves["train/loss"], sorted(curves)
-    assert (log / "run" / "state" / "iter_0002" / "config.yaml").exists()
-    assert not list((log / "run" / "rank_0" / "pids").glob("*.pgid"))
-    assert not processes_mentioning(str(log), f"--port {port}") and not serves(port)
-
-
-def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series under a TensorBoard log dir (TensorBoard's own reader)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def journaled_more(log: Path, before: int, proc: subprocess.Popen, timeout: float) -> None:
