@@ -21,7 +21,7 @@ on the local disk.
   the next step without it), skips that step, the master going on without waiting for it, and joins the one
   after, its own vLLM serving the policy promoted while it was away.
 - The seed's split deployment on three nodes, the rank from RANK / NODE_RANK: a rollout run and an
-  update run on every node, the update run's workers started a minute before its master.
+  update run on every node, the update run's workers started half a minute before its master.
 
 Real vLLM per node (each bound to its own core) on the 2-node happy path, the dead-node test and the late
 rejoin; the other fault tests and the split deployment's rollout runs use `--debug-mode` against one shared
@@ -402,7 +402,7 @@ def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(
     """The seed's split deployment on three nodes, each told its rank only by the environment (`export RANK=r`
     for the rollout runs, NODE_RANK for the update runs): the update run trains (on the three nodes) what the
     rollout run (on the three) collected, each run coordinating in its own group; the update run's workers
-    start a minute before its master and wait for it. The rollout runs use the
+    start half a minute before its master and wait for it. The rollout runs use the
     seed's `--debug-mode` with a vLLM already running (one real server for the three, on this machine)."""
     log = volume.path / "exp"
     rollout = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
@@ -419,14 +419,14 @@ def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(
             data_dir, log, None, *update, env={"NODE_RANK": rank, **poll}, nodes=THREE, host=f"update{rank}", fs=volume
         )
 
-    # The update run's workers start a minute before its master (while the rollout runs collect): they wait.
+    # The update run's workers start half a minute before its master (while the rollout runs collect): they wait.
     began = time.monotonic()
     nodes = [update_node(r) for r in ranks[1:]]
     nodes += [
         node(data_dir, log, None, *rollout, env={"RANK": r}, nodes=THREE, host=f"rollout{r}", fs=volume) for r in ranks
     ]
     # (the rollout runs may finish meanwhile: only the waiting workers must not exit)
-    wait_for(lambda: time.monotonic() - began >= 60, "a minute, before starting the update run's master", 90, nodes[:2])
+    wait_for(lambda: time.monotonic() - began >= 30, "half a minute, before the update run's master", 60, nodes[:2])
     nodes.insert(0, update_node("0"))
     budget = generation_s(96, 32) + 3 * UPDATE_S
     outs = [
