@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import socket
 import threading
@@ -273,8 +274,8 @@ def verdict(findings: Findings, dead_after_s: float, heartbeat_s: float) -> list
         problems.append(
             f"BATON_DEAD_AFTER_S={dead_after_s:g} is too short here: another node saw a replaced file's old content "
             f"for {seen} (heartbeats every {heartbeat_s:g} s), so a live node could be counted dead. Set "
-            f"BATON_DEAD_AFTER_S above {need:.0f}, or mount the log path with shorter attribute caches (NFS: "
-            'actimeo=1; GlusterFS: --attribute-timeout=1; docs/multinode.md "Filesystems")'
+            f"BATON_DEAD_AFTER_S to {math.floor(need) + 1} or more, or mount the log path with shorter attribute "
+            'caches (NFS: actimeo=1; GlusterFS: --attribute-timeout=1; docs/multinode.md "Filesystems")'
         )
     by_name, by_listing = findings.worst("new_by_name_s"), findings.worst("new_by_listing_s")
     if by_name is None and by_listing is None and findings.pairs:

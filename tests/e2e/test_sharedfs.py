@@ -6,6 +6,7 @@ the local disk under the mount point; and nothing of the server or the clients o
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -102,6 +103,9 @@ def test_check_shared_fs_refuses_a_dead_after_no_longer_than_two_heartbeats_and_
         nodes = [start_node(0, [*args, "--master"], env, fs=fs), start_node(1, [*args, "--worker", "1"], env, fs=fs)]
         outs = [proc.communicate(timeout=180)[0] for proc in nodes]
     assert [proc.returncode for proc in nodes] == [2, 2], outs
+    (check,) = [p for p in (fs.store / "exp" / "fscheck").iterdir() if p.is_dir()]
+    (pair,) = json.loads((check / "findings.json").read_text())["pairs"]
+    least = math.floor(2 * 1 + pair["old_content_s"]) + 1  # the advice: above two beats and what was measured
     for out in outs:
         assert "[baton] error: BATON_DEAD_AFTER_S=2 is too short here: another node saw a replaced file's old" in out
-        assert "Set BATON_DEAD_AFTER_S above 2" in out and "actimeo=1" in out, out
+        assert f"Set BATON_DEAD_AFTER_S to {least} or more" in out and "actimeo=1" in out, out

@@ -32,7 +32,9 @@ def test_the_verdict_refuses_a_dead_after_two_beats_and_the_staleness_reach() ->
     assert verdict(fresh, dead_after_s=30, heartbeat_s=5) == []  # 2 x 5 + 5 = 15 < 30
     (problem,) = verdict(fresh, dead_after_s=15, heartbeat_s=5)
     assert problem.startswith("BATON_DEAD_AFTER_S=15 is too short here: another node saw a replaced file's old")
-    assert "for 5.0 s (heartbeats every 5 s)" in problem and "Set BATON_DEAD_AFTER_S above 15" in problem
+    assert "for 5.0 s (heartbeats every 5 s)" in problem and "Set BATON_DEAD_AFTER_S to 16 or more" in problem
+    (problem,) = verdict(findings(new_by_name_s=0.0, old_content_s=1.04), dead_after_s=2, heartbeat_s=1)
+    assert "Set BATON_DEAD_AFTER_S to 4 or more" in problem  # 2 x 1 + 1.04 = 3.04: more than 3, not "above 3"
     never = findings(new_by_name_s=None, new_by_listing_s=None, deleted_visible_s=None, old_content_s=None)
     problems = verdict(never, dead_after_s=30, heartbeat_s=5)  # 2 x 5 + the 8 s wait = 18 < 30: only the names
     assert len(problems) == 1 and "seen neither by name nor by listing within 8 s" in problems[0]
