@@ -49,6 +49,12 @@ ROLLOUT_STALL_S = Setting("BATON_ROLLOUT_STALL_S", 900, "seconds a rollout may g
 ROLLOUT_TIMEOUT_S = Setting("BATON_ROLLOUT_TIMEOUT_S", 0, "seconds a whole rollout may take (0: no limit)")
 POLICY_RESTARTS = Setting("BATON_POLICY_RESTARTS", 3, "times one rollout is resumed after its server stopped")
 UPDATE_POLL_S = Setting("BATON_UPDATE_POLL_S", 30, "how often --rl-phase update looks for a new train rollout")
+WARM_TRAINER = Setting(
+    "BATON_WARM_TRAINER", 1, "1: one trainer per run trains every single-node update in the same processes; 0: fresh"
+)
+TRAINER_START_S = Setting(
+    "BATON_TRAINER_START_S", 300, "seconds the warm trainer has to start before updates run fresh"
+)
 # Progress
 PROGRESS_S = Setting("BATON_PROGRESS_S", 30, "seconds between the live view's plain lines (0: off)")
 
@@ -64,6 +70,8 @@ SETTINGS = (
     ROLLOUT_TIMEOUT_S,
     POLICY_RESTARTS,
     UPDATE_POLL_S,
+    WARM_TRAINER,
+    TRAINER_START_S,
     PROGRESS_S,
 )
 

@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from rollout_engine.errors import BatonError, ConfigError
+from rollout_engine.exits import Exit
 from rollout_engine.files import save_json, save_text
 from rollout_engine.layout import Layout, iteration_name
 from rollout_engine.metrics_log import append_update
@@ -39,7 +43,7 @@ from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
 from training.demonstrations import add_demonstrations, demonstrations_for
 from training.journal import load_trajectories
-from training.launch import run_group, run_training
+from training.launch import TrainResult, run_group, run_training
 from training.metrics import parse_training
 from training.precision import training_weights, weights_dtype
 from training.promotion import promote, revert
@@ -93,19 +97,77 @@ class RunPaths:
         return self.train_log if node_rank == 0 else self.run_dir / f"train.rank_{node_rank}.log"
 
 
+@dataclass(frozen=True)
+class InProcess:
+    """The update runs inside the warm trainer's workers (training/warm.py): rank `rank` of `world`, training
+    through `trainer` (recipe, log, env) -> TrainResult, and `share(code)` giving rank 0's code to all ranks."""
+
+    rank: int
+    world: int
+    trainer: Callable[[Path, Path, dict[str, str]], TrainResult]
+    share: Callable[[int], int]
+
+
+_in_process: InProcess | None = None
+
+
+@contextmanager
+def in_process(rank: int, world: int, trainer, share) -> Iterator[None]:
+    """Run updates in this process for the block (the warm trainer's jobs)."""
+    global _in_process
+    _in_process = InProcess(rank, world, trainer, share)
+    try:
+        yield
+    finally:
+        _in_process = None
+
+
 def run_update(cfg: UpdateConfig, device: Device) -> None:
-    """Run the phases `cfg.phase` names on this node's `device` (training.launch.hidden_gpus)."""
+    """Run the phases `cfg.phase` names on this node's `device` (training.launch.hidden_gpus). In the warm
+    trainer, rank 0 alone prepares and promotes; every rank trains."""
     paths = RunPaths.of(cfg)
-    if cfg.phase == "check":
+    lead = _in_process is None or _in_process.rank == 0
+    if cfg.phase == "check" and lead:
         check(cfg, paths, device)
     if cfg.phase in ("prepare", "all"):
-        prepare(cfg, paths, device)
+        _on_lead(lambda: prepare(cfg, paths, device))
     if cfg.phase in ("train", "all"):
         train(cfg, paths, device)
     if cfg.phase in ("promote", "all") and cfg.launch.node_rank == 0:
-        promote_policy(cfg, paths)
-    if cfg.phase == "revert":
+        _on_lead(lambda: promote_policy(cfg, paths))
+    if cfg.phase == "revert" and lead:
         revert_policy(cfg)
+
+
+#: what each exception of a lead rank's step is on the other ranks (they raise the same, without its message)
+_SHARED = {0: None, Exit.NOTHING_TO_TRAIN: NothingToTrain, Exit.BAD_INPUT: ConfigError, Exit.FAILED: TrainingError}
+
+
+def _on_lead(step: Callable[[], object]) -> None:
+    """`step()` on rank 0 only, in the warm trainer; its outcome reaches every rank, so that all of them go on
+    to train, or all stop with the same exit."""
+    if _in_process is None or _in_process.world == 1:
+        step()
+        return
+    if _in_process.rank == 0:
+        code = 0
+        try:
+            step()
+        except NothingToTrain:
+            code = Exit.NOTHING_TO_TRAIN
+            raise
+        except ConfigError:
+            code = Exit.BAD_INPUT
+            raise
+        except BaseException:
+            code = Exit.FAILED
+            raise
+        finally:
+            _in_process.share(code)
+        return
+    error = _SHARED.get(_in_process.share(0), TrainingError)
+    if error is not None:
+        raise error("rank 0 stopped this update (its log says why)")
 
 
 def recipe_of(cfg: UpdateConfig, paths: RunPaths, files: DatasetFiles, device: Device) -> dict:
@@ -269,11 +331,12 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
     if cfg.launch.dataset_sha256:
         wait_for_dataset(paths, cfg.launch.dataset_sha256, cfg.launch.dataset_wait_s)
     if cfg.launch.node_rank == 0:
-        shutil.rmtree(paths.output, ignore_errors=True)  # never write into files a policy may hard-link
-        for tracked in (paths.tensorboard, paths.wandb):  # a retried training's curves replace the last try's
-            shutil.rmtree(tracked, ignore_errors=True)
+        _on_lead(lambda: clear_outputs(paths))
     node_log = paths.node_log(cfg.launch.node_rank)
-    result = run_training(paths.recipe, node_log, cfg.launch, device, tracker_env(cfg, paths.run_dir))
+    if _in_process is not None:
+        result = _in_process.trainer(paths.recipe, node_log, tracker_env(cfg, paths.run_dir))
+    else:
+        result = run_training(paths.recipe, node_log, cfg.launch, device, tracker_env(cfg, paths.run_dir))
     if result.returncode != 0 or result.timed_out:
         why = f"timed out after {cfg.launch.timeout_s:.0f} s" if result.timed_out else f"exit {result.returncode}"
         if not result.timed_out and killed_by_sigkill(result.returncode, node_log):
@@ -284,7 +347,7 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
         raise TrainingError(
             f"training {why}; see {node_log}. policy/current is unchanged; run the same command again to retry"
         )
-    if cfg.launch.node_rank == 0:
+    if cfg.launch.node_rank == 0 and (_in_process is None or _in_process.rank == 0):
         stats = parse_training(paths.output, paths.train_log)
         append_update(
             cfg.log_path,
@@ -294,10 +357,17 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
                 "time": time.time(),
                 "algorithm": cfg.algorithm.name,
                 "wall_s": round(result.wall_s, 2),
+                "trainer": "fresh" if _in_process is None else f"warm:{os.getpid()}",
                 **stats,
             },
         )
         log.info("trained in %.1f s: %s", result.wall_s, stats)
+
+
+def clear_outputs(paths: RunPaths) -> None:
+    """Never write into files a policy may hard-link; a retried training's curves replace the last try's."""
+    for folder in (paths.output, paths.tensorboard, paths.wandb):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 #: what a SIGKILL nobody of ours sent usually is

@@ -15,6 +15,7 @@ from coordinator.driver.cli import Args
 from coordinator.driver.nodes import Node
 from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import Supervisor
+from coordinator.driver.trainer import WarmTrainer
 from coordinator.driver.vllm import PolicyServer
 from rollout_engine.defaults import VLLM_PORT
 from rollout_engine.layout import Layout
@@ -96,6 +97,8 @@ class Run:
     train_rank: int | None = None
     rank_weights: list[int] = field(default_factory=list)
     last_error: str = ""
+    #: the warm trainer (coordinator/driver/trainer.py), from the first single-node update on
+    trainer: WarmTrainer | None = None
 
     @property
     def layout(self) -> Layout:

@@ -113,9 +113,9 @@ def build(args: cli.Args, save: Path | None = None) -> Run:
     run.watch_name = "watch-update" if args.phase == "update" else "watch"
     roles = {"both": ["rollout", "update"], "rollout": ["rollout"], "update": ["update"]}[args.phase]
     names = {
-        "both": ["update", "update-check", "revert", "rollout-train", "rollout-test", "vllm"],
+        "both": ["update", "trainer", "update-check", "revert", "rollout-train", "rollout-test", "vllm"],
         "rollout": ["rollout-train", "rollout-test", "vllm"],
-        "update": ["update", "update-check"],
+        "update": ["update", "trainer", "update-check"],
     }[args.phase]
     run.group_names = [*names, "track", run.watch_name]
     if args.dashboard_port is not None:
@@ -252,6 +252,7 @@ def cleanup(run: Run, code: int) -> int:
     steps = []
     if run.claimed:
         steps += [lambda: stop_update(run)] if "update" in run.group_names else []
+        steps += [run.trainer.stop] if run.trainer is not None else []
         steps += [lambda name=name: run.groups.stop(name, 10) for name in run.group_names]
     for step in [*steps, run.node.stop_heartbeat, lambda: release(run)]:
         try:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 from coordinator.driver import procs
 from coordinator.driver.context import Run
-from coordinator.driver.phase import mark, run_group, tail, timed
+from coordinator.driver.phase import mark, run_group, tail, timed, watch_start, watch_stop
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
+from coordinator.driver.trainer import WarmTrainer, kill_listed
 from coordinator.driver.vllm import device
-from rollout_engine.defaults import CHECK_TIMEOUT_S
+from rollout_engine.defaults import CHECK_TIMEOUT_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.metrics_log import load_metrics
 
@@ -167,7 +168,7 @@ def update(run: Run, iteration: int, resume: bool) -> None:
         if run.node.multi:
             code = update_nodes(run, iteration, logfile, resume)
         else:
-            code = run_group(run, "update", logfile, update_cmd(run, iteration, update_phase(run, iteration, resume)))
+            code = update_node(run, update_cmd(run, iteration, update_phase(run, iteration, resume)), logfile)
     run.update_running = 0
     if serving and not run.server.wake():
         warn("could not wake vLLM up")
@@ -198,6 +199,29 @@ def update(run: Run, iteration: int, resume: bool) -> None:
                 f"see {logfile}",
             )
     mark(run, iteration, "update", outcome)
+
+
+def update_node(run: Run, cmd: list[str], logfile: Path) -> int:
+    """One node's update: in the warm trainer (BATON_WARM_TRAINER=1), else, or when it cannot start, in fresh
+    processes; `python -m training`'s exit code."""
+    if WARM_TRAINER.value():
+        if run.trainer is None:
+            run.trainer = WarmTrainer(run)
+        began = time.monotonic()
+        watch_start(run, "update")
+        try:
+            code = run.trainer.update(cmd[cmd.index("update") + 1 :], logfile)
+        finally:
+            watch_stop(run)
+        took = int(time.monotonic() - began)
+        if code == 0:
+            log(f"update: done in {took}s (warm trainer)")
+        elif code is not None:
+            warn(f"update failed (exit {code}) after {took}s; last lines of {logfile}:")
+            print(tail(logfile), file=sys.stderr, flush=True)
+        if code is not None:
+            return code
+    return run_group(run, "update", logfile, cmd)
 
 
 def train_on(run: Run, members: list[int]) -> bool:
@@ -276,10 +300,6 @@ def on_evicted(run: Run) -> None:
         stop_update(run)
 
 
-#: how long a SIGKILLed training group may take to exit before stop_update goes on
-KILLED_S = 5
-
-
 def stop_update(run: Run) -> None:
     """Stop a running update so that its training groups end too: SIGTERM makes python -m training stop the
     LLaMA-Factory and torchrun groups it started (within launch.grace_s); as a last resort SIGKILL the groups
@@ -296,11 +316,4 @@ def stop_update(run: Run) -> None:
     if not run.update_running:
         return
     for listing in run.layout.training_dir(run.update_running).glob("*.log.pgid"):
-        for line in listing.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[0].isdigit():
-                killed, deadline = int(parts[0]), time.monotonic() + KILLED_S
-                if procs.signal_group(killed, parts[1], signal.SIGKILL):
-                    # a SIGKILLed process takes a moment to exit: return once the group is gone
-                    while procs.group_alive(killed) and time.monotonic() < deadline:
-                        time.sleep(0.02)
+        kill_listed(listing)

@@ -58,13 +58,30 @@ def test_wrong_template_fails_fidelity_before_anything_is_written(journal_log: P
     assert not (journal_log / "policy").exists()
 
 
+def wait_for_training(run_dir: Path, training_dir: Path, proc: subprocess.Popen) -> int:
+    """Wait until the warm trainer trains (its torchrun groups listed, LLaMA-Factory writing the iteration's
+    train.log); the pid of its worker."""
+    groups, ready = run_dir / "logs/trainer.log.pgid", run_dir / "trainer/ready.json"
+    deadline = time.monotonic() + UPDATE_S
+    while not (
+        ready.exists()
+        and groups.exists()
+        and len(groups.read_text().splitlines()) >= 2  # torchrun's group + its worker's
+        and "Running training"
+        in ((training_dir / "train.log").read_text() if (training_dir / "train.log").exists() else "")
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.5)
+    return int(json.loads(ready.read_text())["pid"])
+
+
 def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
     journal_log: Path, data_dir: Path, tmp_path: Path
 ) -> None:
     """`run.sh --rl-phase update` on a log path where a rollout run finished iteration 1's train rollout:
-    Ctrl+C during the training ends run.sh (exit 130) and leaves no process of it (torchrun's workers
-    run in sessions of their own); the next run selects the successes, passes the fidelity check, trains one
-    optimizer step of a full fine-tune and promotes it."""
+    Ctrl+C during the warm trainer's training ends run.sh (exit 130) and leaves no process of it (torchrun's
+    workers run in sessions of their own); the next run, in fresh processes (BATON_WARM_TRAINER=0), selects
+    the successes, passes the fidelity check, trains one optimizer step of a full fine-tune and promotes it."""
     log = tmp_path / "log"
     shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train/iter_0001")
     state = log / "run/state/iter_0001"
@@ -81,11 +98,7 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
         text=True,
         preexec_fn=default_sigint,
     )
-    groups = log / "training/iter_0001/train.log.pgid"
-    deadline = time.monotonic() + UPDATE_S
-    while not (groups.exists() and len(groups.read_text().splitlines()) >= 2):  # LLaMA-Factory's group + a worker's
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.5)
+    wait_for_training(log / "run/rank_0", log / "training/iter_0001", proc)
     proc.send_signal(signal.SIGINT)
     # it stops in seconds (the update gets 15 s to stop its groups, then SIGKILL: docs/cli.md); 120 s only
     # catches a run.sh that does not stop (its training would go on for 200 steps)
@@ -98,6 +111,7 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
         [*base, "--rl-phase", "update", "--wait-timeout", "0", "algorithm.max_steps=1", *small],
         waiting_for="run.sh --rl-phase update to train one step and promote",
         timeout=UPDATE_S,
+        env={**os.environ, "BATON_WARM_TRAINER": "0"},
     )
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     update_log = (log / "run" / "rank_0" / "logs" / "iter_0001.update.log").read_text()
@@ -118,7 +132,54 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
     rollout_side = log / "metrics.jsonl"
     assert '"training"' not in (rollout_side.read_text() if rollout_side.exists() else "")
     training = [m for m in metrics if m.get("kind") == "training"][-1]
+    assert training["trainer"] == "fresh"
     assert training["steps"] == 1 and len(training["losses"]) == 1 and training["train_samples_per_second"] > 0
     promotions = [m for m in metrics if m.get("kind") == "promotion"]
     assert [m["policy_version"] for m in promotions] == [1]
+    assert processes_mentioning(str(log)) == []
+
+
+def test_warm_trainer_killed_mid_update_fails_that_update_only_and_a_new_trainer_takes_the_next(
+    journal_log: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    """The warm trainer's worker SIGKILLed during iteration 1's training: that update fails cleanly (no policy
+    promoted, the failure marked), the run goes on, and iteration 2's update starts a new trainer, which trains
+    and promotes v1. Before the kill the trainer had trained no other update; the new one is another process."""
+    log = tmp_path / "log"
+
+    def rolled_out(iteration: int) -> None:
+        """What a rollout run leaves when its train rollout of `iteration` ends (the update run takes the newest)."""
+        name = f"iter_{iteration:04d}"
+        shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train" / name)
+        (log / "run/state" / name).mkdir(parents=True)
+        (log / "run/state" / name / "train_rollout.done").write_text("done\n")
+
+    rolled_out(1)
+    base = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]
+    # the window reaches back to iteration 0, where the copied journal's episodes were sampled
+    small = ["algorithm.per_device_train_batch_size=2", "algorithm.gradient_accumulation_steps=1"]
+    small += ["algorithm.cutoff_len=512", "algorithm.warmup_steps=0", "algorithm.selection.last_k_iterations=3"]
+    # two steps take seconds: the kill lands in the first (the test looks every 0.5 s)
+    proc = subprocess.Popen(
+        [*base, "--rl-phase", "update", "--wait-timeout", "0", "algorithm.max_steps=2", *small],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    first = wait_for_training(log / "run/rank_0", log / "training/iter_0001", proc)
+    rolled_out(2)
+    os.kill(first, signal.SIGKILL)
+    out = communicate_waiting(
+        proc, waiting_for="run.sh --rl-phase update to go on after its trainer was killed", timeout=2 * UPDATE_S
+    )
+    assert proc.returncode == 0, out[-3000:]
+    assert "the warm trainer ended during the update" in out, out[-3000:]
+    assert (log / "run/state/iter_0001/update.done").read_text().strip().startswith("failed"), out[-3000:]
+    assert (log / "run/state/iter_0002/update.done").read_text().strip() == "promoted v1", out[-3000:]
+    metrics = [json.loads(line) for line in (log / "metrics/update.jsonl").read_text().splitlines()]
+    trained = [m for m in metrics if m.get("kind") == "training"]
+    assert [m["iteration"] for m in trained] == [2]
+    assert trained[0]["trainer"].startswith("warm:") and trained[0]["trainer"] != f"warm:{first}"
+    assert [m["policy_version"] for m in metrics if m.get("kind") == "promotion"] == [1]
     assert processes_mentioning(str(log)) == []

@@ -10,6 +10,7 @@ ignored, so a serve interpreter may run it with vLLM's arguments as they are.
 --prefix-cache-held: /reset_prefix_cache answers {"success":false}, as vLLM does while requests hold blocks.
 --same-outputs: the completion is the same whatever the weights (an update too small to show).
 --no-reload: /collective_rpc is not there (404), as on a server without VLLM_SERVER_DEV_MODE.
+GET /fake/completions (not vLLM's) answers how many chat completions it served.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> None:
     if not args.no_reload:
         posts["/collective_rpc"] = b'{"results":[null]}'
     weights = {"path": args.model}
+    served = {"completions": 0}
 
     def completion() -> bytes:
         """One greedy token whose text names the loaded weights (constant with --same-outputs)."""
@@ -48,11 +50,15 @@ def main() -> None:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path == "/fake/completions":
+                self.answer(str(served["completions"]).encode())
+                return
             self.answer(answers.get(self.path))
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.path == "/v1/chat/completions":
+                served["completions"] += 1
                 self.answer(completion())
                 return
             if self.path == "/collective_rpc" and not args.no_reload:

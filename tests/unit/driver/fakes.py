@@ -146,5 +146,6 @@ def clean_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("BATON_DEVICE", "cpu")
     monkeypatch.setenv("BATON_PROGRESS_S", "0")
+    monkeypatch.setenv("BATON_WARM_TRAINER", "0")  # the fresh path; test_trainer.py turns the warm trainer on
     for name in [n for n in os.environ if n.startswith("SLURM_")]:
         monkeypatch.delenv(name)

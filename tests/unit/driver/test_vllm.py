@@ -491,11 +491,26 @@ def test_serve_new_keeps_an_in_place_reload_that_changes_the_served_outputs(
     assert server.serve_new(new) == "reload"
 
     assert re.search(
-        rf"\[baton\] vLLM reloaded {re.escape(new)} in place in \d+s \(served outputs changed\)",
+        rf"\[baton\] vLLM reloaded {re.escape(new)} in place in \d+\.\ds \(served outputs changed\)",
         capsys.readouterr().err,
     )
     assert groups.recorded("vllm")[0] == pgid  # no restart
     assert server.recorded_weights() == new
+
+
+def test_serve_new_asks_for_one_fingerprint_per_reload_the_old_one_known_since_the_start(
+    tmp_path: Path, run_dir: Path, groups: Groups, model: str
+) -> None:
+    """vLLM's first request with logprobs is slow (seconds on a CPU): the start pays it, and each reload asks
+    only for the new weights' fingerprint, comparing it with the one the last start or reload took."""
+    server, _ = started(tmp_path, run_dir, groups, model)
+    completions = lambda: int(urllib.request.urlopen(f"http://127.0.0.1:{server.port}/fake/completions").read())  # noqa: E731
+    assert completions() == 1 and server.served_fingerprint == json.dumps([[model, -0.25]])
+
+    for version in (1, 2):
+        new = str(model_folder(tmp_path / "policy" / f"v{version}"))
+        assert server.serve_new(new) == "reload"
+        assert completions() == 1 + version and server.served_fingerprint == json.dumps([[new, -0.25]])
 
 
 def test_serve_new_falls_back_to_a_restart_when_the_reload_is_refused(

@@ -1,0 +1,152 @@
+"""The driver's side of the warm trainer (training/warm.py): start it once, hand it each update, notice its end.
+
+    trainer = WarmTrainer(run)
+    code = trainer.update(argv, logfile)   # python -m training's exit code; None: it could not start
+
+One trainer per run and node, as the tracked group `trainer`, started at the first update and kept
+until the run ends. An update it cannot take (it did not start within TRAINER_START_S) runs in fresh
+processes, and so do the rest of the run's updates; an update it died in fails (the served policy
+stays), and the next update starts a new one. BATON_WARM_TRAINER=0 runs every update fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from coordinator.driver import procs
+from coordinator.driver.say import log, warn
+from rollout_engine.defaults import TRAINER_START_S
+from rollout_engine.exits import Exit
+from rollout_engine.files import save_json
+
+GROUP = "trainer"
+
+
+@dataclass
+class Job:
+    """One update handed to the trainer: done when each of its workers reported `seq`, or when the trainer
+    ended (FAILED)."""
+
+    trainer: WarmTrainer
+    seq: int
+
+    def poll(self) -> int | None:
+        codes = self.trainer.reports(self.seq)
+        if codes is not None:
+            return codes[0] if codes[0] else max(codes)
+        if self.trainer.group_code() is not None:
+            return Exit.FAILED
+        return None
+
+
+class WarmTrainer:
+    def __init__(self, run) -> None:
+        self.run = run
+        self.dir = run.run_dir / "trainer"
+        self.log = run.run_dir / "logs" / "trainer.log"
+        self.seq = 0
+        self.nproc = 0
+        #: it failed to start once: this run's updates are fresh
+        self.given_up = False
+
+    def group_code(self) -> int | None:
+        """The trainer group's exit code once it ended (0 when none was started)."""
+        group = self.run.groups.group(GROUP)
+        return 0 if group is None else group.poll()
+
+    def running(self) -> bool:
+        group = self.run.groups.group(GROUP)
+        return group is not None and group.poll() is None and self.nproc > 0
+
+    def start(self) -> bool:
+        """Start the trainer and wait until its workers are up; False (and stopped) when they are not."""
+        self.stop()
+        self.seq, self.nproc = 0, 0
+        # a new trainer starts at job 1: the last one's job and reports would read as answered or pending
+        for stale in [self.dir / "ready.json", self.dir / "job.json", *self.dir.glob("done.*.json")]:
+            stale.unlink(missing_ok=True)
+        cmd = [self.run.pythons.train, "-m", "training.warm", "--dir", str(self.dir), "--log", str(self.log)]
+        began = time.monotonic()
+        log(f"warm trainer: starting (log: {self.log})")
+        self.run.groups.start(GROUP, cmd, self.log, env=self.run.env())
+        limit = TRAINER_START_S.value()
+        while time.monotonic() - began < limit:
+            ready = self._read(self.dir / "ready.json")
+            if ready is not None:
+                self.nproc = int(ready.get("nproc", 1))
+                log(f"warm trainer: {self.nproc} worker(s) ready in {time.monotonic() - began:.0f}s")
+                return True
+            if self.group_code() is not None:
+                break
+            self.run.supervisor.sleep(0.2)
+        why = "exited" if self.group_code() is not None else f"was not ready within {limit}s (BATON_TRAINER_START_S)"
+        warn(f"the warm trainer {why}; this run's updates run in fresh processes (its log: {self.log})")
+        self.stop()
+        self.given_up = True
+        return False
+
+    def update(self, argv: list[str], logfile: Path) -> int | None:
+        """Run `python -m training`'s arguments `argv` in the trainer; its exit code, or None when there is no
+        trainer to run it (the caller runs it fresh). A trainer that ended during the update: FAILED."""
+        if self.given_up or (not self.running() and not self.start()):
+            return None
+        self.seq += 1
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        save_json(self.dir / "job.json", {"seq": self.seq, "argv": argv, "log": str(logfile)})
+        began = time.monotonic()
+        log(f"update: handed to the warm trainer (log: {logfile})")
+        code = self.run.supervisor.wait(Job(self, self.seq))
+        if self.group_code() is not None:
+            warn(
+                f"the warm trainer ended during the update after {time.monotonic() - began:.0f}s (its log: "
+                f"{self.log}); this update failed, the next one starts a new trainer"
+            )
+            self.stop()
+        return code
+
+    def reports(self, seq: int) -> list[int] | None:
+        """Each worker's exit code for job `seq`, once all of them reported it."""
+        codes = []
+        for rank in range(self.nproc):
+            done = self._read(self.dir / f"done.{rank}.json")
+            if done is None or int(done.get("seq", 0)) != seq:
+                return None
+            codes.append(int(done.get("exit", Exit.FAILED)))
+        return codes
+
+    def stop(self) -> None:
+        """Stop the trainer's group; its torchrun groups (listed beside its log) follow, or get SIGKILL."""
+        self.run.groups.stop(GROUP, 15)
+        kill_listed(self.log.with_name(self.log.name + ".pgid"))
+        self.nproc = 0
+
+    @staticmethod
+    def _read(path: Path) -> dict | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+
+#: how long a SIGKILLed group may take to exit
+KILLED_S = 5
+
+
+def kill_listed(listing: Path) -> None:
+    """SIGKILL the groups a training's `.pgid` listing names (training.launch.run_group), each only while its pid
+    names the recorded leader; return once they are gone."""
+    try:
+        lines = listing.read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            killed, deadline = int(parts[0]), time.monotonic() + KILLED_S
+            if procs.signal_group(killed, parts[1], signal.SIGKILL):
+                while procs.group_alive(killed) and time.monotonic() < deadline:
+                    time.sleep(0.02)

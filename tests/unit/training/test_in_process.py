@@ -1,0 +1,65 @@
+"""training/update.py in the warm trainer (training/warm.py): rank 0 alone runs a lead step (prepare, promote) and
+its outcome reaches the other ranks, so all of them train or all stop with the same exit."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout_engine.errors import ConfigError
+from rollout_engine.exits import Exit
+from training import update
+from training.update import NothingToTrain, TrainingError, _on_lead, in_process
+
+
+def no_training(*_args):
+    raise AssertionError("no training in these tests")
+
+
+@pytest.mark.parametrize(
+    ("raised", "code"),
+    [
+        (None, 0),
+        (NothingToTrain("few"), Exit.NOTHING_TO_TRAIN),
+        (ConfigError("bad"), Exit.BAD_INPUT),
+        (OSError("disk"), Exit.FAILED),
+    ],
+)
+def test_rank_0_runs_the_step_and_shares_its_outcome(raised: Exception | None, code: int) -> None:
+    ran, shared = [], []
+
+    def step() -> None:
+        ran.append(True)
+        if raised is not None:
+            raise raised
+
+    with in_process(0, 2, no_training, lambda c: shared.append(c) or c):
+        if raised is None:
+            _on_lead(step)
+        else:
+            with pytest.raises(type(raised)):
+                _on_lead(step)
+    assert ran == [True] and shared == [code]
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (Exit.NOTHING_TO_TRAIN, NothingToTrain),
+        (Exit.BAD_INPUT, ConfigError),
+        (Exit.FAILED, TrainingError),
+        (7, TrainingError),
+    ],
+)
+def test_another_rank_skips_the_step_and_stops_as_rank_0_did(code: int, error: type[Exception]) -> None:
+    with in_process(1, 2, no_training, lambda _c: code), pytest.raises(error, match="rank 0 stopped this update"):
+        _on_lead(no_training)
+
+
+def test_another_rank_goes_on_when_rank_0_succeeded_and_one_rank_or_none_runs_the_step_itself() -> None:
+    with in_process(1, 2, no_training, lambda _c: 0):
+        _on_lead(no_training)
+    ran = []
+    with in_process(0, 1, no_training, no_training):  # one rank: nothing to share
+        _on_lead(lambda: ran.append(1))
+    _on_lead(lambda: ran.append(2))  # python -m training
+    assert ran == [1, 2] and update._in_process is None

@@ -1,0 +1,264 @@
+"""The warm trainer: one set of trainer processes per run that trains every iteration's update.
+
+    python -m training.warm --dir <run>/trainer --log <run>/logs/trainer.log [--nproc P]   # the driver starts it
+
+A fresh update pays for three Python processes that import the stack and load LLaMA-Factory
+(`python -m training`, `llamafactory-cli`, the torchrun worker) before its first optimizer step.
+Here torchrun's workers start once, import once, and then wait for jobs: each job is the
+argument list of `python -m training` (its Hydra overrides), run in-process by every worker:
+prepare and promote on rank 0, the training itself (LLaMA-Factory's own training function)
+on all ranks. The process group and DeepSpeed's state stay up between jobs: LLaMA-Factory
+destroys the process group when a training ends, which a later DeepSpeed training cannot survive.
+
+The files in `--dir` (the driver's side: coordinator/driver/trainer.py):
+
+    ready.json         {"pid", "nproc"}: local rank 0 is up and waits for jobs
+    job.json           {"seq", "argv", "log"}: the driver's request, replaced atomically
+    done.<r>.json      {"seq", "exit", "wall_s"}: local rank r finished job `seq` with `exit`
+                       (the exit codes of `python -m training`)
+
+A worker that fails inside a training (its partners may wait in a collective) or passes the
+job's `launch.timeout_s` exits: the driver sees the group end, the update fails, and the
+next update starts a fresh trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rollout_engine.exits import Exit
+from rollout_engine.files import save_json
+
+log = logging.getLogger("training.warm")
+POLL_S = 0.2
+
+
+@contextmanager
+def output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr (file descriptors 1 and 2, so LLaMA-Factory's and the C++ libraries'
+    output too) appended to `path` for the block."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for each in (fd, *saved):
+            os.close(each)
+
+
+@contextmanager
+def environment(extra: dict[str, str]) -> Iterator[None]:
+    """`extra` in os.environ for the block (a job's tracker variables), the old values after."""
+    before = {key: os.environ.get(key) for key in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def train_in_process(recipe: Path, log_file: Path, extra_env: dict[str, str]):
+    """LLaMA-Factory's training function on `recipe` in this process (every rank calls it), its output
+    appended to `log_file`; the process group it would destroy at the end is kept (the next job uses it).
+    Returns a launch.TrainResult; an exception propagates (the worker then exits: see the module doc)."""
+    import torch
+    import torch.distributed as dist
+    import yaml
+    from llamafactory.train import tuner
+
+    from training.launch import TrainResult
+
+    args = yaml.safe_load(recipe.read_text())
+    started = time.monotonic()
+    keep = dist.destroy_process_group
+    dist.destroy_process_group = lambda *a, **k: None
+    try:
+        with output_to(log_file), environment(extra_env):
+            try:
+                tuner._training_function({"args": args, "callbacks": []})
+            except Exception:
+                traceback.print_exc()  # the log's last lines: training.update.refusal reads them
+                if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                    _exit_now("a training failed; its partners may wait in a collective: the warm trainer exits")
+                return TrainResult(Exit.FAILED, False, time.monotonic() - started)
+    finally:
+        dist.destroy_process_group = keep
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return TrainResult(0, False, time.monotonic() - started)
+
+
+class Worker:
+    """One torchrun worker's loop: wait for a job, run it, report it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.done = 0
+
+    def start(self) -> None:
+        """Import the stack and join the process group, then say so."""
+        import torch
+        import torch.distributed as dist
+        from llamafactory.train import tuner  # noqa: F401  (the import a fresh trainer pays every update)
+
+        if self.world > 1 and not dist.is_initialized():
+            if torch.cuda.is_available():
+                torch.cuda.set_device(self.local_rank)
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        from training.config import register_configs
+
+        register_configs()
+        if self.local_rank == 0:
+            save_json(
+                self.dir / "ready.json", {"pid": os.getpid(), "nproc": int(os.environ.get("LOCAL_WORLD_SIZE", 1))}
+            )
+        log.info("warm trainer rank %d of %d ready", self.rank, self.world)
+
+    def next_job(self) -> dict:
+        """Wait for a job newer than the last one done."""
+        path = self.dir / "job.json"
+        while True:
+            try:
+                job = json.loads(path.read_text())
+                if int(job["seq"]) > self.done:
+                    return job
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(POLL_S)
+
+    def serve(self) -> None:
+        self.start()
+        while True:
+            job = self.next_job()
+            started = time.monotonic()
+            code = self.run_job(job)
+            self.done = int(job["seq"])
+            save_json(
+                self.dir / f"done.{self.local_rank}.json",
+                {"seq": self.done, "exit": code, "wall_s": round(time.monotonic() - started, 2)},
+            )
+
+    def run_job(self, job: dict) -> int:
+        """The job's `python -m training` in this process; its exit code. Rank 0's prepare and promote results
+        reach the other ranks, which only train."""
+        with output_to(Path(job["log"])):
+            return run_argv(job["argv"], self)
+
+
+def compose(argv: list[str]):
+    """The update config `python -m training --config-name update <argv>` would run."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from training.__main__ import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return hydra_compose(config_name="update", overrides=argv)
+
+
+def run_argv(argv: list[str], worker: Worker) -> int:
+    """`python -m training`'s run on `argv`, with the training in-process (training.__main__._run)."""
+    from training import update
+    from training.__main__ import _run
+    from training.launch import detect_device
+
+    try:
+        dict_cfg = compose(argv)
+    except Exception as exc:  # Hydra refuses an override: what python -m training exits 2 for
+        log.error("bad config:\n%s", exc)
+        return Exit.BAD_INPUT
+    timeout_s = float(dict_cfg.launch.timeout_s)
+    watchdog = threading.Timer(timeout_s, _expired, args=(timeout_s,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        with update.in_process(worker.rank, worker.world, train_in_process, _share):
+            return _run(dict_cfg, detect_device())
+    finally:
+        watchdog.cancel()
+
+
+def _share(code: int) -> int:
+    """Rank 0's `code` on every rank (a prepare that found nothing to train ends the job everywhere)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return code
+    box = [code]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
+def _expired(timeout_s: float) -> None:
+    _exit_now(f"the update ran past {timeout_s:.0f} s (launch.timeout_s); the warm trainer exits")
+
+
+def _exit_now(why: str) -> None:
+    log.error("%s", why)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(Exit.FAILED)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.warm")
+    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--log", type=Path, help="the trainer's own output (the parent: starts torchrun)")
+    parser.add_argument("--nproc", type=int, default=0, help="workers on this node; 0 = the local GPUs (1 on CPU)")
+    parser.add_argument("--grace", type=float, default=10.0)
+    parser.add_argument("--worker", action="store_true", help="(torchrun's workers)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", stream=sys.stderr)
+    if args.worker:
+        Worker(args.dir).serve()
+        return 0
+    return launch(args.dir, args.log, args.nproc, args.grace)
+
+
+def launch(directory: Path, log_file: Path, nproc: int, grace_s: float) -> int:
+    """torchrun with this node's workers, tracked and stopped like a fresh training (training.launch.run_group);
+    runs until the driver stops it or a worker exits."""
+    from training.launch import detect_device, exit_on_signals, free_port, run_group
+
+    exit_on_signals()
+    directory.mkdir(parents=True, exist_ok=True)
+    device = detect_device()
+    nproc = nproc or device.count
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", f"--nproc-per-node={nproc}"]
+    cmd += ["--master-addr", "127.0.0.1", f"--master-port={free_port()}"]
+    cmd += ["-m", "training.warm", "--worker", "--dir", str(directory)]
+    env = {**os.environ, "DISABLE_VERSION_CHECK": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = run_group(cmd, log_file, env, float("inf"), grace_s)
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
