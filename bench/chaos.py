@@ -6,7 +6,8 @@
 One log path for the whole soak (a temp directory, or `--log-path`); round r runs iteration r:
 `bash scripts/run.sh --rl-phase both --max-iterations 1 [--resume]` with small settings (`SETTINGS`),
 waits until the fault's phase runs (its group's record `run/rank_0/pids/<name>.pgid`, or LLaMA-Factory's
-`training/iter_<NNNN>/train.log.pgid`), waits a seeded random moment into it, and injects the fault
+`training/iter_<NNNN>/train.log.pgid`, or the warm trainer's `run/rank_0/logs/trainer.log.pgid` while it
+trains), waits a seeded random moment into it, and injects the fault
 (`FAULTS`). Then it restarts the way docs/cli.md tells a user to (`--resume`, nothing killed by hand)
 until the iteration is done, and checks the log path (bench/chaos_checks.py): every planned episode once,
 the policy chain, one record per iteration, no phase past its deadline, nothing left running. Every
@@ -214,15 +215,18 @@ class Chaos:
     # ---- the run's groups ---------------------------------------------------------------------------
     def groups(self, phase: str, iteration: int) -> list[tuple[int, str]]:
         """(pgid, leader start time) of what runs `phase` now, from the run's own records."""
-        if phase == "training":
-            path = Layout(self.log).training_dir(iteration) / "train.log.pgid"
+        layout = Layout(self.log)
+        if phase == "training":  # LLaMA-Factory's groups: a fresh training's, or the warm trainer's while it trains
+            paths = [layout.training_dir(iteration) / "train.log.pgid"]
+            if (layout.training_dir(iteration) / "train.log").exists():
+                paths.append(layout.rank_dir(0) / "logs" / "trainer.log.pgid")
         else:
-            name = {"train_rollout": "rollout-train", "update": "update"}.get(phase, phase)
-            path = Layout(self.log).pids_dir(0) / f"{name}.pgid"
-        try:
-            lines = path.read_text().splitlines()
-        except OSError:
-            return []
+            names = {"train_rollout": ["rollout-train"], "update": ["update", "trainer"]}.get(phase, [phase])
+            paths = [layout.pids_dir(0) / f"{name}.pgid" for name in names]
+        lines = []
+        for path in paths:
+            with contextlib.suppress(OSError):
+                lines += path.read_text().splitlines()
         return [(int(p[0]), p[1] if len(p) > 1 else "-") for p in (ln.split() for ln in lines) if p and p[0].isdigit()]
 
     def signal_groups(self, phase: str, iteration: int, sig: signal.Signals) -> bool:

@@ -381,8 +381,9 @@ def group_alive(pgid: int) -> bool:
 def recorded_groups(log: Path) -> list[tuple[str, int, str]]:
     """(record file, pgid, leader start time) of every group the run recorded and did not forget."""
     out = []
-    # every rank's groups, and LLaMA-Factory's of every node (train.log.pgid, train.rank_<r>.log.pgid)
+    # every rank's groups, LLaMA-Factory's of every node (train.log.pgid, train.rank_<r>.log.pgid), the warm trainer's
     files = sorted(log.glob("run/rank_*/pids/*.pgid")) + sorted(log.glob("training/iter_*/*.log.pgid"))
+    files += sorted(log.glob("run/rank_*/logs/trainer.log.pgid"))
     for path in files:
         for line in path.read_text().splitlines():
             parts = line.split()

@@ -218,7 +218,7 @@ def _share(code: int) -> int:
 
 
 def _expired(timeout_s: float) -> None:
-    _exit_now(f"the update ran past {timeout_s:.0f} s (launch.timeout_s); the warm trainer exits")
+    _exit_now(f"training exceeded {timeout_s:.0f} s (launch.timeout_s); the warm trainer exits")
 
 
 def _exit_now(why: str) -> None:

@@ -12,6 +12,7 @@ stays), and the next update starts a new one. BATON_WARM_TRAINER=0 runs every up
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -97,13 +98,14 @@ class WarmTrainer:
         self.seq += 1
         logfile.parent.mkdir(parents=True, exist_ok=True)
         save_json(self.dir / "job.json", {"seq": self.seq, "argv": argv, "log": str(logfile)})
-        began = time.monotonic()
+        began, offset = time.monotonic(), self.log.stat().st_size if self.log.exists() else 0
         log(f"update: handed to the warm trainer (log: {logfile})")
         code = self.run.supervisor.wait(Job(self, self.seq))
         if self.group_code() is not None:
             warn(
                 f"the warm trainer ended during the update after {time.monotonic() - began:.0f}s (its log: "
                 f"{self.log}); this update failed, the next one starts a new trainer"
+                + (f". {SIGKILL_HINT}" if killed_by_sigkill(self.log, offset) else "")
             )
             self.stop()
         return code
@@ -130,6 +132,24 @@ class WarmTrainer:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+
+
+#: what a SIGKILL nobody of ours sent usually is (training/update.py says the same of a fresh training)
+SIGKILL_HINT = (
+    "A worker was killed by SIGKILL: when nobody sent it, the kernel's OOM killer did (check `dmesg | grep -i oom`); "
+    "lower algorithm.per_device_train_batch_size or algorithm.cutoff_len, or use a DeepSpeed preset that offloads"
+)
+
+
+def killed_by_sigkill(log: Path, offset: int) -> bool:
+    """torchrun reported a worker's SIGKILL in the trainer's log after byte `offset` (where this update began)."""
+    try:
+        with open(log, "rb") as text:
+            text.seek(offset)
+            tail = text.read()[-20000:].decode(errors="replace")
+    except OSError:
+        return False
+    return "Signal 9 (SIGKILL)" in tail or re.search(r"exitcode\s*:\s*-9\b", tail) is not None
 
 
 #: how long a SIGKILLed group may take to exit
