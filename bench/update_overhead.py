@@ -2,12 +2,13 @@
 
     PYTHONPATH=. $BATON_TRAIN_PY -m bench.update_overhead [--iterations 3] [--tasks 32] [--steps 2] [--keep DIR]
 
-For each arm (BATON_WARM_TRAINER=0, then 1) it writes the same N train rollouts (iterations 1..N, one
-success and one failure per task, token ids from the default model's chat template) and runs
-`scripts/run.sh --rl-phase update` over them: every update selects, checks token fidelity, trains
-`--steps` optimizer steps of a full fine-tune from the last promoted policy, and promotes. Per update it
-prints the update phase's wall time (run/state/iter_<n>/times), LLaMA-Factory's `train_runtime_s` and the
-rest, the fixed cost: start-up, prepare, the fidelity check, model load, save and promotion. No vLLM.
+For each arm (BATON_WARM_TRAINER=0, then 1) it runs `scripts/run.sh --rl-phase update --max-iterations N`
+and hands it the same N train rollouts one by one (one success and one failure per task, token ids from
+the default model's chat template), each once the update before it is done. Every update selects, checks
+token fidelity, trains `--steps` optimizer steps of a full fine-tune from the last promoted policy, and
+promotes. Per update it prints the update phase's wall time (run/state/iter_<n>/times), LLaMA-Factory's
+`train_runtime_s` and the rest, the fixed cost: start-up, prepare, the fidelity check, model load, save
+and promotion; and the peak RSS of run.sh's process tree (sampled every 0.25 s). No vLLM.
 About 4 minutes per arm on 2 cores at the defaults.
 """
 
@@ -19,30 +20,38 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from bench.multinode_overhead import cpu_line
-from coordinator.runstate import phase_times
+from coordinator.runstate import is_done, phase_times
 from rollout_engine.metrics_log import load_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def write_rollouts(model: Path, log: Path, iterations: int, tasks: int) -> None:
-    """Iterations 1..N of train rollouts, finished (what a rollout run leaves for an update run)."""
-    from transformers import AutoTokenizer
+class Rollouts:
+    """Train rollouts of the default model's chat template (what a rollout run leaves for an update run)."""
 
-    from rollout_engine.journal import Journal
-    from rollout_engine.types import Trajectory, Turn
+    def __init__(self, model: Path, tasks: int) -> None:
+        from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    for iteration in range(1, iterations + 1):
-        name = f"iter_{iteration:04d}"
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.tasks = tasks
+
+    def write(self, log: Path, iteration: int) -> None:
+        """Iteration `iteration`'s train rollout, finished: a success and a failure per task."""
+        from rollout_engine.journal import Journal
+        from rollout_engine.types import Trajectory, Turn
+
+        tokenizer, name = self.tokenizer, f"iter_{iteration:04d}"
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         journal = Journal(log / "trajectories" / "train" / name / "rank_0.jsonl", resume=False)
-        for task in range(tasks):
+        for task in range(self.tasks):
             messages = [{"role": "user", "content": f"What is {task} + {iteration}? Answer with the number only."}]
             prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             for sample, (reply, success) in enumerate(((str(task + iteration), True), (str(task - 1), False))):
@@ -70,24 +79,60 @@ def write_rollouts(model: Path, log: Path, iterations: int, tasks: int) -> None:
                         turns=[turn],
                     )
                 )
-        journal.seal(planned=2 * tasks)
+        journal.seal(planned=2 * self.tasks)
         state = log / "run" / "state" / name
         state.mkdir(parents=True, exist_ok=True)
         (state / "train_rollout.done").write_text("done\n")
 
 
-def run_arm(data: Path, log: Path, warm: bool, steps: int) -> float:
+class PeakRss:
+    """The largest sum of RSS over a process and its descendants, sampled every `every_s` in a thread."""
+
+    def __init__(self, pid: int, every_s: float = 0.25) -> None:
+        self.peak, self.every_s, self.root = 0, every_s, psutil.Process(pid)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+
+    def sample(self) -> None:
+        while not self.done.is_set():
+            total = 0
+            with contextlib.suppress(psutil.Error):
+                for proc in [self.root, *self.root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        total += proc.memory_info().rss
+            self.peak = max(self.peak, total)
+            self.done.wait(self.every_s)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def run_arm(data: Path, log: Path, warm: bool, rollouts: Rollouts, iterations: int, steps: int) -> tuple[float, int]:
+    """run.sh --rl-phase update for `iterations` updates, each rollout written once the update before it is done
+    (an update run trains the newest); its wall time and the peak RSS of its process tree."""
     cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data), "--log-path", str(log)]
-    cmd += ["--rl-phase", "update", "--wait-timeout", "0", f"algorithm.max_steps={steps}"]
+    cmd += ["--rl-phase", "update", "--max-iterations", str(iterations), "--wait-timeout", "600"]
+    cmd += [f"algorithm.max_steps={steps}"]
     cmd += ["algorithm.per_device_train_batch_size=4", "algorithm.gradient_accumulation_steps=1"]
     cmd += ["algorithm.warmup_steps=0", "algorithm.cutoff_len=512"]
-    env = {**os.environ, "BATON_WARM_TRAINER": str(int(warm)), "BATON_PROGRESS_S": "0"}
+    env = {**os.environ, "BATON_WARM_TRAINER": str(int(warm)), "BATON_PROGRESS_S": "0", "BATON_UPDATE_POLL_S": "1"}
+    rollouts.write(log, 1)
     began = time.monotonic()
     with open(log.parent / f"{log.name}.out", "w") as out:
-        code = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        rss = PeakRss(proc.pid)
+        for iteration in range(2, iterations + 1):
+            while proc.poll() is None and not is_done(log, iteration - 1, "update"):
+                time.sleep(0.2)
+            rollouts.write(log, iteration)
+        code = proc.wait()
+        peak = rss.stop()
     if code != 0:
         sys.exit(f"run.sh failed (exit {code}); see {log.parent / f'{log.name}.out'}")
-    return time.monotonic() - began
+    return time.monotonic() - began, peak
 
 
 def report(log: Path, iterations: int) -> list[dict]:
@@ -116,11 +161,11 @@ def main() -> None:
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
     where = tempfile.TemporaryDirectory(prefix="baton-update-") if not args.keep else None
+    rollouts = Rollouts(data / "models" / MODEL, args.tasks)
     with where or contextlib.nullcontext(tempfile.mkdtemp(prefix="baton-update-", dir=args.keep)) as tmp:
         for arm in args.arms.split(","):
             log = Path(tmp) / arm
-            write_rollouts(data / "models" / MODEL, log, args.iterations, args.tasks)
-            wall = run_arm(data, log, arm == "warm", args.steps)
+            wall, peak = run_arm(data, log, arm == "warm", rollouts, args.iterations, args.steps)
             rows = report(log, args.iterations)
             parts = ", ".join(
                 f"#{r['iteration']} {r['update_s']:.0f} s (steps {r['steps_s']:.1f}, fixed {r['fixed_s']:.1f})"
@@ -128,7 +173,9 @@ def main() -> None:
             )
             later = [r["fixed_s"] for r in rows[1:]]
             after = f"; fixed cost after the first: max {max(later):.1f} s" if later else ""
-            print(f"{arm:5s}: updates {parts}{after} (run.sh {wall:.0f} s)", flush=True)
+            print(
+                f"{arm:5s}: updates {parts}{after} (run.sh {wall:.0f} s, peak RSS {peak / 2**30:.2f} GiB)", flush=True
+            )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ The files in `--dir` (the driver's side: coordinator/driver/trainer.py):
     ready.json         {"pid", "nproc"}: local rank 0 is up and waits for jobs
     job.json           {"seq", "argv", "log"}: the driver's request, replaced atomically
     done.<r>.json      {"seq", "exit", "wall_s"}: local rank r finished job `seq` with `exit`
-                       (the exit codes of `python -m training`)
+                       (the exit codes of `python -m training`; FRESH: not a job for this trainer)
 
 A worker that fails inside a training (its partners may wait in a collective) or passes the
 job's `launch.timeout_s` exits: the driver sees the group end, the update fails, and the
@@ -42,6 +42,9 @@ from rollout_engine.files import save_json
 
 log = logging.getLogger("training.warm")
 POLL_S = 0.2
+#: a job's exit when it wants another layout than this trainer's (launch.nproc_per_node, launch.nnodes): the
+#: driver runs it in fresh processes
+FRESH = 86
 
 
 @contextmanager
@@ -195,6 +198,10 @@ def run_argv(argv: list[str], worker: Worker) -> int:
     except Exception as exc:  # Hydra refuses an override: what python -m training exits 2 for
         log.error("bad config:\n%s", exc)
         return Exit.BAD_INPUT
+    wanted = (int(dict_cfg.launch.nproc_per_node) or detect_device().count, int(dict_cfg.launch.nnodes))
+    if wanted != (int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1):
+        log.error("the warm trainer runs %s worker(s) on 1 node; this update wants %s on %s", worker.world, *wanted)
+        return FRESH
     timeout_s = float(dict_cfg.launch.timeout_s)
     watchdog = threading.Timer(timeout_s, _expired, args=(timeout_s,))
     watchdog.daemon = True

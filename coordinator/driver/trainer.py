@@ -25,6 +25,8 @@ from rollout_engine.exits import Exit
 from rollout_engine.files import save_json
 
 GROUP = "trainer"
+#: a job's exit when the trainer's layout is not the update's (training/warm.py FRESH): run it fresh
+FRESH = 86
 
 
 @dataclass
@@ -63,14 +65,16 @@ class WarmTrainer:
         group = self.run.groups.group(GROUP)
         return group is not None and group.poll() is None and self.nproc > 0
 
-    def start(self) -> bool:
-        """Start the trainer and wait until its workers are up; False (and stopped) when they are not."""
+    def start(self, nproc: int) -> bool:
+        """Start the trainer with `nproc` workers (0: the local GPUs, 1 on CPU) and wait until they are up;
+        False (and stopped) when they are not."""
         self.stop()
         self.seq, self.nproc = 0, 0
         # a new trainer starts at job 1: the last one's job and reports would read as answered or pending
         for stale in [self.dir / "ready.json", self.dir / "job.json", *self.dir.glob("done.*.json")]:
             stale.unlink(missing_ok=True)
         cmd = [self.run.pythons.train, "-m", "training.warm", "--dir", str(self.dir), "--log", str(self.log)]
+        cmd += [f"--nproc={nproc}"]
         began = time.monotonic()
         log(f"warm trainer: starting (log: {self.log})")
         self.run.groups.start(GROUP, cmd, self.log, env=self.run.env())
@@ -93,7 +97,7 @@ class WarmTrainer:
     def update(self, argv: list[str], logfile: Path) -> int | None:
         """Run `python -m training`'s arguments `argv` in the trainer; its exit code, or None when there is no
         trainer to run it (the caller runs it fresh). A trainer that ended during the update: FAILED."""
-        if self.given_up or (not self.running() and not self.start()):
+        if self.given_up or (not self.running() and not self.start(nproc_of(argv))):
             return None
         self.seq += 1
         logfile.parent.mkdir(parents=True, exist_ok=True)
@@ -108,6 +112,11 @@ class WarmTrainer:
                 + (f". {SIGKILL_HINT}" if killed_by_sigkill(self.log, offset) else "")
             )
             self.stop()
+        if code == FRESH:  # launch.nproc_per_node / launch.nnodes the trainer was not started with
+            warn(f"the warm trainer cannot run this update's layout (its log: {logfile}); this run's updates run fresh")
+            self.stop()
+            self.given_up = True
+            return None
         return code
 
     def reports(self, seq: int) -> list[int] | None:
@@ -132,6 +141,12 @@ class WarmTrainer:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+
+
+def nproc_of(argv: list[str]) -> int:
+    """launch.nproc_per_node as the update's overrides set it (the last one wins, as in Hydra); 0 when unset."""
+    values = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("launch.nproc_per_node=")]
+    return int(values[-1]) if values and values[-1].isdigit() else 0
 
 
 #: what a SIGKILL nobody of ours sent usually is (training/update.py says the same of a fresh training)

@@ -7,7 +7,8 @@ cut down by its documented override arguments (later overrides win) and `BATON_Q
 starts as hard links of the session's prepared data (scripts/prepare.sh finds the model and tasks ready: it is
 run by the `data_dir` fixture for real). Iteration 1 rolls out, evaluates the base model and promotes v1, which
 is reloaded in place and serves iteration 2 (no held-out rollout: 2 % 2 != 1); iteration 2 promotes v2, which
-the final evaluation (iteration 3) is served. Metrics, plot, TensorBoard curves, no process left.
+the final evaluation (iteration 3) is served. One warm trainer trains both updates. Metrics, plot, TensorBoard
+curves, no process left.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def test_quickstart_runs_two_short_iterations_promotes_serves_records_and_evalua
         ("training", 2),
         ("promotion", 2),
     ]
+    # one warm trainer (docs/update.md) trained both updates, in the same process
+    trainers = [r["trainer"] for r in rows if r.get("kind") == "training"]
+    assert len(set(trainers)) == 1 and trainers[0].startswith("warm:"), trainers
     assert (log / "run" / "state" / "iter_0002" / "config.yaml").exists()
 
     # what it prints: the table (a row per iteration), the plot, the time

@@ -14,6 +14,7 @@ import pytest
 
 from coordinator.driver.context import Run
 from coordinator.driver.procs import group_alive
+from coordinator.driver.trainer import FRESH, nproc_of
 from coordinator.driver.update import update_node
 from rollout_engine.exits import Exit
 from tests.unit.driver.fakes import Runs
@@ -100,3 +101,22 @@ def test_warm_trainer_0_runs_every_update_fresh(run: Run, monkeypatch: pytest.Mo
     assert update(run, "iteration=1") == 0
     assert run.trainer is None and not (run.run_dir / "trainer").exists()
     assert (run.run_dir / "logs" / "update.log").read_text().startswith("fresh update:")
+
+
+def test_an_update_of_another_layout_than_the_trainers_runs_fresh_and_so_do_the_later_ones(
+    run: Run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert update(run, "iteration=1", f"fake.exit={FRESH}") == 0  # the fake's fresh `python -m training`
+    assert update(run, "iteration=2") == 0
+    assert "the warm trainer cannot run this update's layout" in capsys.readouterr().err
+    assert len(jobs(run)) == 1 and run.groups.recorded("trainer") is None
+    logged = (run.run_dir / "logs" / "update.log").read_text().splitlines()
+    assert logged[-2:] == [
+        f"fresh update: -m training --config-name update log_path={run.log} iteration=1 fake.exit={FRESH}",
+        f"fresh update: -m training --config-name update log_path={run.log} iteration=2",
+    ]
+
+
+def test_the_trainer_starts_with_the_workers_the_updates_overrides_ask_for() -> None:
+    assert nproc_of(["iteration=1"]) == 0
+    assert nproc_of(["launch.nproc_per_node=2", "x=1", "launch.nproc_per_node=4"]) == 4
