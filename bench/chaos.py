@@ -219,7 +219,7 @@ class Chaos:
         if phase == "training":  # LLaMA-Factory's groups: a fresh training's, or the warm trainer's while it trains
             paths = [layout.training_dir(iteration) / "train.log.pgid"]
             if (layout.training_dir(iteration) / "train.log").exists():
-                paths.append(layout.rank_dir(0) / "logs" / "trainer.log.pgid")
+                paths.append(layout.trainer_log(0).with_name("trainer.log.pgid"))
         else:
             names = {"train_rollout": ["rollout-train"], "update": ["update", "trainer"]}.get(phase, [phase])
             paths = [layout.pids_dir(0) / f"{name}.pgid" for name in names]

@@ -1,6 +1,7 @@
 """The update's fixed cost: fresh processes against the warm trainer, side by side on the same work.
 
     PYTHONPATH=. $BATON_TRAIN_PY -m bench.update_overhead [--iterations 3] [--tasks 32] [--steps 2] [--keep DIR]
+    PYTHONPATH=. $BATON_TRAIN_PY -m bench.update_overhead --loop [--iterations 3] [--steps 1]
 
 For each arm (BATON_WARM_TRAINER=0, then 1) it runs `scripts/run.sh --rl-phase update --max-iterations N`
 and hands it the same N train rollouts one by one (one success and one failure per task, token ids from
@@ -9,6 +10,9 @@ token fidelity, trains `--steps` optimizer steps of a full fine-tune from the la
 promotes. Per update it prints the update phase's wall time (run/state/iter_<n>/times), LLaMA-Factory's
 `train_runtime_s` and the rest, the fixed cost: start-up, prepare, the fidelity check, model load, save
 and promotion; and the peak RSS of run.sh's process tree (sampled every 0.25 s). No vLLM.
+With --loop the arms are `run.sh --rl-phase both` runs of N quickstart-sized iterations instead (24 train
+tasks x 4, 8 held-out tasks at iteration 1), with their vLLM: the serve phase after each update (the new policy
+reloaded) is printed too, and the peak RSS holds vLLM, the engines and the trainer together.
 About 4 minutes per arm on 2 cores at the defaults.
 """
 
@@ -135,13 +139,41 @@ def run_arm(data: Path, log: Path, warm: bool, rollouts: Rollouts, iterations: i
     return time.monotonic() - began, peak
 
 
+def run_loop(data: Path, log: Path, warm: bool, iterations: int, steps: int) -> tuple[float, int]:
+    """--loop: run.sh --rl-phase both for `iterations` quickstart-sized iterations (its own vLLM); wall time and
+    peak RSS of its process tree (vLLM, engines and trainer together)."""
+    cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data), "--log-path", str(log)]
+    cmd += ["--rl-phase", "both", "--max-iterations", str(iterations), "--eval-interval", "1000"]  # at 1 only
+    cmd += ["env_config.train_tasks_rollout_size=24", "env_config.n_samples_per_task=4", "env_config.live_view=off"]
+    cmd += ["env_config.test_tasks_rollout_size=8"]
+    cmd += [f"algorithm.max_steps={steps}", "algorithm.per_device_train_batch_size=1", "algorithm.num_train_epochs=1"]
+    env = {**os.environ, "BATON_WARM_TRAINER": str(int(warm)), "BATON_PROGRESS_S": "0"}
+    began = time.monotonic()
+    with open(log.parent / f"{log.name}.out", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        rss = PeakRss(proc.pid)
+        code = proc.wait()
+        peak = rss.stop()
+    if code != 0:
+        sys.exit(f"run.sh failed (exit {code}); see {log.parent / f'{log.name}.out'}")
+    return time.monotonic() - began, peak
+
+
 def report(log: Path, iterations: int) -> list[dict]:
     rows = {r["iteration"]: r for r in load_metrics(log) if r.get("kind") == "training"}
     out = []
     for iteration in range(1, iterations + 1):
-        update_s = phase_times(log, iteration).get("update", 0.0)
-        steps_s = rows[iteration]["train_runtime_s"]
-        out.append({"iteration": iteration, "update_s": update_s, "steps_s": steps_s, "fixed_s": update_s - steps_s})
+        times = phase_times(log, iteration)
+        update_s, steps_s = times.get("update", 0.0), rows[iteration]["train_runtime_s"]
+        out.append(
+            {
+                "iteration": iteration,
+                "update_s": update_s,
+                "steps_s": steps_s,
+                "fixed_s": update_s - steps_s,
+                "serve_s": times.get("serve"),
+            }
+        )
     return out
 
 
@@ -151,6 +183,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=32, help="tasks per rollout (a success and a failure each)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per update")
     parser.add_argument("--arms", default="fresh,warm")
+    parser.add_argument("--loop", action="store_true", help="run.sh --rl-phase both with its vLLM (quickstart-sized)")
     parser.add_argument("--keep", metavar="DIR", help="keep the log paths and run.sh outputs under DIR")
     parser.add_argument(
         "--data-path", default=os.environ.get("BATON_DATA", str(Path.home() / ".cache/baton/test-data"))
@@ -165,10 +198,14 @@ def main() -> None:
     with where or contextlib.nullcontext(tempfile.mkdtemp(prefix="baton-update-", dir=args.keep)) as tmp:
         for arm in args.arms.split(","):
             log = Path(tmp) / arm
-            wall, peak = run_arm(data, log, arm == "warm", rollouts, args.iterations, args.steps)
+            if args.loop:
+                wall, peak = run_loop(data, log, arm == "warm", args.iterations, args.steps)
+            else:
+                wall, peak = run_arm(data, log, arm == "warm", rollouts, args.iterations, args.steps)
             rows = report(log, args.iterations)
             parts = ", ".join(
-                f"#{r['iteration']} {r['update_s']:.0f} s (steps {r['steps_s']:.1f}, fixed {r['fixed_s']:.1f})"
+                f"#{r['iteration']} {r['update_s']:.0f} s (steps {r['steps_s']:.1f}, fixed {r['fixed_s']:.1f}"
+                + (f", then serve {r['serve_s']:.0f} s)" if r["serve_s"] is not None else ")")
                 for r in rows
             )
             later = [r["fixed_s"] for r in rows[1:]]

@@ -218,6 +218,14 @@ class Layout:
     def pids_dir(self, rank: int) -> Path:
         return self.rank_dir(rank) / "pids"
 
+    def trainer_dir(self, rank: int) -> Path:
+        """`run/rank_<r>/trainer/`: the warm trainer's jobs and answers (training/warm.py describes the files)."""
+        return self.rank_dir(rank) / "trainer"
+
+    def trainer_log(self, rank: int) -> Path:
+        """`run/rank_<r>/logs/trainer.log`: the warm trainer's output; `trainer.log.pgid` lists its torchrun groups."""
+        return self.logs_dir(rank) / "trainer.log"
+
     def resolved(self, rank: int) -> Path:
         return self.rank_dir(rank) / "resolved.yaml"
 

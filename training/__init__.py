@@ -5,7 +5,8 @@ environment) selects samples from the journals (`training.selection`), writes a
 LLaMA-Factory dataset (`training.dataset`), checks token fidelity
 (`training.fidelity`), writes the LLaMA-Factory YAML (`training.recipe`),
 trains under torchrun (`training.launch`) and promotes the result as the next
-policy version (`training.promotion`). docs/update.md describes it.
+policy version (`training.promotion`). On one node run.sh runs these steps in
+a trainer that stays up for the whole run (`training.warm`). docs/update.md describes it.
 
 Importing this package does nothing.
 """

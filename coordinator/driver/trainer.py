@@ -20,6 +20,7 @@ from pathlib import Path
 
 from coordinator.driver import procs
 from coordinator.driver.say import log, warn
+from coordinator.driver.vllm import gpu_count
 from rollout_engine.defaults import TRAINER_START_S
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json
@@ -49,8 +50,8 @@ class Job:
 class WarmTrainer:
     def __init__(self, run) -> None:
         self.run = run
-        self.dir = run.run_dir / "trainer"
-        self.log = run.run_dir / "logs" / "trainer.log"
+        self.dir = run.layout.trainer_dir(run.rank)
+        self.log = run.layout.trainer_log(run.rank)
         self.seq = 0
         self.nproc = 0
         #: it failed to start once: this run's updates are fresh
@@ -66,8 +67,8 @@ class WarmTrainer:
         return group is not None and group.poll() is None and self.nproc > 0
 
     def start(self, nproc: int) -> bool:
-        """Start the trainer with `nproc` workers (0: the local GPUs, 1 on CPU) and wait until they are up;
-        False (and stopped) when they are not."""
+        """Start the trainer with `nproc` workers and wait until they are up; False (and stopped) when they
+        are not."""
         self.stop()
         self.seq, self.nproc = 0, 0
         # a new trainer starts at job 1: the last one's job and reports would read as answered or pending
@@ -97,7 +98,7 @@ class WarmTrainer:
     def update(self, argv: list[str], logfile: Path) -> int | None:
         """Run `python -m training`'s arguments `argv` in the trainer; its exit code, or None when there is no
         trainer to run it (the caller runs it fresh). A trainer that ended during the update: FAILED."""
-        if self.given_up or (not self.running() and not self.start(nproc_of(argv))):
+        if self.given_up or (not self.running() and not self.start(nproc_of(argv) or gpu_count() or 1)):
             return None
         self.seq += 1
         logfile.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ fake_tasks() {
 # 0; 2 with a report as python -m training writes it), anything else with exit
 # $FAKE_UPDATE_EXIT (default 1; 2 with a report, as a training the trainer refused);
 # the serve one runs fake_vllm.py on vLLM's port, name and model, its pid in $VLLM_PID_FILE.
+# Updates run in fresh processes (BATON_WARM_TRAINER=0).
 fake_pythons_setup() {
   local bin="$BATS_TEST_TMPDIR/bin"
   CALLS="$BATS_TEST_TMPDIR/train-calls" VLLM_PID_FILE="$BATS_TEST_TMPDIR/vllm.pid"
@@ -69,4 +70,6 @@ SH
   printf 'node_groups: [{label: fakes, node_ranks: 0, python: {train: %s, serve: %s}}]\n' \
     "$bin/train-python" "$bin/serve-python" >"$BATS_TEST_TMPDIR/fakes.yaml"
   export BATON_NODE_FILE="$BATS_TEST_TMPDIR/fakes.yaml"
+  # each update a fresh `python -m training` (the fake); the warm trainer's are tests/unit/driver/test_trainer.py
+  export BATON_WARM_TRAINER=0
 }
