@@ -31,6 +31,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -281,7 +282,10 @@ def launch(directory: Path, log_file: Path, nproc: int, grace_s: float) -> int:
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", f"--nproc-per-node={nproc}"]
         cmd += ["--master-addr", "127.0.0.1", f"--master-port={free_port()}", *worker]
-    return run_group(cmd, log_file, env, float("inf"), grace_s).returncode
+    code = run_group(cmd, log_file, env, float("inf"), grace_s).returncode
+    if code < 0:  # torchrun says the same of its workers ("Signal 9 (SIGKILL)"): the driver reads it here too
+        log.error("the worker exited: Signal %d (%s)", -code, signal.Signals(-code).name)
+    return code
 
 
 if __name__ == "__main__":
