@@ -14,12 +14,14 @@ The files in `--dir` (the driver's side: coordinator/driver/trainer.py):
 
     ready.json         {"pid", "nproc"}: local rank 0 is up and waits for jobs
     job.json           {"seq", "argv", "log"}: the driver's request, replaced atomically
+    started.json       {"seq", "timeout_s"}: local rank 0 began job `seq`, whose launch.timeout_s is that
     done.<r>.json      {"seq", "exit", "wall_s"}: local rank r finished job `seq` with `exit`
                        (the exit codes of `python -m training`; FRESH: not a job for this trainer)
 
 A worker that fails inside a training (its partners may wait in a collective) or passes the
 job's `launch.timeout_s` exits: the driver sees the group end, the update fails, and the
-next update starts a fresh trainer.
+next update starts a fresh trainer. The driver stops a trainer that is still at it
+GRACE_S after that deadline (a stopped worker runs no watchdog).
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ class Worker:
         """The job's `python -m training` in this process; its exit code. Rank 0's prepare and promote results
         reach the other ranks, which only train."""
         with output_to(Path(job["log"])):
-            return run_argv(job["argv"], self)
+            return run_argv(job["argv"], self, int(job["seq"]))
 
 
 def compose(argv: list[str]):
@@ -199,7 +201,7 @@ def compose(argv: list[str]):
         return hydra_compose(config_name="update", overrides=argv)
 
 
-def run_argv(argv: list[str], worker: Worker) -> int:
+def run_argv(argv: list[str], worker: Worker, seq: int) -> int:
     """`python -m training`'s run on `argv`, with the training in-process (training.__main__._run)."""
     from training import update
     from training.__main__ import _run
@@ -215,6 +217,8 @@ def run_argv(argv: list[str], worker: Worker) -> int:
         log.error("the warm trainer runs %s worker(s) on 1 node; this update wants %s on %s", worker.world, *wanted)
         return FRESH
     timeout_s = float(dict_cfg.launch.timeout_s)
+    if worker.local_rank == 0:  # the driver's deadline too: a stopped (SIGSTOP) worker runs no watchdog
+        save_json(worker.dir / "started.json", {"seq": seq, "timeout_s": timeout_s})
     watchdog = threading.Timer(timeout_s, _expired, args=(timeout_s,))
     watchdog.daemon = True
     watchdog.start()

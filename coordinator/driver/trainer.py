@@ -15,11 +15,13 @@ import json
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from coordinator.driver import procs
 from coordinator.driver.say import log, warn
+from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.vllm import gpu_count
 from rollout_engine.defaults import TRAINER_START_S
 from rollout_engine.exits import Exit
@@ -30,13 +32,21 @@ GROUP = "trainer"
 FRESH = 86
 
 
+#: seconds past a job's launch.timeout_s (counted from when the driver saw it start) before the driver stops a
+#: trainer whose own watchdog did not end it (a stopped worker, a hung one)
+GRACE_S = 30
+
+
 @dataclass
 class Job:
-    """One update handed to the trainer: done when each of its workers reported `seq`, or when the trainer
-    ended (FAILED)."""
+    """One update handed to the trainer: done when each of its workers reported `seq`, when the trainer
+    ended (FAILED), or past its deadline (EXPIRED; the caller stops the trainer)."""
 
     trainer: WarmTrainer
     seq: int
+    clock: Callable[[], float] = time.monotonic
+    deadline: float | None = None
+    timeout_s: float = 0.0
 
     def poll(self) -> int | None:
         codes = self.trainer.reports(self.seq)
@@ -44,6 +54,13 @@ class Job:
             return codes[0] if codes[0] else max(codes)
         if self.trainer.group_code() is not None:
             return Exit.FAILED
+        if self.deadline is None:
+            started = WarmTrainer._read(self.trainer.dir / "started.json")
+            if started is not None and int(started.get("seq", 0)) == self.seq:
+                self.timeout_s = float(started.get("timeout_s", 0))
+                self.deadline = self.clock() + self.timeout_s + GRACE_S
+        elif self.clock() > self.deadline:
+            return EXPIRED
         return None
 
 
@@ -72,7 +89,8 @@ class WarmTrainer:
         self.stop()
         self.seq, self.nproc = 0, 0
         # a new trainer starts at job 1: the last one's job and reports would read as answered or pending
-        for stale in [self.dir / "ready.json", self.dir / "job.json", *self.dir.glob("done.*.json")]:
+        answers = [self.dir / "ready.json", self.dir / "job.json", self.dir / "started.json"]
+        for stale in [*answers, *self.dir.glob("done.*.json")]:
             stale.unlink(missing_ok=True)
         cmd = [self.run.pythons.train, "-m", "training.warm", "--dir", str(self.dir), "--log", str(self.log)]
         cmd += [f"--nproc={nproc}"]
@@ -105,7 +123,15 @@ class WarmTrainer:
         save_json(self.dir / "job.json", {"seq": self.seq, "argv": argv, "log": str(logfile)})
         began, offset = time.monotonic(), self.log.stat().st_size if self.log.exists() else 0
         log(f"update: handed to the warm trainer (log: {logfile})")
-        code = self.run.supervisor.wait(Job(self, self.seq))
+        job = Job(self, self.seq)
+        code = self.run.supervisor.wait(job)
+        if code == EXPIRED:
+            warn(
+                f"training exceeded {job.timeout_s:.0f} s (launch.timeout_s) and {GRACE_S} s more; stopping the warm "
+                f"trainer (its log: {self.log}); this update failed, the next one starts a new trainer"
+            )
+            self.stop()
+            return Exit.FAILED
         if self.group_code() is not None:
             warn(
                 f"the warm trainer ended during the update after {time.monotonic() - began:.0f}s (its log: "

@@ -3,7 +3,8 @@
 fake_warm_trainer.py -m training.warm --dir D --log L
 
 Writes D/ready.json, then answers each D/job.json with D/done.0.json. A job's argv decides its outcome:
-`fake.exit=N` (default 0), `fake.die` (the process exits mid-job, as a SIGKILLed worker would leave it). Each
+`fake.exit=N` (default 0), `fake.die` (the process exits mid-job, as a SIGKILLed worker would leave it),
+`fake.hang` (it never answers; D/started.json names the job's launch.timeout_s, as the worker's does). Each
 job appends "pid argv..." to D/jobs.log. Run without --dir (as `python -m training`), it prints its arguments and
 exits 0. FAKE_TRAINER_START=exit makes it exit before it is ready, =hang makes
 it never ready.
@@ -42,8 +43,12 @@ def main() -> None:
             continue
         with open(directory / "jobs.log", "a") as out:
             out.write(" ".join([str(os.getpid()), *job["argv"]]) + "\n")
+        timeout = next((float(a.split("=", 1)[1]) for a in job["argv"] if a.startswith("launch.timeout_s=")), 3600.0)
+        (directory / "started.json").write_text(json.dumps({"seq": job["seq"], "timeout_s": timeout}))
         if "fake.die" in job["argv"]:
             os._exit(9)
+        while "fake.hang" in job["argv"]:  # a stopped or hung worker: no watchdog of its own ends it
+            time.sleep(1)
         code = next((int(a.split("=", 1)[1]) for a in job["argv"] if a.startswith("fake.exit=")), 0)
         Path(job["log"]).write_text(f"update job {job['seq']}: exit {code}\n")
         tmp = directory / "done.0.json.tmp"

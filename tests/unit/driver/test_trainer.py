@@ -8,10 +8,12 @@ groups, waits and files are the driver's own. tests/e2e/test_update.py runs the 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from coordinator.driver import trainer
 from coordinator.driver.context import Run
 from coordinator.driver.procs import group_alive
 from coordinator.driver.trainer import FRESH, nproc_of
@@ -120,3 +122,19 @@ def test_an_update_of_another_layout_than_the_trainers_runs_fresh_and_so_do_the_
 def test_the_trainer_starts_with_the_workers_the_updates_overrides_ask_for() -> None:
     assert nproc_of(["iteration=1"]) == 0
     assert nproc_of(["launch.nproc_per_node=2", "x=1", "launch.nproc_per_node=4"]) == 4
+
+
+def test_a_trainer_that_hangs_past_the_jobs_timeout_is_stopped_and_the_update_fails(
+    run: Run, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(trainer, "GRACE_S", 1)
+    assert update(run, "iteration=1") == 0
+    pgid = run.groups.recorded("trainer")[0]
+    began = time.monotonic()
+
+    assert update(run, "iteration=2", "launch.timeout_s=1", "fake.hang") == Exit.FAILED
+
+    assert 2 <= time.monotonic() - began < 15
+    assert "training exceeded 1 s (launch.timeout_s) and 1 s more; stopping the warm trainer" in capsys.readouterr().err
+    assert not group_alive(pgid) and run.groups.recorded("trainer") is None
+    assert update(run, "iteration=3") == 0  # a new trainer
