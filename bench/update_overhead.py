@@ -31,7 +31,8 @@ from pathlib import Path
 import psutil
 
 from bench.multinode_overhead import cpu_line
-from coordinator.runstate import is_done, phase_times
+from coordinator.runstate import is_done, mark, phase_times
+from rollout_engine.layout import Layout
 from rollout_engine.metrics_log import load_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,9 +53,9 @@ class Rollouts:
         from rollout_engine.journal import Journal
         from rollout_engine.types import Trajectory, Turn
 
-        tokenizer, name = self.tokenizer, f"iter_{iteration:04d}"
+        tokenizer = self.tokenizer
         end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        journal = Journal(log / "trajectories" / "train" / name / "rank_0.jsonl", resume=False)
+        journal = Journal(Layout(log).journal("train", iteration, 0), resume=False)
         for task in range(self.tasks):
             messages = [{"role": "user", "content": f"What is {task} + {iteration}? Answer with the number only."}]
             prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -84,9 +85,7 @@ class Rollouts:
                     )
                 )
         journal.seal(planned=2 * self.tasks)
-        state = log / "run" / "state" / name
-        state.mkdir(parents=True, exist_ok=True)
-        (state / "train_rollout.done").write_text("done\n")
+        mark(log, iteration, "train_rollout", "done")
 
 
 class PeakRss:
