@@ -130,6 +130,19 @@ def release_memory(torch) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+#: GPU memory a worker may keep allocated between updates (its CUDA context is not counted); above it, it exits
+KEEP_GPU_BYTES = 256 << 20
+
+
+def gpu_memory_kept(torch=None) -> int:
+    """Bytes of GPU memory tensors still hold in this process (0 without CUDA or before it was initialised)."""
+    if torch is None:
+        import torch
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0
+    return max(torch.cuda.memory_allocated(device) for device in range(torch.cuda.device_count()))
+
+
 class Worker:
     """One torchrun worker's loop: wait for a job, run it, report it."""
 
@@ -182,6 +195,23 @@ class Worker:
                 self.dir / f"done.{self.local_rank}.json",
                 {"seq": self.done, "exit": code, "wall_s": round(time.monotonic() - started, 2)},
             )
+            if (kept := self.most_kept()) > KEEP_GPU_BYTES:
+                # vLLM wakes up into what this process holds: step aside (the next update starts a new trainer)
+                log.error("the warm trainer keeps %d MiB of GPU memory after the update; it exits", kept >> 20)
+                sys.stderr.flush()
+                os._exit(0)
+
+    def most_kept(self) -> int:
+        """gpu_memory_kept of the worker that keeps the most (every worker asks after every job: all of them
+        exit together, or none)."""
+        kept = gpu_memory_kept()
+        if self.world == 1:
+            return kept
+        import torch.distributed as dist
+
+        everyone: list[int] = [0] * self.world
+        dist.all_gather_object(everyone, kept)
+        return max(everyone)
 
     def run_job(self, job: dict) -> int:
         """The job's `python -m training` in this process; its exit code. Rank 0's prepare and promote results

@@ -63,3 +63,37 @@ def test_another_rank_goes_on_when_rank_0_succeeded_and_one_rank_or_none_runs_th
         _on_lead(lambda: ran.append(1))
     _on_lead(lambda: ran.append(2))  # python -m training
     assert ran == [1, 2] and update._in_process is None
+
+
+class FakeCuda:
+    """torch.cuda as a worker sees it: `allocated` bytes on each device once initialised."""
+
+    def __init__(self, allocated: list[int], initialised: bool = True) -> None:
+        self.allocated, self.initialised = allocated, initialised
+
+    def is_available(self) -> bool:
+        return bool(self.allocated)
+
+    def is_initialized(self) -> bool:
+        return self.initialised
+
+    def device_count(self) -> int:
+        return len(self.allocated)
+
+    def memory_allocated(self, device: int) -> int:
+        return self.allocated[device]
+
+
+@pytest.mark.parametrize(
+    ("allocated", "initialised", "kept"),
+    [([], False, 0), ([5 << 30], False, 0), ([0, 300 << 20], True, 300 << 20), ([10, 20], True, 20)],
+)
+def test_the_gpu_memory_a_worker_keeps_is_the_most_any_device_holds_once_cuda_started(
+    allocated: list[int], initialised: bool, kept: int
+) -> None:
+    from types import SimpleNamespace
+
+    from training.warm import KEEP_GPU_BYTES, gpu_memory_kept
+
+    assert gpu_memory_kept(SimpleNamespace(cuda=FakeCuda(allocated, initialised))) == kept
+    assert (kept > KEEP_GPU_BYTES) == (kept == 300 << 20)
