@@ -15,7 +15,6 @@ import json
 import re
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +25,9 @@ from coordinator.driver.vllm import gpu_count
 from rollout_engine.defaults import TRAINER_START_S
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json
+from training.warm import FRESH
 
 GROUP = "trainer"
-#: a job's exit when the trainer's layout is not the update's (training/warm.py FRESH): run it fresh
-FRESH = 86
 
 
 #: seconds past a job's launch.timeout_s (counted from when the driver saw it start) before the driver stops a
@@ -44,7 +42,6 @@ class Job:
 
     trainer: WarmTrainer
     seq: int
-    clock: Callable[[], float] = time.monotonic
     deadline: float | None = None
     timeout_s: float = 0.0
 
@@ -58,8 +55,8 @@ class Job:
             started = WarmTrainer._read(self.trainer.dir / "started.json")
             if started is not None and int(started.get("seq", 0)) == self.seq:
                 self.timeout_s = float(started.get("timeout_s", 0))
-                self.deadline = self.clock() + self.timeout_s + GRACE_S
-        elif self.clock() > self.deadline:
+                self.deadline = time.monotonic() + self.timeout_s + GRACE_S
+        elif time.monotonic() > self.deadline:
             return EXPIRED
         return None
 

@@ -8,7 +8,6 @@ groups, waits and files are the driver's own. tests/e2e/test_update.py runs the 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,11 @@ import pytest
 from coordinator.driver import trainer
 from coordinator.driver.context import Run
 from coordinator.driver.procs import group_alive
-from coordinator.driver.trainer import FRESH, nproc_of
+from coordinator.driver.trainer import nproc_of
 from coordinator.driver.update import update_node
 from rollout_engine.exits import Exit
 from tests.unit.driver.fakes import Runs
+from training.warm import FRESH
 
 FAKE = Path(__file__).with_name("fake_warm_trainer.py")
 
@@ -130,11 +130,9 @@ def test_a_trainer_that_hangs_past_the_jobs_timeout_is_stopped_and_the_update_fa
     monkeypatch.setattr(trainer, "GRACE_S", 1)
     assert update(run, "iteration=1") == 0
     pgid = run.groups.recorded("trainer")[0]
-    began = time.monotonic()
 
     assert update(run, "iteration=2", "launch.timeout_s=1", "fake.hang") == Exit.FAILED
 
-    assert 2 <= time.monotonic() - began < 15
     assert "training exceeded 1 s (launch.timeout_s) and 1 s more; stopping the warm trainer" in capsys.readouterr().err
     assert not group_alive(pgid) and run.groups.recorded("trainer") is None
     assert update(run, "iteration=3") == 0  # a new trainer
