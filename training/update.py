@@ -330,7 +330,7 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
         raise ConfigError(f"{paths.recipe} does not exist; run phase=prepare first")
     if cfg.launch.dataset_sha256:
         wait_for_dataset(paths, cfg.launch.dataset_sha256, cfg.launch.dataset_wait_s)
-    if cfg.launch.node_rank == 0:
+    if cfg.launch.node_rank == 0 or _in_process is not None:  # in the warm trainer every rank joins rank 0's step
         _on_lead(lambda: clear_outputs(paths))
     node_log = paths.node_log(cfg.launch.node_rank)
     if _in_process is not None:

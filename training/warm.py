@@ -1,18 +1,24 @@
 """The warm trainer: one set of trainer processes per run that trains every iteration's update.
 
     python -m training.warm --dir <run>/trainer --log <run>/logs/trainer.log [--nproc P]   # the driver starts it
+        [--nnodes N --node-rank R --master-addr A --master-port P [--node-addr B]]       # one of N nodes
 
 A fresh update pays for three Python processes that import the stack and load LLaMA-Factory
 (`python -m training`, `llamafactory-cli`, the torchrun worker) before its first optimizer step.
 Here torchrun's workers start once, import once, and then wait for jobs: each job is the
-argument list of `python -m training` (its Hydra overrides), run in-process by every worker:
-prepare and promote on rank 0, the training itself (LLaMA-Factory's own training function)
-on all ranks. The process group and DeepSpeed's state stay up between jobs: LLaMA-Factory
-destroys the process group when a training ends, which a later DeepSpeed training cannot survive.
+argument list of `python -m training` (its Hydra overrides), run in-process. A job that trains
+(phase train or all) runs on every worker, rank 0 preparing and promoting within it, the
+training itself (LLaMA-Factory's own training function) on all ranks; any other job (prepare,
+promote, check: on several nodes the master hands those to its own trainer alone) runs on rank
+0 by itself while the others answer at once. On several nodes the workers of every node form
+one process group (torchrun's static rendezvous at the master's address and torchrun port).
+The process group and DeepSpeed's state stay up between jobs: LLaMA-Factory destroys the
+process group when a training ends, which a later DeepSpeed training cannot survive.
 
 The files in `--dir` (the driver's side: coordinator/driver/trainer.py):
 
-    ready.json         {"pid", "nproc"}: local rank 0 is up and waits for jobs
+    ready.json         {"pid", "nproc", "nnodes", "node_rank"}: local rank 0 is up (every node's workers
+                       joined the process group) and waits for jobs
     job.json           {"seq", "argv", "log"}: the driver's request, replaced atomically
     started.json       {"seq", "timeout_s"}: local rank 0 began job `seq`, whose launch.timeout_s is that
     done.<r>.json      {"seq", "exit", "wall_s"}: local rank r finished job `seq` with `exit`
@@ -40,6 +46,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_engine.exits import Exit
@@ -151,6 +158,8 @@ class Worker:
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.nproc = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.node_rank = int(os.environ.get("GROUP_RANK", "0"))
         self.done = 0
 
     def start(self) -> None:
@@ -167,9 +176,8 @@ class Worker:
 
         register_configs()
         if self.local_rank == 0:
-            save_json(
-                self.dir / "ready.json", {"pid": os.getpid(), "nproc": int(os.environ.get("LOCAL_WORLD_SIZE", 1))}
-            )
+            ready = {"pid": os.getpid(), "nproc": self.nproc, "nnodes": self.world // self.nproc}
+            save_json(self.dir / "ready.json", ready | {"node_rank": self.node_rank})
         log.info("warm trainer rank %d of %d ready", self.rank, self.world)
 
     def next_job(self) -> dict:
@@ -189,13 +197,14 @@ class Worker:
         while True:
             job = self.next_job()
             started = time.monotonic()
-            code = self.run_job(job)
+            code, everyone = self.run_job(job)
             self.done = int(job["seq"])
             save_json(
                 self.dir / f"done.{self.local_rank}.json",
                 {"seq": self.done, "exit": code, "wall_s": round(time.monotonic() - started, 2)},
             )
-            if (kept := self.most_kept()) > KEEP_GPU_BYTES:
+            # only after a job every worker ran: most_kept is a collective, and a training is what fills a GPU
+            if everyone and (kept := self.most_kept()) > KEEP_GPU_BYTES:
                 # vLLM wakes up into what this process holds: step aside (the next update starts a new trainer)
                 log.error("the warm trainer keeps %d MiB of GPU memory after the update; it exits", kept >> 20)
                 sys.stderr.flush()
@@ -213,11 +222,23 @@ class Worker:
         dist.all_gather_object(everyone, kept)
         return max(everyone)
 
-    def run_job(self, job: dict) -> int:
-        """The job's `python -m training` in this process; its exit code. Rank 0's prepare and promote results
-        reach the other ranks, which only train."""
+    def run_job(self, job: dict) -> tuple[int, bool]:
+        """The job's `python -m training` in this process: its exit code, and whether every worker ran it (a job
+        that trains; any other runs on rank 0 alone, the others answer 0 at once)."""
+        argv = list(job["argv"])
+        if not trains(argv):
+            if self.rank != 0:
+                return 0, False
+            with output_to(Path(job["log"])):
+                return run_argv(argv, self, int(job["seq"]), alone=True), False
         with output_to(Path(job["log"])):
-            return run_argv(job["argv"], self, int(job["seq"]))
+            return run_argv(argv, self, int(job["seq"])), True
+
+
+def trains(argv: list[str]) -> bool:
+    """The job runs a training (phase=train or all, the default): every worker takes part."""
+    phases = [a.split("=", 1)[1] for a in argv if a.startswith("phase=")]
+    return not phases or phases[-1] in ("train", "all")
 
 
 def compose(argv: list[str]):
@@ -231,8 +252,9 @@ def compose(argv: list[str]):
         return hydra_compose(config_name="update", overrides=argv)
 
 
-def run_argv(argv: list[str], worker: Worker, seq: int) -> int:
-    """`python -m training`'s run on `argv`, with the training in-process (training.__main__._run)."""
+def run_argv(argv: list[str], worker: Worker, seq: int, alone: bool = False) -> int:
+    """`python -m training`'s run on `argv`, with the training in-process (training.__main__._run); `alone`: a
+    job rank 0 runs by itself (no collective with the other workers), whatever layout it names."""
     from training import update
     from training.__main__ import _run
     from training.launch import detect_device
@@ -242,9 +264,12 @@ def run_argv(argv: list[str], worker: Worker, seq: int) -> int:
     except Exception as exc:  # Hydra refuses an override: what python -m training exits 2 for
         log.error("bad config:\n%s", exc)
         return Exit.BAD_INPUT
-    wanted = (int(dict_cfg.launch.nproc_per_node) or detect_device().count, int(dict_cfg.launch.nnodes))
-    if wanted != (int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1):
-        log.error("the warm trainer runs %s worker(s) on 1 node; this update wants %s on %s", worker.world, *wanted)
+    launch = dict_cfg.launch
+    wanted = (int(launch.nproc_per_node) or detect_device().count, int(launch.nnodes), int(launch.node_rank))
+    have = (worker.nproc, worker.world // worker.nproc, worker.node_rank)
+    if not alone and wanted != have:
+        said = "%s worker(s) a node on %s node(s), as node %s"
+        log.error(f"the warm trainer runs {said}; this update wants {said}", *have, *wanted)
         return FRESH
     timeout_s = float(dict_cfg.launch.timeout_s)
     if worker.local_rank == 0:  # the driver's deadline too: a stopped (SIGSTOP) worker runs no watchdog
@@ -253,7 +278,8 @@ def run_argv(argv: list[str], worker: Worker, seq: int) -> int:
     watchdog.daemon = True
     watchdog.start()
     try:
-        with update.in_process(worker.rank, worker.world, train_in_process, _share):
+        rank, world = (0, 1) if alone else (worker.rank, worker.world)
+        with update.in_process(rank, world, train_in_process, _share):
             return _run(dict_cfg, detect_device())
     finally:
         watchdog.cancel()
@@ -281,11 +307,36 @@ def _exit_now(why: str) -> None:
     os._exit(Exit.FAILED)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a trainer's workers run: `nproc` on this node, node `node_rank` of `nnodes`, the process group's
+    store at `master_addr`:`master_port` (0: a free port, one node), the collectives on the interface that
+    holds `node_addr` (training.launch.launch_env says the same of a fresh training)."""
+
+    nproc: int
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    node_addr: str = ""
+
+    def args(self) -> list[str]:
+        """The command-line arguments that say it (main below reads them)."""
+        args = [f"--nproc={self.nproc}", f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}"]
+        args += [f"--master-addr={self.master_addr}", f"--master-port={self.master_port}"]
+        return args + ([f"--node-addr={self.node_addr}"] if self.node_addr else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.warm")
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--log", type=Path, help="the trainer's own output (the parent: starts torchrun)")
     parser.add_argument("--nproc", type=int, default=0, help="workers on this node; 0 = the local GPUs (1 on CPU)")
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=0, help="node 0's store; 0 = a free port (one node)")
+    parser.add_argument("--node-addr", default="", help="this node's address: the collectives use its interface")
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--worker", action="store_true", help="(torchrun's workers)")
     args = parser.parse_args(argv)
@@ -293,29 +344,47 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         Worker(args.dir).serve()
         return 0
-    return launch(args.dir, args.log, args.nproc, args.grace)
+    where = Placement(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port, args.node_addr)
+    return launch(args.dir, args.log, where, args.grace)
 
 
-def launch(directory: Path, log_file: Path, nproc: int, grace_s: float) -> int:
+def launch(directory: Path, log_file: Path, where: Placement, grace_s: float) -> int:
     """This node's workers, tracked and stopped like a fresh training (training.launch.run_group): one worker
-    by itself, several under torchrun; runs until the driver stops it or a worker exits."""
-    from training.launch import exit_on_signals, free_port, run_group
+    by itself (its process group's rendezvous at `where`'s master address and port), several under torchrun;
+    runs until the driver stops it or a worker exits."""
+    from training.launch import exit_on_signals, free_port, interface_of, run_group
 
     exit_on_signals()
     directory.mkdir(parents=True, exist_ok=True)
+    nproc = where.nproc
     if nproc == 0:  # the driver counts the GPUs (it passes --nproc); by hand, ask torch
         from training.launch import detect_device
 
         nproc = detect_device().count
+    if where.nnodes > 1 and not where.master_port:
+        raise SystemExit(f"--master-port must be node 0's torchrun port with --nnodes {where.nnodes}")
     worker = ["-m", "training.warm", "--worker", "--dir", str(directory)]
     env = {**os.environ, "DISABLE_VERSION_CHECK": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if nproc == 1:  # what torchrun would set for one worker, without its agent (a process of ~500 MB)
-        env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
-        env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if where.node_addr and (iface := interface_of(where.node_addr)):
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            env.setdefault(var, iface)
+        log.info(
+            "collectives: gloo on %s, NCCL on %s (%s holds %s)",
+            env["GLOO_SOCKET_IFNAME"],
+            env["NCCL_SOCKET_IFNAME"],
+            iface,
+            where.node_addr,
+        )
+    port = str(where.master_port or free_port())
+    if nproc == 1:  # what torchrun would set for one worker a node, without its agent (a process of ~500 MB)
+        rank, world = str(where.node_rank), str(where.nnodes)
+        env |= {"RANK": rank, "GROUP_RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        env |= {"MASTER_ADDR": where.master_addr, "MASTER_PORT": port}
         cmd = [sys.executable, *worker]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", f"--nproc-per-node={nproc}"]
-        cmd += ["--master-addr", "127.0.0.1", f"--master-port={free_port()}", *worker]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={where.nnodes}"]
+        cmd += [f"--node-rank={where.node_rank}", f"--nproc-per-node={nproc}"]
+        cmd += [f"--master-addr={where.master_addr}", f"--master-port={port}", *worker]
     code = run_group(cmd, log_file, env, float("inf"), grace_s).returncode
     if code < 0:  # torchrun says the same of its workers ("Signal 9 (SIGKILL)"): the driver reads it here too
         log.error("the worker exited: Signal %d (%s)", -code, signal.Signals(-code).name)

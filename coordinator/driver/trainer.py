@@ -1,12 +1,21 @@
 """The driver's side of the warm trainer (training/warm.py): start it once, hand it each update, notice its end.
 
     trainer = WarmTrainer(run)
-    code = trainer.update(argv, logfile)   # python -m training's exit code; None: it could not start
+    code = trainer.update(argv, logfile)   # one node: python -m training's exit code; None: it could not start
+
+    gen = trainer.plan(placement)          # several nodes, the master: the trainers' generation (None: fresh)
+    if trainer.join(gen, new, placement):  # every node that trains: its part of that generation is up
+        code = trainer.job(argv, logfile)
 
 One trainer per run and node, as the tracked group `trainer`, started at the first update and kept
 until the run ends. An update it cannot take (it did not start within TRAINER_START_S) runs in fresh
 processes, and so do the rest of the run's updates; an update it died in fails (the served policy
 stays), and the next update starts a new one. BATON_WARM_TRAINER=0 runs every update fresh.
+
+On several nodes every node's trainer is one torchrun node of a single process group, so they start
+and end together: the master's plan of each update names the generation to train in, a new one
+when its own trainer is not running or the training's nodes changed (continue mode); each node
+starts its part of a new generation, and an update that failed anywhere ends every node's trainer.
 """
 
 from __future__ import annotations
@@ -22,10 +31,10 @@ from coordinator.driver import procs
 from coordinator.driver.say import log, warn
 from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.vllm import gpu_count
-from rollout_engine.defaults import TRAINER_START_S
+from rollout_engine.defaults import TRAINER_START_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json
-from training.warm import FRESH
+from training.warm import FRESH, Placement
 
 GROUP = "trainer"
 
@@ -68,7 +77,10 @@ class WarmTrainer:
         self.log = run.layout.trainer_log(run.rank)
         self.seq = 0
         self.nproc = 0
-        #: it failed to start once: this run's updates are fresh
+        self.placement: Placement | None = None
+        #: several nodes: the generation this node's trainer was started for (the master's plan names it)
+        self.gen = 0
+        #: it failed to start once: this run's updates are fresh (several nodes: the master's plans say so)
         self.given_up = False
 
     def group_code(self) -> int | None:
@@ -80,41 +92,84 @@ class WarmTrainer:
         group = self.run.groups.group(GROUP)
         return group is not None and group.poll() is None and self.nproc > 0
 
-    def start(self, nproc: int) -> bool:
-        """Start the trainer with `nproc` workers and wait until they are up; False (and stopped) when they
-        are not."""
+    def start(self, placement: Placement, fallback: str) -> bool:
+        """Start the trainer at `placement` and wait until its workers are up (on several nodes: every node's);
+        False (stopped, and given up: `fallback` says what happens instead) when they are not."""
         self.stop()
-        self.seq, self.nproc = 0, 0
+        self.seq = 0
         # a new trainer starts at job 1: the last one's job and reports would read as answered or pending
         answers = [self.dir / "ready.json", self.dir / "job.json", self.dir / "started.json"]
         for stale in [*answers, *self.dir.glob("done.*.json")]:
             stale.unlink(missing_ok=True)
         cmd = [self.run.pythons.train, "-m", "training.warm", "--dir", str(self.dir), "--log", str(self.log)]
-        cmd += [f"--nproc={nproc}"]
+        cmd += placement.args()
         began = time.monotonic()
-        log(f"warm trainer: starting (log: {self.log})")
+        where = f", node {placement.node_rank} of {placement.nnodes}" if placement.nnodes > 1 else ""
+        log(f"warm trainer: starting{where} (log: {self.log})")
         self.run.groups.start(GROUP, cmd, self.log, env=self.run.env())
         limit = TRAINER_START_S.value()
         while time.monotonic() - began < limit:
             ready = self._read(self.dir / "ready.json")
             if ready is not None:
-                self.nproc = int(ready.get("nproc", 1))
+                self.nproc, self.placement = int(ready.get("nproc", 1)), placement
                 log(f"warm trainer: {self.nproc} worker(s) ready in {time.monotonic() - began:.0f}s")
                 return True
             if self.group_code() is not None:
                 break
             self.run.supervisor.sleep(0.2)
         why = "exited" if self.group_code() is not None else f"was not ready within {limit}s (BATON_TRAINER_START_S)"
-        warn(f"the warm trainer {why}; this run's updates run in fresh processes (its log: {self.log})")
+        warn(f"the warm trainer {why}; {fallback} (its log: {self.log})")
         self.stop()
         self.given_up = True
         return False
 
     def update(self, argv: list[str], logfile: Path) -> int | None:
-        """Run `python -m training`'s arguments `argv` in the trainer; its exit code, or None when there is no
-        trainer to run it (the caller runs it fresh). A trainer that ended during the update: FAILED."""
-        if self.given_up or (not self.running() and not self.start(nproc_of(argv) or gpu_count() or 1)):
+        """One node: run `python -m training`'s arguments `argv` in the trainer, started (again) when it is not
+        running at the update's placement; its exit code, or None when there is no trainer to run it (the caller
+        runs it fresh). A trainer that ended during the update: FAILED."""
+        placement = Placement(nproc_of(argv) or gpu_count() or 1)
+        if self.given_up:
             return None
+        ready = self.running() and self.placement == placement
+        if not ready and not self.start(placement, "this run's updates run in fresh processes"):
+            return None
+        code = self.job(argv, logfile)
+        if code == FRESH:  # launch.nproc_per_node / launch.nnodes the trainer was not started with
+            warn(f"the warm trainer cannot run this update's layout (its log: {logfile}); this run's updates run fresh")
+            self.stop()
+            self.given_up = True
+            return None
+        return code
+
+    def plan(self, placement: Placement) -> tuple[int, bool] | None:
+        """Several nodes, the master (at `placement`): the generation of trainers this update trains in, and
+        whether it is a new one (its own trainer is not running, or the training's nodes changed); None: fresh
+        processes (BATON_WARM_TRAINER=0, or a trainer that could not start)."""
+        if not WARM_TRAINER.value() or self.given_up:
+            return None
+        if self.running() and self.placement == placement:
+            return self.gen, False
+        return self.gen + 1, True
+
+    def join(self, gen: int, new: bool, placement: Placement) -> bool:
+        """Several nodes: this node's part of generation `gen` is up, started when the plan says `new`; False
+        (said why) when it did not start, or when this node's trainer is not the one the others train in (it
+        ended since the last update, or this node joined since): the update fails, and the next one starts a
+        new generation on every node."""
+        if new:
+            self.gen = gen
+            return self.start(placement, "this update fails; the next ones run in fresh processes")
+        if gen == self.gen and self.running():
+            return True
+        warn(
+            f"this node's warm trainer is not running (generation {gen} expected, {self.gen} here); this update "
+            f"fails and the next one starts a new trainer on every node (its log: {self.log})"
+        )
+        return False
+
+    def job(self, argv: list[str], logfile: Path) -> int:
+        """The running trainer runs `argv` (python -m training's arguments); its exit code (FAILED when the trainer
+        ended during it, which is then stopped)."""
         self.seq += 1
         logfile.parent.mkdir(parents=True, exist_ok=True)
         save_json(self.dir / "job.json", {"seq": self.seq, "argv": argv, "log": str(logfile)})
@@ -136,15 +191,12 @@ class WarmTrainer:
                 + (f". {SIGKILL_HINT}" if killed_by_sigkill(self.log, offset) else "")
             )
             self.stop()
-        if code == FRESH:  # launch.nproc_per_node / launch.nnodes the trainer was not started with
-            warn(f"the warm trainer cannot run this update's layout (its log: {logfile}); this run's updates run fresh")
-            self.stop()
-            self.given_up = True
-            return None
         return code
 
     def reports(self, seq: int) -> list[int] | None:
-        """Each worker's exit code for job `seq`, once all of them reported it."""
+        """Each worker's exit code for job `seq`, once all of them reported it (None: not yet, or stopped)."""
+        if self.nproc == 0:
+            return None
         codes = []
         for rank in range(self.nproc):
             done = self._read(self.dir / f"done.{rank}.json")
@@ -157,7 +209,7 @@ class WarmTrainer:
         """Stop the trainer's group; its torchrun groups (listed beside its log) follow, or get SIGKILL."""
         self.run.groups.stop(GROUP, 15)
         kill_listed(self.log.with_name(self.log.name + ".pgid"))
-        self.nproc = 0
+        self.nproc, self.placement = 0, None
 
     @staticmethod
     def _read(path: Path) -> dict | None:

@@ -14,14 +14,16 @@ from pathlib import Path
 
 from coordinator.driver import procs
 from coordinator.driver.context import Run
+from coordinator.driver.nodes import Synced
 from coordinator.driver.phase import mark, run_group, tail, timed, watch_start, watch_stop
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
-from coordinator.driver.trainer import WarmTrainer, kill_listed
-from coordinator.driver.vllm import device
+from coordinator.driver.trainer import WarmTrainer, kill_listed, nproc_of
+from coordinator.driver.vllm import device, gpu_count
 from rollout_engine.defaults import CHECK_TIMEOUT_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.metrics_log import load_metrics
+from training.warm import Placement
 
 
 def free_port() -> int:
@@ -234,15 +236,35 @@ def train_on(run: Run, members: list[int]) -> bool:
     return False
 
 
+def placement(run: Run) -> Placement:
+    """Where this node's warm trainer runs in a several-node update: as the training's node run.train_rank of
+    run.train_nodes (train_on), its store at the master's address and torchrun port."""
+    node, nproc = run.node, nproc_of(run.composed.update) or gpu_count() or 1
+    rank = run.rank if run.train_rank is None else run.train_rank
+    nnodes = run.train_nodes or run.args.num_nodes
+    return Placement(nproc, nnodes, rank, node.master_addr, node.torchrun_port, run.args.node_addr or "")
+
+
+def in_trainer(run: Run, cmd: list[str], logfile: Path) -> int:
+    """`cmd` (python -m training ...) as a job of this node's running warm trainer, else as fresh processes."""
+    trainer = run.trainer
+    if trainer is not None and trainer.running():
+        return trainer.job(cmd[cmd.index("update") + 1 :], logfile)
+    return run_group(run, "update", logfile, cmd)
+
+
 def update_nodes(run: Run, iteration: int, logfile: Path, resume: bool) -> int:
-    """The update on several nodes. The master prepares the dataset and tells the others whether to train;
-    every node runs its torchrun node of the training; the master promotes; all wait for that.
-    The master's outcome: 0 promoted, 3 nothing to train, else failed."""
+    """The update on several nodes. The master prepares the dataset and tells the others whether to train, and
+    in which generation of warm trainers (coordinator/driver/trainer.py; none: fresh processes); every node runs
+    its torchrun node of the training; the master promotes; all wait for that. A training that failed on any
+    node ends every node's warm trainer. The master's outcome: 0 promoted, 3 nothing to train, else failed."""
     node = run.node
+    if run.trainer is None:
+        run.trainer = WarmTrainer(run)
     code, train, sha, trained = 0, True, "", 0
     if node.is_master:
         if update_phase(run, iteration, resume) == "all":
-            code = run_group(run, "update", logfile, update_cmd(run, iteration, "prepare"))
+            code = in_trainer(run, update_cmd(run, iteration, "prepare"), logfile)
             train = code == 0
         else:
             train = False  # --resume: trained already, promote only
@@ -253,10 +275,12 @@ def update_nodes(run: Run, iteration: int, logfile: Path, resume: bool) -> int:
             train_on(run, now.ranks)
         if train:  # every node trains on exactly the files the master prepared
             plan["dataset_sha256"] = (run.layout.training_dir(iteration) / "dataset.sha256").read_text().strip()
+            if (generation := run.trainer.plan(placement(run))) is not None:
+                plan["trainer"] = list(generation)
         # the model trained from, which a --keep-best revert may have changed since the step's plan
         plan["version"] = run.policy_version()
         node.publish(iteration, "update_plan", plan)
-        sha = plan.get("dataset_sha256", "")
+        sha, warm = plan.get("dataset_sha256", ""), plan.get("trainer")
     else:
         decided = node.receive(iteration, "update_plan")
         if "version" in decided:
@@ -264,32 +288,64 @@ def update_nodes(run: Run, iteration: int, logfile: Path, resume: bool) -> int:
         train, sha = bool(decided.get("train", 0)), str(decided.get("dataset_sha256", ""))
         if decided.get("members") and not train_on(run, [int(r) for r in decided["members"]]):
             train = False
+        warm = decided.get("trainer")
     if train:
-        node.watch_partners(iteration, lambda rank, exit_code: partner_failed(run, rank, exit_code))
+        node.watch_partners(iteration, lambda _rank, _code: stop_update(run))  # it says why
+        cmd = update_cmd(run, iteration, "train", f"launch.dataset_sha256={sha}")
         try:
-            code = run_group(
-                run, "update", logfile, update_cmd(run, iteration, "train", f"launch.dataset_sha256={sha}")
-            )
+            code = train_part(run, cmd, logfile, warm)
         finally:
             node.unwatch_partners()
         trained = code
     if node.is_master and code == 0:
-        code = run_group(run, "update", logfile, update_cmd(run, iteration, "promote"))
+        code = in_trainer(run, update_cmd(run, iteration, "promote"), logfile)
     if node.is_master:
-        node.sync(iteration, "update", {"exit": code, "train_exit": trained, "version": run.policy_version()})
+        synced = node.sync(iteration, "update", {"exit": code, "train_exit": trained, "version": run.policy_version()})
+        end_failed_trainers(run, synced)
         return code
     # Serve the version the master promoted (its word, not policy/current, which NFS may show late).
-    decided = node.sync(iteration, "update", {"train_exit": trained}).data.get(0, {})
+    synced = node.sync(iteration, "update", {"train_exit": trained})
+    end_failed_trainers(run, synced)
+    decided = synced.data.get(0, {})
     run.pinned, run.pin_version = True, str(decided.get("version", ""))
     return int(decided.get("exit", 1))
 
 
-def partner_failed(run: Run, rank: int, exit_code: int) -> None:
-    warn(
-        f"the update of iteration {run.update_running or '?'}: rank {rank}'s part of the training failed "
-        f"(exit {exit_code}); it cannot finish without it: stopping this node's part instead of waiting for it"
-    )
-    stop_update(run)
+def train_part(run: Run, cmd: list[str], logfile: Path, warm: list | None) -> int:
+    """This node's part of the training: in its warm trainer of the plan's generation `warm` ([gen, new]), else
+    (None: the master runs fresh processes) in fresh processes, the node's warm trainer stopped first."""
+    trainer = run.trainer
+    if warm is None:
+        if trainer.running():
+            trainer.stop()
+        return run_group(run, "update", logfile, cmd)
+    gen, new = int(warm[0]), bool(warm[1])
+    began = time.monotonic()
+    watch_start(run, "update")
+    try:
+        if not trainer.join(gen, new, placement(run)):
+            return Exit.FAILED
+        code = trainer.job(cmd[cmd.index("update") + 1 :], logfile)
+    finally:
+        watch_stop(run)
+    took = int(time.monotonic() - began)
+    if code == 0:
+        log(f"update: this node's part of the training done in {took}s (warm trainer)")
+    else:
+        warn(f"this node's part of the training failed (exit {code}) after {took}s; last lines of {logfile}:")
+        print(tail(logfile), file=sys.stderr, flush=True)
+    return code
+
+
+def end_failed_trainers(run: Run, synced: Synced) -> None:
+    """A training that failed on any node, or a rank the barrier went on without, leaves the process group of
+    every node's warm trainer unusable (a partner gone, or stuck in a collective): end this node's, so that the
+    next update starts a new generation."""
+    failed = [r for r, data in synced.data.items() if str(data.get("train_exit", 0)) not in ("0", "")]
+    failed += synced.gone
+    if failed and run.trainer is not None and run.trainer.running():
+        log(f"warm trainer: stopped (rank(s) {sorted(set(failed))} failed in this update; the next one starts anew)")
+        run.trainer.stop()
 
 
 def on_evicted(run: Run) -> None:
@@ -304,6 +360,8 @@ def stop_update(run: Run) -> None:
     """Stop a running update so that its training groups end too: SIGTERM makes python -m training stop the
     LLaMA-Factory and torchrun groups it started (within launch.grace_s); as a last resort SIGKILL the groups
     it listed in training/iter_<N>/*.log.pgid, each only while its pid names the recorded leader."""
+    if run.trainer is not None and run.trainer.running():  # its workers may wait in a collective: all of it
+        run.trainer.stop()
     recorded = run.groups.recorded("update")
     if recorded is None:
         return

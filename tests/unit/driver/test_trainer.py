@@ -7,6 +7,7 @@ groups, waits and files are the driver's own. tests/e2e/test_update.py runs the 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -14,12 +15,13 @@ import pytest
 
 from coordinator.driver import trainer
 from coordinator.driver.context import Run
+from coordinator.driver.nodes import Synced
 from coordinator.driver.procs import group_alive
-from coordinator.driver.trainer import nproc_of
-from coordinator.driver.update import update_node
+from coordinator.driver.trainer import WarmTrainer, nproc_of
+from coordinator.driver.update import end_failed_trainers, stop_update, update_node
 from rollout_engine.exits import Exit
 from tests.unit.driver.fakes import Runs
-from training.warm import FRESH
+from training.warm import FRESH, Placement
 
 FAKE = Path(__file__).with_name("fake_warm_trainer.py")
 
@@ -136,3 +138,79 @@ def test_a_trainer_that_hangs_past_the_jobs_timeout_is_stopped_and_the_update_fa
     assert "training exceeded 1 s (launch.timeout_s) and 1 s more; stopping the warm trainer" in capsys.readouterr().err
     assert not group_alive(pgid) and run.groups.recorded("trainer") is None
     assert update(run, "iteration=3") == 0  # a new trainer
+
+
+TWO = Placement(1, nnodes=2, node_rank=0, master_addr="127.0.0.2", master_port=29555)
+
+
+def ready_pid(run: Run) -> int:
+    return json.loads((run.run_dir / "trainer" / "ready.json").read_text())["pid"]
+
+
+def test_several_nodes_the_masters_plan_keeps_the_running_generation_and_starts_a_new_one_when_the_nodes_change(
+    run: Run,
+) -> None:
+    warm = WarmTrainer(run)
+    assert warm.plan(TWO) == (1, True)  # none running yet
+    assert warm.join(1, True, TWO)
+    first = ready_pid(run)
+    assert warm.plan(TWO) == (1, False)
+    assert warm.job(["phase=train"], run.run_dir / "logs" / "update.log") == 0
+    assert warm.plan(TWO) == (1, False)
+    alone = Placement(1, nnodes=1, node_rank=0, master_addr="127.0.0.2", master_port=29555)  # continue mode
+    assert warm.plan(alone) == (2, True)
+    assert warm.join(2, True, alone) and ready_pid(run) != first
+
+
+def test_several_nodes_a_node_whose_trainer_ended_since_fails_the_update_at_once_and_starts_none(
+    run: Run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its partners' trainers are still the old generation's: a new one here could never join them."""
+    warm = WarmTrainer(run)
+    assert warm.join(1, True, TWO)
+    assert warm.job(["phase=train", "fake.die"], run.run_dir / "logs" / "update.log") == Exit.FAILED
+    assert not warm.join(1, False, TWO)
+    assert "this node's warm trainer is not running (generation 1 expected" in capsys.readouterr().err
+    assert run.groups.recorded("trainer") is None
+    assert warm.join(2, True, TWO)  # the master's next plan: a new generation
+
+
+def test_several_nodes_the_master_plans_fresh_processes_when_warm_trainer_is_0_or_its_trainer_did_not_start(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warm = WarmTrainer(run)
+    monkeypatch.setenv("BATON_WARM_TRAINER", "0")
+    assert warm.plan(TWO) is None
+    monkeypatch.setenv("BATON_WARM_TRAINER", "1")
+    monkeypatch.setenv("FAKE_TRAINER_START", "exit")
+    assert not warm.join(1, True, TWO)
+    assert warm.plan(TWO) is None
+
+
+@pytest.mark.parametrize(
+    ("synced", "kept"),
+    [
+        (Synced({0: {"train_exit": 0, "exit": 3}, 1: {"train_exit": 0}}), True),
+        (Synced({0: {"train_exit": 1}, 1: {"train_exit": 0}}), False),
+        (Synced({0: {"train_exit": 0}, 1: {"train_exit": "143"}}), False),
+        (Synced({0: {"train_exit": 0}}, gone=[1]), False),
+    ],
+)
+def test_a_training_that_failed_on_any_node_or_a_rank_gone_ends_this_nodes_trainer(
+    run: Run, synced: Synced, kept: bool
+) -> None:
+    run.trainer = WarmTrainer(run)
+    assert run.trainer.join(1, True, TWO)
+    end_failed_trainers(run, synced)
+    assert run.trainer.running() == kept
+
+
+def test_a_job_whose_trainer_is_stopped_from_a_watch_fails_at_once(run: Run) -> None:
+    """What a partner's failed part does on several nodes (Node.watch_partners -> stop_update): this node's
+    worker may wait in a collective for good; the job ends with the trainer."""
+    warm = WarmTrainer(run)
+    run.trainer = warm
+    assert warm.join(1, True, TWO)
+    run.supervisor.add(lambda: stop_update(run) if (run.run_dir / "trainer" / "started.json").exists() else None)
+    assert warm.job(["phase=train", "fake.hang"], run.run_dir / "logs" / "update.log") == Exit.FAILED
+    assert run.groups.recorded("trainer") is None and not warm.running()

@@ -97,3 +97,32 @@ def test_the_gpu_memory_a_worker_keeps_is_the_most_any_device_holds_once_cuda_st
 
     assert gpu_memory_kept(SimpleNamespace(cuda=FakeCuda(allocated, initialised))) == kept
     assert (kept > KEEP_GPU_BYTES) == (kept == 300 << 20)
+
+
+@pytest.mark.parametrize(
+    ("argv", "everyone"),
+    [
+        ([], True),
+        (["phase=all"], True),
+        (["phase=train", "x=1"], True),
+        (["phase=prepare"], False),
+        (["phase=train", "phase=promote"], False),
+        (["phase=check"], False),
+    ],
+)
+def test_a_job_that_trains_runs_on_every_worker_any_other_on_rank_0_alone(
+    argv: list[str], everyone: bool, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On several nodes the master hands prepare and promote to its own trainer only: a collective there would wait
+    for workers that never get the job. So rank 0 runs them by itself, any layout, and the others answer at once."""
+    from training import warm
+
+    ran: list[tuple[int, bool]] = []
+    monkeypatch.setattr(warm, "run_argv", lambda a, worker, seq, alone=False: ran.append((worker.rank, alone)) or 5)
+    job = {"seq": 1, "argv": argv, "log": str(tmp_path / "update.log")}
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        code, all_ran = warm.Worker(tmp_path).run_job(job)
+        assert all_ran == everyone
+        assert code == (5 if everyone or rank == 0 else 0)
+    assert ran == ([(0, False), (1, False)] if everyone else [(0, True)])
