@@ -1,6 +1,7 @@
 """Overhead of a multi-node iteration: the share of its wall time spent outside rollouts and optimizer steps.
 
     PYTHONPATH=. $BATON_APP_PY -m bench.multinode_overhead [--nodes 2] [--tasks 64] [--single-too] [--keep DIR]
+        [--iterations 2 --trainers fresh,warm]
 
 Starts N real `scripts/run.sh` nodes (--master / --worker R, each with its own vLLM,
 one shared temporary log path) for one iteration of `--rl-phase both` on the default
@@ -11,6 +12,10 @@ time (the slowest rank's `wall_s`, train and held-out) plus LLaMA-Factory's
 dataset preparation, barriers, the master's merge, promotion and the reload of every
 node's vLLM. With --single-too it measures one node on the same work beside it, so
 the two shares come from one run. vLLM's start before the iteration is not counted.
+With --iterations N each iteration is split (the first update starts the warm trainer; the later
+ones show what every update costs), and --trainers runs each configuration once per trainer kind,
+fresh processes (BATON_WARM_TRAINER=0) beside the warm trainer (=1), with each node's peak RSS
+(its whole process tree: run.sh, vLLM, the engines, the trainer).
 Each of the N nodes is bound (taskset, and vLLM's OpenMP binding) to its own share of this
 machine's cores, as N machines would be; the single node has them all.
 Outside CI: about 10 minutes per configuration on 2 cores.
@@ -28,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.update_overhead import PeakRss
 from coordinator.runstate import phase_times
 from rollout_engine.metrics_log import load_metrics
 
@@ -51,10 +57,12 @@ def cpu_line() -> str:
     return f"{model}, {os.cpu_count()} cores, flags {' '.join(flags)}"
 
 
-def run_nodes(data: Path, log: Path, nodes: int, overrides: list[str]) -> float:
-    """Run one iteration on `nodes` nodes; return the wall time of the whole command."""
+def run_nodes(
+    data: Path, log: Path, nodes: int, overrides: list[str], iterations: int = 1, warm: bool = True
+) -> tuple[float, list[int]]:
+    """Run `iterations` iterations on `nodes` nodes; the wall time of the whole command and each node's peak RSS."""
     base = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data), "--log-path", str(log)]
-    base += ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "1", *overrides]
+    base += ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", str(iterations), *overrides]
     procs = []
     start = time.monotonic()
     for rank in range(nodes):
@@ -63,6 +71,7 @@ def run_nodes(data: Path, log: Path, nodes: int, overrides: list[str]) -> float:
             cmd += ["--num-nodes", str(nodes), "--rank-weights", ",".join(["1"] * nodes)]
             cmd += ["--master"] if rank == 0 else ["--worker", str(rank)]
         env = {**os.environ, "BATON_VLLM_PORT": str(free_port()), "BATON_NODE_ADDR": "127.0.0.1"}
+        env["BATON_WARM_TRAINER"] = str(int(warm))
         if nodes > 1:  # a node is a machine: its own core(s), for vLLM, rollouts and its torchrun node alike
             cores = sorted(os.sched_getaffinity(0))
             mine = ",".join(str(c) for c in cores[rank::nodes]) or str(cores[rank % len(cores)])
@@ -70,18 +79,19 @@ def run_nodes(data: Path, log: Path, nodes: int, overrides: list[str]) -> float:
             cmd = ["taskset", "-c", mine, *cmd]
         out = open(log.parent / f"{log.name}.node{rank}.log", "w")  # noqa: SIM115 (closed with the process)
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), out))
+    peaks = [PeakRss(proc.pid) for proc, _ in procs]
     for proc, out in procs:
         proc.wait()
         out.close()
         if proc.returncode != 0:
             sys.exit(f"a node failed (exit {proc.returncode}); see {out.name}")
-    return time.monotonic() - start
+    return time.monotonic() - start, [peak.stop() for peak in peaks]
 
 
-def split(log: Path) -> dict[str, float]:
-    """The master's iteration time, split into useful work and overhead."""
-    times = phase_times(log, 1)
-    rows = load_metrics(log)
+def split(log: Path, iteration: int = 1) -> dict[str, float]:
+    """The master's time in `iteration`, split into useful work and overhead."""
+    times = phase_times(log, iteration)
+    rows = [r for r in load_metrics(log) if r.get("iteration") == iteration]
     rollout = 0.0
     for split_name in ("train", "test"):
         row = next(r for r in rows if r.get("kind") == "rollout" and r.get("split") == split_name)
@@ -103,6 +113,8 @@ def split(log: Path) -> dict[str, float]:
         "over_trainer_start_s": training["wall_s"] - training["train_runtime_s"],
         "over_prepare_promote_s": times.get("update", 0.0) - training["wall_s"],
         "over_serve_s": times.get("serve", 0.0),
+        # the update less its optimizer steps (the weights' save included): the goal's fixed cost of an update
+        "update_fixed_s": times.get("update", 0.0) - training["train_runtime_s"],
     }
 
 
@@ -112,6 +124,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=64, help="train tasks (x 4 samples)")
     parser.add_argument("--single-too", action="store_true", help="also one node on the same work, beside it")
     parser.add_argument("--keep", metavar="DIR", help="keep the runs' log paths and node outputs under DIR")
+    parser.add_argument("--iterations", type=int, default=1, help="iterations each run (each split apart)")
+    parser.add_argument("--trainers", default="warm", help="fresh, warm or fresh,warm: a run for each, side by side")
     parser.add_argument(
         "--data-path", default=os.environ.get("BATON_DATA", str(Path.home() / ".cache/baton/bench-data"))
     )
@@ -132,21 +146,27 @@ def main() -> None:
     ]
     print(f"# {cpu_line()}")
     configs = [args.nodes, 1] if args.single_too else [args.nodes]
+    kinds = args.trainers.split(",")
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
     where = tempfile.TemporaryDirectory(prefix="baton-overhead-") if not args.keep else None
     with where or contextlib.nullcontext(tempfile.mkdtemp(prefix="baton-overhead-", dir=args.keep)) as tmp:
         for nodes in configs:
-            log = Path(tmp) / f"nodes{nodes}"
-            wall = run_nodes(Path(args.data_path), log, nodes, overrides)
-            parts = split(log)
-            print(
-                f"{nodes} node(s): iteration {parts['iteration_s']:.0f} s = rollouts {parts['rollout_s']:.0f} s"
-                f" + optimizer steps {parts['optimizer_s']:.0f} s + overhead {parts['overhead_s']:.0f} s"
-                f" -> overhead share {100 * parts['overhead_share']:.1f} % (whole command {wall:.0f} s)"
-            )
-            over = [f"{k[5:-2]} {v:.0f} s" for k, v in parts.items() if k.startswith("over_")]
-            print("   overhead: " + ", ".join(over))
+            for kind in kinds:
+                log = Path(tmp) / f"nodes{nodes}-{kind}"
+                wall, peaks = run_nodes(Path(args.data_path), log, nodes, overrides, args.iterations, kind == "warm")
+                rss = ", ".join(f"{peak / 2**30:.2f}" for peak in peaks)
+                print(f"{nodes} node(s), {kind} trainer: whole command {wall:.0f} s, peak RSS per node {rss} GiB")
+                for iteration in range(1, args.iterations + 1):
+                    parts = split(log, iteration)
+                    print(
+                        f"  iteration {iteration}: {parts['iteration_s']:.0f} s = rollouts {parts['rollout_s']:.0f} s"
+                        f" + optimizer steps {parts['optimizer_s']:.0f} s + overhead {parts['overhead_s']:.0f} s"
+                        f" -> overhead share {100 * parts['overhead_share']:.1f} %;"
+                        f" the update's fixed cost {parts['update_fixed_s']:.1f} s"
+                    )
+                    over = [f"{k[5:-2]} {v:.0f} s" for k, v in parts.items() if k.startswith("over_")]
+                    print("     overhead: " + ", ".join(over))
 
 
 if __name__ == "__main__":
