@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.update_overhead import PeakRss
+from bench.measure import PeakRss, cpu_line
 from coordinator.runstate import phase_times
 from rollout_engine.metrics_log import load_metrics
 
@@ -44,17 +44,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def cpu_line() -> str:
-    model, flags = "?", []
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name") and model == "?":
-            model = line.split(":", 1)[1].strip()
-        if line.startswith("flags") and not flags:
-            wanted = ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "fma", "f16c")
-            flags = [f for f in line.split(":", 1)[1].split() if f in wanted]
-    return f"{model}, {os.cpu_count()} cores, flags {' '.join(flags)}"
 
 
 def run_nodes(

@@ -24,13 +24,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
-from bench.multinode_overhead import cpu_line
+from bench.measure import PeakRss, cpu_line
 from coordinator.runstate import is_done, mark, phase_times
 from rollout_engine.layout import Layout
 from rollout_engine.metrics_log import load_metrics
@@ -86,31 +83,6 @@ class Rollouts:
                 )
         journal.seal(planned=2 * self.tasks)
         mark(log, iteration, "train_rollout", "done")
-
-
-class PeakRss:
-    """The largest sum of RSS over a process and its descendants, sampled every `every_s` in a thread."""
-
-    def __init__(self, pid: int, every_s: float = 0.25) -> None:
-        self.peak, self.every_s, self.root = 0, every_s, psutil.Process(pid)
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self.sample, daemon=True)
-        self.thread.start()
-
-    def sample(self) -> None:
-        while not self.done.is_set():
-            total = 0
-            with contextlib.suppress(psutil.Error):
-                for proc in [self.root, *self.root.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        total += proc.memory_info().rss
-            self.peak = max(self.peak, total)
-            self.done.wait(self.every_s)
-
-    def stop(self) -> int:
-        self.done.set()
-        self.thread.join()
-        return self.peak
 
 
 def run_arm(data: Path, log: Path, warm: bool, rollouts: Rollouts, iterations: int, steps: int) -> tuple[float, int]:

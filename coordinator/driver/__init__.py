@@ -8,7 +8,7 @@
     loop.py       the steps: the plan of each (master decides, workers receive), begin, serve, finish
     rollout.py    a rollout phase: restarts of a dead server, the barrier, the takeover, --keep-best
     update.py     the update: its command, the check, one node's and several nodes' update, stopping it
-    trainer.py    the warm trainer: started once per run, handed each single-node update, noticed when it ends
+    trainer.py    the warm trainer: started once per run and node, handed each update, noticed when it ends
     phase.py      one phase as a tracked group with its live view; the master's markers and times
     context.py    Run: everything one run knows (its arguments, children, counters)
     nodes.py      one node of a multi-node run: start/join, heartbeat, plans, barriers, leave

@@ -82,15 +82,22 @@ class WarmTrainer:
         self.gen = 0
         #: it failed to start once: this run's updates are fresh (several nodes: the master's plans say so)
         self.given_up = False
+        #: start() waits for the workers; stop() during that wait (from a watch) interrupted it
+        self.starting = self.interrupted = False
 
     def group_code(self) -> int | None:
         """The trainer group's exit code once it ended (0 when none was started)."""
         group = self.run.groups.group(GROUP)
         return 0 if group is None else group.poll()
 
-    def running(self) -> bool:
+    def alive(self) -> bool:
+        """Its group runs (ready or still starting)."""
         group = self.run.groups.group(GROUP)
-        return group is not None and group.poll() is None and self.nproc > 0
+        return group is not None and group.poll() is None
+
+    def running(self) -> bool:
+        """It runs and its workers are ready for jobs."""
+        return self.alive() and self.nproc > 0
 
     def start(self, placement: Placement, fallback: str) -> bool:
         """Start the trainer at `placement` and wait until its workers are up (on several nodes: every node's);
@@ -108,15 +115,20 @@ class WarmTrainer:
         log(f"warm trainer: starting{where} (log: {self.log})")
         self.run.groups.start(GROUP, cmd, self.log, env=self.run.env())
         limit = TRAINER_START_S.value()
+        self.starting, self.interrupted = True, False
         while time.monotonic() - began < limit:
             ready = self._read(self.dir / "ready.json")
             if ready is not None:
+                self.starting = False
                 self.nproc, self.placement = int(ready.get("nproc", 1)), placement
                 log(f"warm trainer: {self.nproc} worker(s) ready in {time.monotonic() - began:.0f}s")
                 return True
             if self.group_code() is not None:
                 break
             self.run.supervisor.sleep(0.2)
+        self.starting = False
+        if self.interrupted:  # stopped from a watch while it started (several nodes: a partner's part failed)
+            return False
         why = "exited" if self.group_code() is not None else f"was not ready within {limit}s (BATON_TRAINER_START_S)"
         warn(f"the warm trainer {why}; {fallback} (its log: {self.log})")
         self.stop()
@@ -174,7 +186,8 @@ class WarmTrainer:
         logfile.parent.mkdir(parents=True, exist_ok=True)
         save_json(self.dir / "job.json", {"seq": self.seq, "argv": argv, "log": str(logfile)})
         began, offset = time.monotonic(), self.log.stat().st_size if self.log.exists() else 0
-        log(f"update: handed to the warm trainer (log: {logfile})")
+        phase = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("phase=")), "all")
+        log(f"update: {'' if phase == 'all' else phase + ' '}handed to the warm trainer (log: {logfile})")
         job = Job(self, self.seq)
         code = self.run.supervisor.wait(job)
         if code == EXPIRED:
@@ -207,6 +220,7 @@ class WarmTrainer:
 
     def stop(self) -> None:
         """Stop the trainer's group; its torchrun groups (listed beside its log) follow, or get SIGKILL."""
+        self.interrupted = self.starting  # not a failure to start: start() returns False without giving up
         self.run.groups.stop(GROUP, 15)
         kill_listed(self.log.with_name(self.log.name + ".pgid"))
         self.nproc, self.placement = 0, None

@@ -316,7 +316,7 @@ def train_part(run: Run, cmd: list[str], logfile: Path, warm: list | None) -> in
     (None: the master runs fresh processes) in fresh processes, the node's warm trainer stopped first."""
     trainer = run.trainer
     if warm is None:
-        if trainer.running():
+        if trainer.alive():
             trainer.stop()
         return run_group(run, "update", logfile, cmd)
     gen, new = int(warm[0]), bool(warm[1])
@@ -360,7 +360,7 @@ def stop_update(run: Run) -> None:
     """Stop a running update so that its training groups end too: SIGTERM makes python -m training stop the
     LLaMA-Factory and torchrun groups it started (within launch.grace_s); as a last resort SIGKILL the groups
     it listed in training/iter_<N>/*.log.pgid, each only while its pid names the recorded leader."""
-    if run.trainer is not None and run.trainer.running():  # its workers may wait in a collective: all of it
+    if run.trainer is not None and run.trainer.alive():  # its workers may wait in a collective, or to start
         run.trainer.stop()
     recorded = run.groups.recorded("update")
     if recorded is None:

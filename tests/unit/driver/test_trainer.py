@@ -214,3 +214,17 @@ def test_a_job_whose_trainer_is_stopped_from_a_watch_fails_at_once(run: Run) -> 
     run.supervisor.add(lambda: stop_update(run) if (run.run_dir / "trainer" / "started.json").exists() else None)
     assert warm.job(["phase=train", "fake.hang"], run.run_dir / "logs" / "update.log") == Exit.FAILED
     assert run.groups.recorded("trainer") is None and not warm.running()
+
+
+def test_a_trainer_stopped_from_a_watch_while_it_starts_fails_the_update_but_the_run_stays_warm(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partner's part failed while this node waited for the process group (its trainer never ready): that is
+    not a trainer that cannot start, so the master's next plan is a new generation, not fresh processes."""
+    monkeypatch.setenv("FAKE_TRAINER_START", "hang")
+    warm = WarmTrainer(run)
+    run.trainer = warm
+    run.supervisor.add(lambda: stop_update(run) if run.groups.group("trainer") is not None else None)
+    assert not warm.join(1, True, TWO)
+    assert not warm.given_up and warm.plan(TWO) == (2, True)
+    assert run.groups.recorded("trainer") is None
