@@ -100,22 +100,24 @@ class RunPaths:
 @dataclass(frozen=True)
 class InProcess:
     """The update runs inside the warm trainer's workers (training/warm.py): rank `rank` of `world`, training
-    through `trainer` (recipe, log, env) -> TrainResult, and `share(code)` giving rank 0's code to all ranks."""
+    through `trainer` (recipe, log, env) -> TrainResult, `share(code)` giving rank 0's code to all ranks, and
+    merging a LoRA through `export` (export YAML, log) -> exit code."""
 
     rank: int
     world: int
     trainer: Callable[[Path, Path, dict[str, str]], TrainResult]
     share: Callable[[int], int]
+    export: Callable[[Path, Path], int] | None = None
 
 
 _in_process: InProcess | None = None
 
 
 @contextmanager
-def in_process(rank: int, world: int, trainer, share) -> Iterator[None]:
+def in_process(rank: int, world: int, trainer, share, export=None) -> Iterator[None]:
     """Run updates in this process for the block (the warm trainer's jobs)."""
     global _in_process
-    _in_process = InProcess(rank, world, trainer, share)
+    _in_process = InProcess(rank, world, trainer, share, export)
     try:
         yield
     finally:
@@ -483,7 +485,8 @@ def revert_policy(cfg: UpdateConfig) -> int:
 
 
 def merge_lora(cfg: UpdateConfig, paths: RunPaths) -> Path:
-    """`llamafactory-cli export`: base model + adapter -> a full HF folder."""
+    """`llamafactory-cli export` (in the warm trainer: its export function, in-process, on the CPU as the command
+    runs it): base model + adapter -> a full HF folder."""
     from training.launch import cli_command, launch_env
 
     export = {
@@ -498,15 +501,22 @@ def merge_lora(cfg: UpdateConfig, paths: RunPaths) -> Path:
     export_yaml = paths.run_dir / "merge_config.yaml"
     save_recipe(export_yaml, export)
     shutil.rmtree(paths.merged, ignore_errors=True)
-    result = run_group(
-        [*cli_command(), "export", str(export_yaml)],
-        paths.run_dir / "merge.log",
-        launch_env(cfg.launch, Device("cpu", 1)),
-        cfg.launch.timeout_s,
-        cfg.launch.grace_s,
-    )
-    if result.returncode != 0:
-        raise TrainingError(f"merging the LoRA failed (exit {result.returncode}); see {paths.run_dir / 'merge.log'}")
+    merge_log, started = paths.run_dir / "merge.log", time.monotonic()
+    here = _in_process is not None and _in_process.export is not None  # the warm trainer: no process to start
+    if here:
+        code = _in_process.export(export_yaml, merge_log)
+    else:
+        code = run_group(
+            [*cli_command(), "export", str(export_yaml)],
+            merge_log,
+            launch_env(cfg.launch, Device("cpu", 1)),
+            cfg.launch.timeout_s,
+            cfg.launch.grace_s,
+        ).returncode
+    if code != 0:
+        raise TrainingError(f"merging the LoRA failed (exit {code}); see {merge_log}")
+    how = "in this process" if here else "by llamafactory-cli export"
+    log.info("the LoRA merged %s in %.1f s (%s)", how, time.monotonic() - started, paths.merged)
     return paths.merged
 
 

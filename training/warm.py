@@ -8,7 +8,8 @@ A fresh update pays for three Python processes that import the stack and load LL
 Here torchrun's workers start once, import once, and then wait for jobs: each job is the
 argument list of `python -m training` (its Hydra overrides), run in-process. A job that trains
 (phase train or all) runs on every worker, rank 0 preparing and promoting within it, the
-training itself (LLaMA-Factory's own training function) on all ranks; any other job (prepare,
+training itself (LLaMA-Factory's own training function) on all ranks, a LoRA's merge (its
+export function) on rank 0; any other job (prepare,
 promote, check: on several nodes the master hands those to its own trainer alone) runs on rank
 0 by itself while the others answer at once. On several nodes the workers of every node form
 one process group (torchrun's static rendezvous at the master's address and torchrun port).
@@ -124,6 +125,27 @@ def train_in_process(recipe: Path, log_file: Path, extra_env: dict[str, str]):
         dist.destroy_process_group = keep
         release_memory(torch)
     return TrainResult(0, False, time.monotonic() - started)
+
+
+def export_in_process(recipe: Path, log_file: Path) -> int:
+    """LLaMA-Factory's export (a LoRA merged into its base model) on `recipe` in this process, as `llamafactory-cli
+    export` runs it (export_device cpu: no GPU memory), its output appended to `log_file`; the exit code that
+    command would give."""
+    import torch
+    import yaml
+    from llamafactory.train import tuner
+
+    args = yaml.safe_load(recipe.read_text())
+    try:
+        with output_to(log_file):
+            try:
+                tuner.export_model(args)
+            except Exception:
+                traceback.print_exc()
+                return Exit.FAILED
+    finally:
+        release_memory(torch)
+    return 0
 
 
 def release_memory(torch) -> None:
@@ -279,7 +301,7 @@ def run_argv(argv: list[str], worker: Worker, seq: int, alone: bool = False) -> 
     watchdog.start()
     try:
         rank, world = (0, 1) if alone else (worker.rank, worker.world)
-        with update.in_process(rank, world, train_in_process, _share):
+        with update.in_process(rank, world, train_in_process, _share, export_in_process):
             return _run(dict_cfg, detect_device())
     finally:
         watchdog.cancel()

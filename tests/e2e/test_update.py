@@ -139,6 +139,51 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
     assert processes_mentioning(str(log)) == []
 
 
+def rolled_out_as(journal_log: Path, log: Path, iteration: int) -> None:
+    """What a rollout run leaves when its train rollout of `iteration` ends (an update run takes the newest)."""
+    name = f"iter_{iteration:04d}"
+    shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train" / name)
+    (log / "run/state" / name).mkdir(parents=True)
+    (log / "run/state" / name / "train_rollout.done").write_text("done\n")
+
+
+def test_warm_trainer_trains_a_lora_under_deepspeed_twice_in_one_process_and_merges_it_there(
+    journal_log: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    """A second DeepSpeed training in one process failed (`Group ... is not registered`: LLaMA-Factory destroys the
+    process group DeepSpeed keeps groups of). Two updates of a LoRA under ZeRO-2 in one warm trainer: both train
+    and are promoted (v1, v2), the same worker trains both, and each LoRA is merged in that process, with no
+    `llamafactory-cli export` started."""
+    log = tmp_path / "log"
+    rolled_out_as(journal_log, log, 1)
+    base = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]
+    args = ["algorithm.per_device_train_batch_size=2", "algorithm.gradient_accumulation_steps=1"]
+    args += ["algorithm.cutoff_len=512", "algorithm.warmup_steps=0", "algorithm.selection.last_k_iterations=3"]
+    args += ["algorithm.max_steps=1", "algorithm.finetuning_type=lora", "launch.deepspeed=zero2"]
+    proc = subprocess.Popen(
+        [*base, "--rl-phase", "update", "--wait-timeout", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    wait_for_training(log / "run/rank_0", log / "training/iter_0001", proc)
+    rolled_out_as(journal_log, log, 2)  # handed over while iteration 1 trains: the run takes it next
+    out = communicate_waiting(proc, waiting_for="run.sh --rl-phase update to train twice", timeout=3 * UPDATE_S)
+    assert proc.returncode == 0, out[-3000:]
+    for iteration in (1, 2):
+        done = (log / f"run/state/iter_{iteration:04d}/update.done").read_text().strip()
+        assert done == f"promoted v{iteration}", (iteration, out[-3000:])
+        recipe = (log / f"training/iter_{iteration:04d}/train_config.yaml").read_text()
+        assert "finetuning_type: lora" in recipe and "deepspeed:" in recipe
+        update_log = (log / f"run/rank_0/logs/iter_{iteration:04d}.update.log").read_text()
+        assert "the LoRA merged in this process" in update_log, update_log[-3000:]
+    metrics = [json.loads(line) for line in (log / "metrics/update.jsonl").read_text().splitlines()]
+    trainers = [m["trainer"] for m in metrics if m.get("kind") == "training"]
+    assert len(trainers) == 2 and trainers[0] == trainers[1] and trainers[0].startswith("warm:"), trainers
+    assert processes_mentioning(str(log)) == []
+
+
 def test_warm_trainer_killed_mid_update_fails_that_update_only_and_a_new_trainer_takes_the_next(
     journal_log: Path, data_dir: Path, tmp_path: Path
 ) -> None:
@@ -148,11 +193,7 @@ def test_warm_trainer_killed_mid_update_fails_that_update_only_and_a_new_trainer
     log = tmp_path / "log"
 
     def rolled_out(iteration: int) -> None:
-        """What a rollout run leaves when its train rollout of `iteration` ends (the update run takes the newest)."""
-        name = f"iter_{iteration:04d}"
-        shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train" / name)
-        (log / "run/state" / name).mkdir(parents=True)
-        (log / "run/state" / name / "train_rollout.done").write_text("done\n")
+        rolled_out_as(journal_log, log, iteration)
 
     rolled_out(1)
     base = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]

@@ -126,3 +126,27 @@ def test_a_job_that_trains_runs_on_every_worker_any_other_on_rank_0_alone(
         assert all_ran == everyone
         assert code == (5 if everyone or rank == 0 else 0)
     assert ran == ([(0, False), (1, False)] if everyone else [(0, True)])
+
+
+def test_in_the_warm_trainer_a_lora_is_merged_by_its_export_function_with_no_process_started(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from training import update as update_mod
+
+    paths = SimpleNamespace(run_dir=tmp_path, output=tmp_path / "output", merged=tmp_path / "merged")
+    cfg = SimpleNamespace(template="smollm2", launch=None)
+    monkeypatch.setattr(update_mod.config_mod, "model_path", lambda _cfg: tmp_path / "model")
+    monkeypatch.setattr(update_mod, "run_group", lambda *a, **k: pytest.fail("a process was started"))
+    exported: list[tuple[str, str]] = []
+
+    def export(recipe, log):
+        exported.append((recipe.name, log.name))
+        return 0
+
+    with in_process(0, 1, no_training, no_training, export):
+        assert update_mod.merge_lora(cfg, paths) == paths.merged
+    assert exported == [("merge_config.yaml", "merge.log")]
+    with in_process(0, 1, no_training, no_training, lambda *_a: 1), pytest.raises(TrainingError, match="exit 1"):
+        update_mod.merge_lora(cfg, paths)
