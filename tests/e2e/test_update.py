@@ -75,12 +75,12 @@ def wait_for_training(run_dir: Path, training_dir: Path, proc: subprocess.Popen)
     return int(json.loads(ready.read_text())["pid"])
 
 
-def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
+def test_update_only_run_stops_every_training_process_on_sigint_then_resume_trains(
     journal_log: Path, data_dir: Path, tmp_path: Path
 ) -> None:
     """`run.sh --rl-phase update` on a log path where a rollout run finished iteration 1's train rollout:
     Ctrl+C during the warm trainer's training ends run.sh (exit 130) and leaves no process of it (torchrun's
-    workers run in sessions of their own); the next run, in fresh processes (BATON_WARM_TRAINER=0), selects
+    workers run in sessions of their own); `--resume`, in fresh processes (BATON_WARM_TRAINER=0), selects
     the successes, passes the fidelity check, trains one optimizer step of a full fine-tune and promotes it."""
     log = tmp_path / "log"
     shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train/iter_0001")
@@ -108,7 +108,7 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_trains(
     assert not (log / "policy").exists()
 
     again = run_waiting(
-        [*base, "--rl-phase", "update", "--wait-timeout", "0", "algorithm.max_steps=1", *small],
+        [*base, "--rl-phase", "update", "--resume", "--wait-timeout", "0", "algorithm.max_steps=1", *small],
         waiting_for="run.sh --rl-phase update to train one step and promote",
         timeout=UPDATE_S,
         env={**os.environ, "BATON_WARM_TRAINER": "0"},
