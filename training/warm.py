@@ -7,12 +7,12 @@ A fresh update pays for three Python processes that import the stack and load LL
 (`python -m training`, `llamafactory-cli`, the torchrun worker) before its first optimizer step.
 Here torchrun's workers start once, import once, and then wait for jobs: each job is the
 argument list of `python -m training` (its Hydra overrides), run in-process. A job that trains
-(phase train or all) runs on every worker, rank 0 preparing and promoting within it, the
-training itself (LLaMA-Factory's own training function) on all ranks, a LoRA's merge (its
-export function) on rank 0; any other job (prepare,
-promote, check: on several nodes the master hands those to its own trainer alone) runs on rank
-0 by itself while the others answer at once. On several nodes the workers of every node form
-one process group (torchrun's static rendezvous at the master's address and torchrun port).
+(phase train or all) runs on every worker: rank 0 prepares, every rank trains (LLaMA-Factory's
+own training function), rank 0 merges a LoRA (its export function) and promotes. Any other job
+(prepare, promote, check: on several nodes the master hands those to its own trainer alone)
+runs on rank 0 by itself while the others answer at once. On several nodes the workers of
+every node form one process group (torchrun's static rendezvous at the master's address and
+torchrun port).
 The process group and DeepSpeed's state stay up between jobs: LLaMA-Factory destroys the
 process group when a training ends, which a later DeepSpeed training cannot survive.
 
