@@ -39,6 +39,7 @@ from rollout_engine.files import save_json, save_text
 from rollout_engine.layout import Layout, iteration_name
 from rollout_engine.metrics_log import append_update
 from training import config as config_mod
+from training import sigkill
 from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
 from training.demonstrations import add_demonstrations, demonstrations_for
@@ -372,12 +373,7 @@ def clear_outputs(paths: RunPaths) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-#: what a SIGKILL nobody of ours sent usually is
-SIGKILL_HINT = (
-    "a training process was killed by SIGKILL: when nobody sent it, the kernel's OOM killer did, because memory "
-    "ran out (check `dmesg | grep -i oom`); lower algorithm.per_device_train_batch_size or algorithm.cutoff_len, "
-    "or use a DeepSpeed preset that offloads"
-)
+SIGKILL_HINT = sigkill.HINT
 
 
 #: the last line of a Python traceback that refuses a value (torchrun prefixes a worker's lines with [rankN]:)
@@ -405,10 +401,9 @@ def killed_by_sigkill(returncode: int, node_log: Path) -> bool:
     if returncode in (-9, 137):
         return True
     try:
-        tail = node_log.read_bytes()[-20000:].decode(errors="replace")
+        return sigkill.reported(node_log.read_bytes()[-20000:].decode(errors="replace"))
     except OSError:
         return False
-    return "Signal 9 (SIGKILL)" in tail or re.search(r"exitcode\s*:\s*-9\b", tail) is not None
 
 
 def wait_for_dataset(paths: RunPaths, expected: str, wait_s: float, every_s: float = 1.0) -> None:

@@ -21,7 +21,6 @@ starts its part of a new generation, and an update that failed anywhere ends eve
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from coordinator.driver.vllm import gpu_count
 from rollout_engine.defaults import TRAINER_START_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json
+from training import sigkill
 from training.warm import FRESH, Placement
 
 GROUP = "trainer"
@@ -201,7 +201,7 @@ class WarmTrainer:
             warn(
                 f"the warm trainer ended during the update after {time.monotonic() - began:.0f}s (its log: "
                 f"{self.log}); this update failed, the next one starts a new trainer"
-                + (f". {SIGKILL_HINT}" if killed_by_sigkill(self.log, offset) else "")
+                + (f"; {sigkill.HINT}" if killed_by_sigkill(self.log, offset) else "")
             )
             self.stop()
         return code
@@ -239,22 +239,14 @@ def nproc_of(argv: list[str]) -> int:
     return int(values[-1]) if values and values[-1].isdigit() else 0
 
 
-#: what a SIGKILL nobody of ours sent usually is (training/update.py says the same of a fresh training)
-SIGKILL_HINT = (
-    "A worker was killed by SIGKILL: when nobody sent it, the kernel's OOM killer did (check `dmesg | grep -i oom`); "
-    "lower algorithm.per_device_train_batch_size or algorithm.cutoff_len, or use a DeepSpeed preset that offloads"
-)
-
-
 def killed_by_sigkill(log: Path, offset: int) -> bool:
     """torchrun reported a worker's SIGKILL in the trainer's log after byte `offset` (where this update began)."""
     try:
         with open(log, "rb") as text:
             text.seek(offset)
-            tail = text.read()[-20000:].decode(errors="replace")
+            return sigkill.reported(text.read()[-20000:].decode(errors="replace"))
     except OSError:
         return False
-    return "Signal 9 (SIGKILL)" in tail or re.search(r"exitcode\s*:\s*-9\b", tail) is not None
 
 
 #: how long a SIGKILLed group may take to exit

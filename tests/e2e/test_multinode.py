@@ -284,7 +284,10 @@ def test_a_workers_trainer_killed_in_training_fails_the_update_on_both_nodes_and
     out_w = communicate_waiting(nodes[1], waiting_for="the worker's second iteration", timeout=300)
     assert (nodes[0].returncode, nodes[1].returncode) == (0, 0), out_m[-3000:] + out_w[-3000:]
     assert failed.read_text().startswith("failed"), out_m[-3000:]
-    assert "rank 1's part of the training failed" in out_m, out_m[-3000:]
+    # the master's part ends either by the partner watch or by its own collective's error, whichever comes first
+    # (docs/multinode.md): both end the update within seconds
+    watched, own = "rank 1's part of the training failed", "the warm trainer ended during the update"
+    assert watched in out_m or own in out_m, out_m[-3000:]
     assert "the warm trainer ended during the update" in out_w and "killed by SIGKILL" in out_w, out_w[-3000:]
     assert (log / "run/state/iter_0002/update.done").read_text().strip() == "promoted v1", out_m[-3000:]
     assert os.readlink(log / "policy" / "current") == "v0001"
