@@ -110,10 +110,10 @@ def interface_of(addr: str) -> str | None:
     return next((name for name, net in nets if ip in net), None)
 
 
-def launch_env(cfg: LaunchConfig, device: Device) -> dict[str, str]:
-    """The environment of llamafactory-cli: torchrun layout, the collectives' interface and PATH."""
-    env = dict(os.environ)
-    if cfg.node_addr and (iface := interface_of(cfg.node_addr)):
+def collectives_on(env: dict[str, str], node_addr: str) -> None:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in `env` (unless set) name the interface that holds `node_addr`
+    (launch.node_addr); said in the log. Nothing without an address."""
+    if node_addr and (iface := interface_of(node_addr)):
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             env.setdefault(var, iface)
         log.info(
@@ -121,10 +121,16 @@ def launch_env(cfg: LaunchConfig, device: Device) -> dict[str, str]:
             env["GLOO_SOCKET_IFNAME"],
             env["NCCL_SOCKET_IFNAME"],
             iface,
-            cfg.node_addr,
+            node_addr,
         )
-    elif cfg.node_addr:
-        log.warning("no network interface holds launch.node_addr=%s; gloo/NCCL choose their own", cfg.node_addr)
+    elif node_addr:
+        log.warning("no network interface holds launch.node_addr=%s; gloo/NCCL choose their own", node_addr)
+
+
+def launch_env(cfg: LaunchConfig, device: Device) -> dict[str, str]:
+    """The environment of llamafactory-cli: torchrun layout, the collectives' interface and PATH."""
+    env = dict(os.environ)
+    collectives_on(env, cfg.node_addr)
     if cfg.nnodes > 1 and not cfg.master_port:
         raise ConfigError(
             f"launch.master_port must be node 0's torchrun port when launch.nnodes={cfg.nnodes} (got 0, which "

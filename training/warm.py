@@ -374,7 +374,7 @@ def launch(directory: Path, log_file: Path, where: Placement, grace_s: float) ->
     """This node's workers, tracked and stopped like a fresh training (training.launch.run_group): one worker
     by itself (its process group's rendezvous at `where`'s master address and port), several under torchrun;
     runs until the driver stops it or a worker exits."""
-    from training.launch import exit_on_signals, free_port, interface_of, run_group
+    from training.launch import collectives_on, exit_on_signals, free_port, run_group
 
     exit_on_signals()
     directory.mkdir(parents=True, exist_ok=True)
@@ -387,16 +387,7 @@ def launch(directory: Path, log_file: Path, where: Placement, grace_s: float) ->
         raise SystemExit(f"--master-port must be node 0's torchrun port with --nnodes {where.nnodes}")
     worker = ["-m", "training.warm", "--worker", "--dir", str(directory)]
     env = {**os.environ, "DISABLE_VERSION_CHECK": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if where.node_addr and (iface := interface_of(where.node_addr)):
-        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            env.setdefault(var, iface)
-        log.info(
-            "collectives: gloo on %s, NCCL on %s (%s holds %s)",
-            env["GLOO_SOCKET_IFNAME"],
-            env["NCCL_SOCKET_IFNAME"],
-            iface,
-            where.node_addr,
-        )
+    collectives_on(env, where.node_addr)
     port = str(where.master_port or free_port())
     if nproc == 1:  # what torchrun would set for one worker a node, without its agent (a process of ~500 MB)
         rank, world = str(where.node_rank), str(where.nnodes)
