@@ -1,18 +1,22 @@
-"""Warm start + RL vs a demonstrations-only control on an agent environment: task files, table and plot.
+"""Warm start + RL vs a demonstrations-only control on an agent environment: task files, tables and plot.
 
-    PYTHONPATH=. $BATON_APP_PY -m bench.agent_curve tasks --env miniwob --out /abs/data/tasks
-    PYTHONPATH=. $BATON_APP_PY -m bench.agent_curve report --rl L/rl --control L/control [--mixed L/mixed] --out c.png
+    PYTHONPATH=. $BATON_APP_PY -m bench.agent_curve tasks --env miniwob-open --out /abs/data/tasks
+    PYTHONPATH=. $BATON_APP_PY -m bench.agent_curve report --env miniwob-open L/seed1 L/seed2 --out c.png
 
-`bench/agent_curve.sh` runs both and the arms between them. `tasks` writes
-`train.jsonl` (one seed) and `test.jsonl`: two held-out sets drawn from two
-other seeds, task ids `<env>-heldA-...` and `<env>-heldB-...`, none sharing a
-page (MiniWoB++) or game (TextWorld) with the train tasks; it refuses to
-write if one does. `report` reads the arms' iteration records
-(coordinator.summary) and held-out journals and prints, per evaluated policy,
-held-out success pooled with a 95 % Wilson interval, each held-out set's
-success on its own (the evaluation-noise check), the invalid-action share and
-the optimizer steps that led to it; the PNG draws held-out success of every
-arm with the interval as a band.
+`bench/agent_curve.sh` runs both and the arms between them. A bench
+(`BENCHES`) names the environment, its MiniWoB++ families and which of them
+have demonstrations. `tasks` writes `train.jsonl` (one seed), `demo.jsonl`
+(the train tasks the expert demonstrates) and `test.jsonl`: two held-out sets
+drawn from two other seeds, task ids `<env>-heldA-...` and `<env>-heldB-...`,
+none sharing a page (MiniWoB++) or game (TextWorld) with the train tasks; it
+refuses to write if one does. `report` reads each seed folder's arms (rl/,
+control/, mixed/: iteration records and held-out journals) and prints, per
+evaluated policy, held-out success pooled with a 95 % Wilson interval, each
+held-out set's success on its own (the evaluation-noise check), the
+invalid-action share and the optimizer steps that led to it; then each arm's
+last policy against the warm start, pooled, over the families with and
+without demonstrations, and per family. The PNG draws held-out success of
+every arm and seed with the interval as a band.
 """
 
 from __future__ import annotations
@@ -30,6 +34,19 @@ from training.journal import load_trajectories
 
 #: MiniWoB++ families the page solvers cover and a 135M model can read in 5 steps
 MINIWOB_FAMILIES = ("click-test", "click-button", "click-tab", "focus-text", "enter-text", "login-user")
+#: miniwob-open: demonstrations for three one- or two-step families only; the other seven have none, so
+#: what the policy learns there beyond transfer comes from its own rollouts
+OPEN_DEMO_FAMILIES = ("click-test", "focus-text", "enter-text")
+OPEN_FAMILIES = (
+    *OPEN_DEMO_FAMILIES,
+    "click-test-2",
+    "click-button",
+    "click-link",
+    "click-tab",
+    "focus-text-2",
+    "click-option",
+    "login-user",
+)
 TRAIN_SEED, HELD_SEEDS = 11, {"A": 22, "B": 33}
 
 
@@ -41,15 +58,39 @@ class Sizes:
     held: int  # per held-out set
 
 
-SIZES = {"miniwob": Sizes(train=30, held=10), "textworld": Sizes(train=40, held=15)}
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark: the run's environment, its families and which of them have demonstrations."""
+
+    env: str
+    sizes: Sizes
+    families: tuple[str, ...] = ()  # MiniWoB++ pages; () for TextWorld
+    demo_families: tuple[str, ...] | None = None  # None = every family
+
+    def has_demonstrations(self, family: str) -> bool:
+        return self.demo_families is None or family in self.demo_families
+
+    @property
+    def open_families(self) -> tuple[str, ...]:
+        """The families without demonstrations."""
+        return tuple(f for f in self.families if not self.has_demonstrations(f))
+
+
+BENCHES = {
+    "miniwob": Bench("miniwob", Sizes(train=30, held=10), MINIWOB_FAMILIES),
+    # 10 families x 2 sets x 12 pages = 240 held-out episodes: +-6 points at 50 % (95 %)
+    "miniwob-open": Bench("miniwob", Sizes(train=20, held=12), OPEN_FAMILIES, OPEN_DEMO_FAMILIES),
+    "textworld": Bench("textworld", Sizes(train=40, held=15)),
+}
+SIZES = {name: bench.sizes for name, bench in BENCHES.items()}
 #: TextWorld games small enough for a 135M model: one room, three objects, one quest step
 TEXTWORLD_GAME = {"nb_rooms": 1, "nb_objects": 3, "quest_length": 1}
 
 
-def _miniwob(per_task: int, seed: int, prefix: str) -> list[dict[str, Any]]:
+def _miniwob(families: tuple[str, ...], per_task: int, seed: int, prefix: str) -> list[dict[str, Any]]:
     from rollout_engine.envs.miniwob import build_tasks
 
-    rows = build_tasks(list(MINIWOB_FAMILIES), per_task, seed)
+    rows = build_tasks(list(families), per_task, seed)
     for row in rows:
         row["task_id"] = row["task_id"].replace("mw-", f"mw-{prefix}-", 1)
     return rows
@@ -67,10 +108,16 @@ def _identity(row: dict[str, Any]) -> str:
     return json.dumps(meta, sort_keys=True)
 
 
-def build_split_tasks(env: str, sizes: Sizes | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train rows, held-out rows): train from TRAIN_SEED, held-out sets A and B from HELD_SEEDS, disjoint."""
-    sizes = sizes or SIZES[env]
-    make = _miniwob if env == "miniwob" else _textworld
+def build_split_tasks(name: str, sizes: Sizes | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, held-out rows) of bench `name`: train from TRAIN_SEED, sets A and B from HELD_SEEDS, disjoint."""
+    bench = BENCHES[name]
+    sizes = sizes or bench.sizes
+
+    def make(count: int, seed: int, prefix: str) -> list[dict[str, Any]]:
+        if bench.env == "miniwob":
+            return _miniwob(bench.families, count, seed, prefix)
+        return _textworld(count, seed, prefix)
+
     train = make(sizes.train, TRAIN_SEED, "train")
     held = [row for name, seed in HELD_SEEDS.items() for row in make(sizes.held, seed, f"held{name}")]
     seen = {_identity(row) for row in train}
@@ -78,6 +125,12 @@ def build_split_tasks(env: str, sizes: Sizes | None = None) -> tuple[list[dict[s
     if shared or len({_identity(row) for row in held}) != len(held):
         raise SystemExit(f"held-out tasks repeat a train task or each other: {shared[:5]}; change HELD_SEEDS")
     return train, held
+
+
+def demonstration_tasks(name: str, train: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The train tasks the expert demonstrates: those of the bench's families with demonstrations."""
+    bench = BENCHES[name]
+    return [row for row in train if bench.has_demonstrations(str(row.get("family", "")))]
 
 
 def held_set(task_id: str) -> str:
@@ -108,6 +161,7 @@ class Evaluation:
     successes: dict[str, int] = field(default_factory=dict)  # per held-out set
     episodes: dict[str, int] = field(default_factory=dict)
     invalid: float | None = None
+    families: dict[str, tuple[int, int]] = field(default_factory=dict)  # family -> (successes, episodes)
 
     @property
     def rate(self) -> float:
@@ -117,15 +171,21 @@ class Evaluation:
         return wilson(sum(self.successes.values()), sum(self.episodes.values()))
 
 
-def held_out_counts(log_path: Path, iteration: int) -> tuple[dict[str, int], dict[str, int]]:
-    """(successes, episodes) per held-out set of one iteration's test rollout (as the update reads journals)."""
+def held_out_counts(
+    log_path: Path, iteration: int
+) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[int, int]]]:
+    """(successes, episodes) per held-out set of one iteration's test rollout (as the update reads journals),
+    and (successes, episodes) per family."""
     successes: dict[str, int] = {}
     counts: dict[str, int] = {}
+    families: dict[str, tuple[int, int]] = {}
     for traj in load_trajectories(log_path, "test", [iteration]):
         name = held_set(traj.task_id) or "-"
         counts[name] = counts.get(name, 0) + 1
         successes[name] = successes.get(name, 0) + bool(traj.success)
-    return successes, counts
+        won, seen = families.get(traj.family, (0, 0))
+        families[traj.family] = (won + bool(traj.success), seen + 1)
+    return successes, counts, families
 
 
 def evaluations(log_path: Path, arm: str, start_steps: int, start_label: str) -> list[Evaluation]:
@@ -136,8 +196,9 @@ def evaluations(log_path: Path, arm: str, start_steps: int, start_label: str) ->
         if record.get("eval_success_rate") is not None:
             served = record.get("served_version")
             label = start_label if served is None else f"{arm} v{served}"
-            successes, counts = held_out_counts(log_path, record["iteration"])
-            out.append(Evaluation(label, arm, steps, successes, counts, record.get("eval_invalid_action_rate")))
+            successes, counts, families = held_out_counts(log_path, record["iteration"])
+            invalid = record.get("eval_invalid_action_rate")
+            out.append(Evaluation(label, arm, steps, successes, counts, invalid, families))
         steps += int(record.get("training_steps") or 0)
     return out
 
@@ -166,56 +227,146 @@ def markdown(rows: list[Evaluation]) -> str:
     return "\n".join(lines)
 
 
-def save_plot(arms: dict[str, list[Evaluation]], out: Path, title: str) -> None:
-    """Held-out success per optimizer step of each arm, the 95 % interval as a band; invalid share dotted."""
+#: arms that start from the RL arm's warm start: (log folder, label in tables and plots)
+BRANCHES = {
+    "control": "control: demonstrations only",
+    "mixed": "mixed: own successes + demonstrations",
+}
+RL_LABEL = "RL on own successes"
+
+
+@dataclass
+class SeedRun:
+    """The arms of one training seed (a <log>/seed<S> folder): label -> evaluations, the RL arm first."""
+
+    name: str
+    arms: dict[str, list[Evaluation]]
+    tables: str
+
+
+def read_seed(run: Path) -> SeedRun:
+    """The RL arm (run/rl) and each arm branched from its warm start (run/control, run/mixed) that has a record."""
+    rl_rows = evaluations(run / "rl", "RL", 0, "base model")
+    if len(rl_rows) > 1:
+        rl_rows[1].label = "warm start (RL v1)"
+    arms = {RL_LABEL: rl_rows}
+    tables = f"RL arm ({run / 'rl'}):\n\n{markdown(rl_rows)}\n"
+    warm_steps = rl_rows[1].steps if len(rl_rows) > 1 else 0
+    for name, label in BRANCHES.items():
+        path = run / name
+        if not (path / "metrics.jsonl").exists():
+            continue
+        rows = evaluations(path, name, warm_steps, f"warm start ({name}'s start)")
+        arms[label] = [*rl_rows[:1], *rows]
+        tables += f"\n{name} arm ({path}):\n\n{markdown(rows)}\n"
+    return SeedRun(run.name, arms, tables)
+
+
+def _rate(won: int, seen: int) -> str:
+    low, high = wilson(won, seen)
+    return f"**{100 * won / max(1, seen):.1f} %** ({100 * low:.0f}-{100 * high:.0f}), {won}/{seen}"
+
+
+def pooled(row: Evaluation, families: tuple[str, ...] | None) -> tuple[int, int]:
+    """(successes, episodes) of one evaluation over `families` (None = all)."""
+    if families is None:
+        return sum(row.successes.values()), sum(row.episodes.values())
+    pairs = [row.families.get(name, (0, 0)) for name in families]
+    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+def comparison(seeds: list[SeedRun], bench: Bench) -> str:
+    """Per seed: the warm start and each arm's last evaluation, with the RL arm's lead over the control."""
+    groups: list[tuple[str, tuple[str, ...] | None]] = [("all held-out", None)]
+    if bench.demo_families is not None:
+        groups.append(("families with demonstrations", tuple(bench.demo_families)))
+        groups.append(("without", bench.open_families))
+    head = " | ".join(name for name, _ in groups)
+    lines = [f"| seed | policy | optimizer steps | {head} |", "|---|---|---|" + "---|" * len(groups)]
+    leads = []
+    for seed in seeds:
+        rl = seed.arms[RL_LABEL]
+        finals = [("warm start", rl[1])] if len(rl) > 1 else []
+        finals += [(label, rows[-1]) for label, rows in seed.arms.items() if len(rows) > 2]
+        for label, row in finals:
+            cells = " | ".join(_rate(*pooled(row, fams)) for _, fams in groups)
+            lines.append(f"| {seed.name} | {label} | {row.steps} | {cells} |")
+        control = seed.arms.get(BRANCHES["control"], [])
+        if len(rl) > 2 and len(control) > 2:
+            a, b = rl[-1], control[-1]
+            apart = a.interval()[0] > b.interval()[1]
+            leads.append(
+                f"{seed.name}: RL {100 * a.rate:.1f} % at {a.steps} steps against control {100 * b.rate:.1f} % "
+                f"at {b.steps}: {100 * (a.rate - b.rate):+.1f} points, intervals "
+                f"{'apart' if apart else 'overlap'}"
+            )
+    return "\n".join(lines) + ("\n\n" + "\n".join(leads) if leads else "") + "\n"
+
+
+def family_table(seeds: list[SeedRun], bench: Bench) -> str:
+    """Held-out successes per family of the warm start and each arm's last policy (* = with demonstrations)."""
+    families = bench.families or tuple(sorted({f for s in seeds for r in s.arms[RL_LABEL] for f in r.families}))
+    names = [f"{f}{'*' if bench.demo_families is not None and f in bench.demo_families else ''}" for f in families]
+    lines = [f"| seed | policy | {' | '.join(names)} |", "|---|---|" + "---|" * len(families)]
+    for seed in seeds:
+        rl = seed.arms[RL_LABEL]
+        finals = [("warm start", rl[1])] if len(rl) > 1 else []
+        finals += [(label.split(":")[0], rows[-1]) for label, rows in seed.arms.items() if len(rows) > 2]
+        for label, row in finals:
+            cells = " | ".join("{}/{}".format(*row.families.get(f, (0, 0))) for f in families)
+            lines.append(f"| {seed.name} | {label} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def save_plot(seeds: list[SeedRun], bench: Bench, out: Path, title: str) -> None:
+    """Held-out success per optimizer step: arms by colour, seeds by line style, the 95 % interval as a band;
+    a second panel for the families without demonstrations when the bench has some."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
-    for index, (arm, rows) in enumerate(arms.items()):
-        colour = f"C{index}"
-        xs = [r.steps for r in rows]
-        ax.plot(xs, [100 * r.rate for r in rows], "o-", color=colour, label=f"{arm}: held-out success")
-        ax.fill_between(
-            xs, [100 * r.interval()[0] for r in rows], [100 * r.interval()[1] for r in rows], color=colour, alpha=0.15
-        )
-        invalid = [(r.steps, 100 * r.invalid) for r in rows if r.invalid is not None]
-        ax.plot([p[0] for p in invalid], [p[1] for p in invalid], "x:", color=colour, label=f"{arm}: invalid actions")
-    ax.set_xlabel("optimizer steps since the base model")
-    ax.set_ylabel("held-out episodes (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title, fontsize="medium")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    panels: list[tuple[str, tuple[str, ...] | None]] = [("all held-out episodes", None)]
+    if bench.demo_families is not None:
+        panels.append(("families without demonstrations", bench.open_families))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.4), dpi=100, squeeze=False)
+    styles = ["-", "--", ":", "-."]
+    for ax, (panel, families) in zip(axes[0], panels, strict=True):
+        for seed_index, seed in enumerate(seeds):
+            for arm_index, (arm, rows) in enumerate(seed.arms.items()):
+                xs = [r.steps for r in rows]
+                rates = [pooled(r, families) for r in rows]
+                bands = [wilson(*pair) for pair in rates]
+                colour = f"C{arm_index}"
+                ax.plot(
+                    xs,
+                    [100 * won / max(1, seen) for won, seen in rates],
+                    marker="o",
+                    linestyle=styles[seed_index % len(styles)],
+                    color=colour,
+                    label=f"{arm} ({seed.name})",
+                )
+                ax.fill_between(xs, [100 * b[0] for b in bands], [100 * b[1] for b in bands], color=colour, alpha=0.1)
+        ax.set_xlabel("optimizer steps since the base model")
+        ax.set_ylabel("held-out success (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title(panel, fontsize="medium")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize="x-small")
+    fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     plt.close(fig)
 
 
-#: arms that start from the RL arm's warm start: (option and log folder, label in tables and plots)
-BRANCHES = {
-    "control": "control: demonstrations only",
-    "mixed": "mixed: own successes + demonstrations",
-}
-
-
-def report(rl: Path, branches: dict[str, Path], out: Path | None, title: str) -> str:
-    """Tables of the RL arm and of each arm branched from its warm start (`BRANCHES` keys), and the plot."""
-    rl_rows = evaluations(rl, "RL", 0, "base model")
-    if rl_rows and len(rl_rows) > 1:
-        rl_rows[1].label = "warm start (RL v1)"
-    arms = {"RL on own successes": rl_rows}
-    text = f"RL arm ({rl}):\n\n{markdown(rl_rows)}\n"
-    warm_steps = rl_rows[1].steps if len(rl_rows) > 1 else 0
-    for name, path in branches.items():
-        rows = evaluations(path, name, warm_steps, f"warm start ({name}'s start)")
-        arms[BRANCHES[name]] = [*rl_rows[:1], *rows]
-        text += f"\n{name} arm ({path}):\n\n{markdown(rows)}\n"
+def report(runs: list[Path], bench: Bench, out: Path | None, title: str) -> str:
+    """Each seed's per-arm tables, the arms' last policies compared (pooled and per family), and the plot."""
+    seeds = [read_seed(run) for run in runs]
+    text = "".join(f"== {seed.name}\n\n{seed.tables}\n" for seed in seeds)
+    text += f"== the last policy of each arm\n\n{comparison(seeds, bench)}\n{family_table(seeds, bench)}"
     if out is not None:
-        save_plot(arms, out, title)
+        save_plot(seeds, bench, out, title)
         text += f"\nplot: {out}\n"
     return text
 
@@ -224,25 +375,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     tasks = sub.add_parser("tasks", help="write train.jsonl and test.jsonl (held-out sets A and B)")
-    tasks.add_argument("--env", choices=sorted(SIZES), required=True)
+    tasks.add_argument("--env", choices=sorted(BENCHES), required=True)
     tasks.add_argument("--out", required=True, help="the tasks folder (D/tasks)")
-    rep = sub.add_parser("report", help="the table of each arm and the plot")
-    rep.add_argument("--rl", required=True, help="log path of the RL arm (warm start as iteration 1)")
-    for name, label in BRANCHES.items():
-        rep.add_argument(f"--{name}", default="", help=f"log path of the {label} arm")
+    rep = sub.add_parser("report", help="each seed's tables, the arms compared, and the plot")
+    rep.add_argument("runs", nargs="+", help="seed folders (<log>/seed<S>), each holding rl/ and the arms beside it")
+    rep.add_argument("--env", choices=sorted(BENCHES), required=True, help="the bench the runs ran")
     rep.add_argument("--out", default="", help="write the PNG here")
     rep.add_argument("--title", default="warm start, then RL vs demonstrations only")
     args = parser.parse_args()
     if args.command == "tasks":
         train, held = build_split_tasks(args.env)
+        demo = demonstration_tasks(args.env, train)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         save_jsonl(out / "train.jsonl", train)
         save_jsonl(out / "test.jsonl", held)
-        print(f"{out}: {len(train)} train tasks, {len(held)} held-out tasks (sets {', '.join(HELD_SEEDS)})")
+        save_jsonl(out / "demo.jsonl", demo)
+        print(
+            f"{out}: {len(train)} train tasks ({len(demo)} with demonstrations: demo.jsonl), "
+            f"{len(held)} held-out tasks (sets {', '.join(HELD_SEEDS)})"
+        )
     else:
-        branches = {name: Path(getattr(args, name)) for name in BRANCHES if getattr(args, name)}
-        print(report(Path(args.rl), branches, Path(args.out) if args.out else None, args.title), end="")
+        out = Path(args.out) if args.out else None
+        print(report([Path(r) for r in args.runs], BENCHES[args.env], out, args.title), end="")
 
 
 if __name__ == "__main__":

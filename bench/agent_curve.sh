@@ -3,12 +3,15 @@
 # successes, against a control that goes on training on the demonstrations
 # alone for the same number of optimizer steps; held-out success per policy.
 #
-#   bash bench/agent_curve.sh --env miniwob|textworld [--iterations N] [--arm rl|control|mixed|both]
-#                             [--data-path DIR] [--log-path DIR] [overrides...]
+#   bash bench/agent_curve.sh --env miniwob|miniwob-open|textworld [--iterations N] [--seeds 1,2]
+#                             [--arm rl|control|mixed|both] [--data-path DIR] [--log-path DIR] [overrides...]
 #
-# RL arm (<log>/rl): run.sh --rl-phase both for 1 + N iterations; iteration 1
+# Each training seed S runs its arms under <log>/seedS (the seed reaches the
+# rollouts, the trainer and each arm's draw). miniwob-open gives demonstrations
+# for three of its ten families only (bench/agent_curve.py BENCHES).
+# RL arm (<log>/seedS/rl): run.sh --rl-phase both for 1 + N iterations; iteration 1
 # trains on demonstration steps only (the warm start), the next N on the
-# policy's own successes (RFT). Control arm (<log>/control): N iterations from
+# policy's own successes (RFT). Control arm (<log>/seedS/control): N iterations from
 # the warm-started policy, each trained on as many demonstration steps as an RL
 # iteration's own steps (the RL arm keeps every policy: the others branch from
 # its v0001). Both evaluate every policy on two held-out sets,
@@ -29,7 +32,8 @@ source "$ROOT/scripts/lib/envs.sh"
 
 # Per environment: the episode settings, the warm start's demonstration steps,
 # and the steps each later iteration trains on (own successes or demonstrations).
-AGENT_WARM=128 AGENT_STEP_ROWS=32
+# The RL arm's train rollout each iteration: AGENT_TASKS tasks x AGENT_SAMPLES samples.
+AGENT_WARM=128 AGENT_STEP_ROWS=32 AGENT_TASKS=30 AGENT_SAMPLES=2
 declare -a AGENT_ENV=()
 
 agent_settings() {
@@ -39,12 +43,17 @@ agent_settings() {
       AGENT_ENV=(env=miniwob env.max_steps=5 env_config.server_size=4 policy_config.max_new_tokens=32)
       AGENT_WARM=128 AGENT_STEP_ROWS=32
       ;;
+    miniwob-open)
+      # seven of ten families have no demonstrations: more samples a task find the policy's rarer successes there
+      AGENT_ENV=(env=miniwob env.max_steps=5 env_config.server_size=4 policy_config.max_new_tokens=32)
+      AGENT_WARM=-1 AGENT_STEP_ROWS=32 AGENT_TASKS=36 AGENT_SAMPLES=4
+      ;;
     textworld)
       AGENT_ENV=(env=textworld env.max_steps=6 "env.games_dir=$data/textworld/games" env_config.server_size=8
         policy_config.max_new_tokens=24)
       AGENT_WARM=-1 AGENT_STEP_ROWS=16
       ;;
-    *) common_die 2 "--env must be miniwob or textworld (got '$env')" ;;
+    *) common_die 2 "--env must be miniwob, miniwob-open or textworld (got '$env')" ;;
   esac
 }
 
@@ -55,19 +64,50 @@ agent_run() {
   local -a resume=()
   [[ ! -e $log/metrics.jsonl ]] || resume=(--resume)
   bash "$ROOT/scripts/run.sh" --data-path "$data" --log-path "$log" --rl-phase both --eval-interval 1 --final-eval \
-    "${resume[@]}" "${AGENT_ENV[@]}" env_config.max_vllm_sessions=16 env_config.train_tasks_rollout_size=30 \
-    env_config.n_samples_per_task=2 env_config.test_greedy=true env_config.test_tasks_rollout_size=-1 \
+    "${resume[@]}" "${AGENT_ENV[@]}" env_config.max_vllm_sessions=16 "env_config.train_tasks_rollout_size=$AGENT_TASKS" \
+    "env_config.n_samples_per_task=$AGENT_SAMPLES" env_config.test_greedy=true env_config.test_tasks_rollout_size=-1 \
     algorithm.learning_rate=1e-4 algorithm.warmup_steps=0 algorithm.num_train_epochs=1 \
     algorithm.per_device_train_batch_size=2 algorithm.gradient_accumulation_steps=4 algorithm.cutoff_len=1024 \
     "data.demonstrations=$data/demos" "$@"
 }
 
+# agent_seed <log>/seed<S> <data> <S> <arm> <iterations> [extra...]: the arms of one training seed.
+agent_seed() {
+  local run=$1 data=$2 seed=$3 arm=$4 iterations=$5
+  shift 5
+  # the seed reaches the rollouts' sampling, the trainer and each arm's draw of steps
+  local -a seeded=("seed=$seed" "algorithm.seed=$seed")
+  if [[ $arm == rl || $arm == both ]]; then
+    common_log "seed $seed, RL arm: warm start (iteration 1), then $iterations iterations of RFT on own successes: $run/rl"
+    agent_run "$run/rl" "$data" --max-iterations $((iterations + 1)) "${seeded[@]}" \
+      "data.demonstration_samples=$AGENT_WARM" data.demonstration_last_iteration=1 \
+      "algorithm.selection.seed=$seed" "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" \
+      promotion.keep_last=1000 "$@"
+  fi
+  [[ $arm != rl ]] || return 0
+
+  [[ -d $run/rl/policy/v0001 ]] || common_die 1 "the RL arm has no warm-started policy ($run/rl/policy/v0001)"
+  if [[ $arm == mixed ]]; then
+    common_log "seed $seed, mixed arm: $iterations iterations on own successes + demonstrations: $run/mixed"
+    BATON_BASE_MODEL=$run/rl/policy/v0001 agent_run "$run/mixed" "$data" --max-iterations "$iterations" "${seeded[@]}" \
+      "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
+      "algorithm.selection.positive_samples_to_train=$((AGENT_STEP_ROWS / 2))" \
+      "algorithm.selection.seed=$((seed + 2000))" "$@"
+  else
+    common_log "seed $seed, control arm: $iterations iterations on demonstrations alone from the warm start: $run/control"
+    BATON_BASE_MODEL=$run/rl/policy/v0001 agent_run "$run/control" "$data" --max-iterations "$iterations" \
+      "${seeded[@]}" "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
+      "algorithm.selection.seed=$((seed + 1000))" env_config.train_tasks_rollout_size=2 \
+      env_config.n_samples_per_task=1 "$@"
+  fi
+}
+
 main() {
-  local env="" iterations=5 data="" log="" arm=both
+  local env="" iterations=5 data="" log="" arm=both seeds=1
   local -a extra=()
   while (($#)); do
     case "$1" in
-      --env | --iterations | --arm | --data-path | --log-path)
+      --env | --iterations | --arm | --data-path | --log-path | --seeds)
         [[ $# -ge 2 ]] || common_die 2 "$1 needs a value"
         case "$1" in
           --env) env=$2 ;;
@@ -75,19 +115,22 @@ main() {
           --arm) arm=$2 ;;
           --data-path) data=$2 ;;
           --log-path) log=$2 ;;
+          --seeds) seeds=$2 ;;
         esac
         shift 2
         ;;
       -h | --help)
-        sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         return 0
         ;;
       *) extra+=("$1") && shift ;;
     esac
   done
-  [[ -n $env ]] || common_die 2 "--env is required: miniwob or textworld"
+  [[ -n $env ]] || common_die 2 "--env is required: miniwob, miniwob-open or textworld"
   [[ $iterations =~ ^[1-9][0-9]*$ ]] || common_die 2 "--iterations must be a positive integer (got '$iterations')"
   [[ $arm =~ ^(rl|control|mixed|both)$ ]] || common_die 2 "--arm must be rl, control, mixed or both (got '$arm')"
+  [[ $seeds =~ ^[0-9]+(,[0-9]+)*$ ]] ||
+    common_die 2 "--seeds must be training seeds separated by commas, e.g. 1,2 (got '$seeds')"
   data=${data:-$(common_baton_home)/bench-data-$env}
   log=${log:-$(common_baton_home)/bench-logs/agent-$env}
   agent_settings "$env" "$data"
@@ -99,40 +142,24 @@ main() {
   if [[ ! -s $data/tasks/test.jsonl ]]; then
     PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve tasks --env "$env" --out "$data/tasks"
   fi
+  local demo_tasks=$data/tasks/demo.jsonl
+  [[ -s $demo_tasks ]] || demo_tasks=$data/tasks/train.jsonl # task folders written before demo.jsonl existed
   if [[ ! -s $data/demos/demonstrations.jsonl ]]; then
-    common_log "demonstrations: the $env expert on the train tasks"
-    PYTHONPATH="$ROOT" "$BATON_APP_PY" -m rollout_engine.demonstrations --env "$env" --tasks "$data/tasks/train.jsonl" \
-      --out "$data/demos" "${AGENT_ENV[@]:1}"
+    common_log "demonstrations: the expert on the train tasks of the families that have them ($demo_tasks)"
+    PYTHONPATH="$ROOT" "$BATON_APP_PY" -m rollout_engine.demonstrations --env "${AGENT_ENV[0]#env=}" \
+      --tasks "$demo_tasks" --out "$data/demos" "${AGENT_ENV[@]:1}"
   fi
 
-  if [[ $arm == rl || $arm == both ]]; then
-    common_log "RL arm: warm start (iteration 1), then $iterations iterations of RFT on own successes: $log/rl"
-    agent_run "$log/rl" "$data" --max-iterations $((iterations + 1)) \
-      "data.demonstration_samples=$AGENT_WARM" data.demonstration_last_iteration=1 \
-      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" promotion.keep_last=1000 "${extra[@]}"
-  fi
-  [[ $arm != rl ]] || return 0
-
-  [[ -d $log/rl/policy/v0001 ]] || common_die 1 "the RL arm has no warm-started policy ($log/rl/policy/v0001)"
-  if [[ $arm == mixed ]]; then
-    common_log "mixed arm: $iterations iterations on own successes + demonstrations from the warm start: $log/mixed"
-    BATON_BASE_MODEL=$log/rl/policy/v0001 agent_run "$log/mixed" "$data" --max-iterations "$iterations" \
-      "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
-      "algorithm.selection.positive_samples_to_train=$((AGENT_STEP_ROWS / 2))" algorithm.selection.seed=2 "${extra[@]}"
-  else
-    common_log "control arm: $iterations iterations on demonstrations alone from the warm start: $log/control"
-    BATON_BASE_MODEL=$log/rl/policy/v0001 agent_run "$log/control" "$data" --max-iterations "$iterations" \
-      "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
-      algorithm.selection.seed=1 env_config.train_tasks_rollout_size=2 env_config.n_samples_per_task=1 "${extra[@]}"
-  fi
-
-  local -a branches=()
-  local name
-  for name in control mixed; do
-    [[ ! -e $log/$name/metrics.jsonl ]] || branches+=("--$name" "$log/$name")
+  local seed
+  local -a runs=()
+  for seed in ${seeds//,/ }; do
+    agent_seed "$log/seed$seed" "$data" "$seed" "$arm" "$iterations" "${extra[@]}"
   done
-  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve report --rl "$log/rl" "${branches[@]}" \
-    --out "$log/agent-$env.png" --title "$env: warm start, then RL on own successes vs demonstrations only"
+  for seed in "$log"/seed*; do
+    [[ ! -e $seed/rl/metrics.jsonl ]] || runs+=("$seed")
+  done
+  PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve report --env "$env" --out "$log/agent-$env.png" \
+    --title "$env: warm start, then RL on own successes vs demonstrations only" "${runs[@]}"
 }
 
 # One line: bash parses it whole, so an edit of this file while it runs (git pull) cannot run stray bytes.

@@ -9,7 +9,9 @@ in gymnasium): its files are found through `importlib.util.find_spec`.
 Per episode: load the task page into the slot's page if it is not loaded,
 `Math.seedrandom(seed)`, raise `core.EPISODE_MAX_TIME`, `core.startEpisodeReal()`,
 wait for `WOB_TASK_READY`. The goal is `core.getUtterance()`; the observation is
-the aria snapshot of `#wrap` (elements carry `[ref=eN]`). Actions are parsed by
+the aria snapshot of `#wrap` (elements carry `[ref=eN]`), of `<body>` while a
+dialog is open (jQuery UI puts it there), with MiniWoB++'s link-styled spans
+given the link role. Actions are parsed by
 `actions.parse_web_action`: `click(REF)`, `type(REF, "TEXT")`, `answer("TEXT")`
 (ends the episode). A reply without an action, or one the page cannot perform
 (no such element, not a text box), is an invalid action. The page's raw reward
@@ -54,6 +56,16 @@ _START_EPISODE = """([seed, ms]) => {
   Math.seedrandom(seed); core.EPISODE_MAX_TIME = ms; core.startEpisodeReal();
 }"""
 _READ_RESULT = "() => [WOB_RAW_REWARD_GLOBAL, WOB_DONE_GLOBAL]"
+# Some pages draw links as styled spans (no role: the snapshot shows their words as plain text) and
+# jQuery UI appends dialogs to <body>, outside #wrap. The spans get the link role; with a dialog open
+# the snapshot is of <body>, less the reward display (last reward, episodes done) that lives there too.
+_EXPOSE = """() => {
+  document.querySelectorAll('span.alink:not([role])').forEach((e) => e.setAttribute('role', 'link'));
+  const dialog = document.querySelector('body > .ui-dialog') !== null;
+  const display = document.getElementById('reward-display');
+  if (dialog && display) { display.style.display = 'none'; }
+  return dialog;
+}"""
 
 
 def find_task_pages() -> Path:
@@ -246,4 +258,6 @@ class MiniWobEnv(Env):
 
 
 async def _snapshot(page: Any) -> str:
-    return str(await page.locator("#wrap").aria_snapshot(mode="ai"))
+    """The aria snapshot of what the task shows: `#wrap`, or `<body>` while a dialog is open (`_EXPOSE`)."""
+    dialog = await page.evaluate(_EXPOSE)
+    return str(await page.locator("body" if dialog else "#wrap").aria_snapshot(mode="ai"))

@@ -111,6 +111,9 @@ SOLVERS: dict[str, tuple[re.Pattern[str], Callable[..., list[Step]]]] = {
         lambda a, b: [click("button", a), click("button", b)],
     ),
     "click-tab": (re.compile(r"Click on (Tab #\d+)\."), lambda tab: [click("link", tab)]),
+    "click-link": (re.compile(r'Click on the link "(.+)"\.'), lambda name: [click("link", name)]),
+    # jQuery UI names its close button "Close"; the page calls it "x"
+    "click-dialog": (re.compile(r'Close the dialog box by clicking the "x"\.'), lambda: [click("button", "Close")]),
     "focus-text": (re.compile(r"Focus into the textbox\."), lambda: [click("textbox")]),
     "focus-text-2": (
         re.compile(r"Focus into the (\d+)(?:st|nd|rd|th) input textbox\."),

@@ -1,4 +1,5 @@
-"""bench/agent_curve.py: disjoint held-out sets, the Wilson interval, and the per-policy table of both arms."""
+"""bench/agent_curve.py: disjoint held-out sets, demonstrations for some families only, the Wilson interval,
+the per-policy tables of the arms, and the arms' last policies compared per seed and family."""
 
 from __future__ import annotations
 
@@ -7,9 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from bench.agent_curve import Sizes, build_split_tasks, evaluations, held_set, report, wilson
+from bench.agent_curve import (
+    BENCHES,
+    Sizes,
+    build_split_tasks,
+    demonstration_tasks,
+    evaluations,
+    held_set,
+    report,
+    wilson,
+)
 from rollout_engine.layout import Layout
 from rollout_engine.types import Trajectory
+
+
+def _family(task_id: str) -> str:
+    """mw-heldA-click-button-0003 -> click-button"""
+    return task_id.split("-", 2)[2].rsplit("-", 1)[0]
 
 
 def _log(path: Path, records: list[dict], journals: dict[int, list[tuple[str, bool]]]) -> Path:
@@ -19,7 +34,7 @@ def _log(path: Path, records: list[dict], journals: dict[int, list[tuple[str, bo
         folder = Layout(path).iteration_dir("test", iteration)
         folder.mkdir(parents=True)
         lines = [
-            Trajectory(f"{task}#0", task, 0, "test", iteration, 0, "miniwob", "x", 1, success=ok).to_json()
+            Trajectory(f"{task}#0", task, 0, "test", iteration, 0, "miniwob", _family(task), 1, success=ok).to_json()
             for task, ok in episodes
         ]
         (folder / "rank_0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -61,26 +76,59 @@ def test_evaluations_count_steps_before_each_policy_and_split_the_held_out_sets(
     assert rows[1].rate == pytest.approx(2 / 3)
 
 
-def test_report_puts_the_control_after_the_warm_start(tmp_path: Path) -> None:
-    rl = _log(
-        tmp_path / "rl",
+def test_open_bench_demonstrates_three_families_and_holds_out_every_family() -> None:
+    train, held = build_split_tasks("miniwob-open")
+    bench = BENCHES["miniwob-open"]
+    assert len(held) == 10 * 24 and len(train) == 10 * 20
+    demo = demonstration_tasks("miniwob-open", train)
+    assert {r["family"] for r in demo} == {"click-test", "focus-text", "enter-text"} and len(demo) == 60
+    assert {r["family"] for r in held} == set(bench.families)
+    # the benches before it demonstrate every family
+    assert demonstration_tasks("miniwob", build_split_tasks("miniwob", Sizes(train=2, held=1))[0]) != []
+    assert all(BENCHES["miniwob"].has_demonstrations(f) for f in BENCHES["miniwob"].families)
+
+
+def _seed(root: Path, rl_last: list[tuple[str, bool]], control_last: list[tuple[str, bool]]) -> Path:
+    warm = [("mw-heldA-click-test-0000", True), ("mw-heldA-click-button-0000", False)]
+    _log(
+        root / "rl",
         [
             {"iteration": 1, "served_version": None, "eval_success_rate": 0.0, "training_steps": 16},
             {"iteration": 2, "served_version": 1, "eval_success_rate": 0.5, "training_steps": 4},
+            {"iteration": 3, "served_version": 2, "eval_success_rate": 1.0},
         ],
-        {1: [("mw-heldA-x-0000", False)], 2: [("mw-heldA-x-0000", True), ("mw-heldB-x-0000", False)]},
+        {1: [("mw-heldA-click-test-0000", False)], 2: warm, 3: rl_last},
     )
-    control = _log(
-        tmp_path / "control",
+    _log(
+        root / "control",
         [
             {"iteration": 1, "served_version": None, "eval_success_rate": 0.5, "training_steps": 4},
-            {"iteration": 2, "served_version": 1, "eval_success_rate": 1.0},
+            {"iteration": 2, "served_version": 1, "eval_success_rate": 0.5},
         ],
-        {1: [("mw-heldA-x-0000", True), ("mw-heldB-x-0000", False)], 2: [("mw-heldA-x-0000", True)]},
+        {1: warm, 2: control_last},
     )
+    return root
+
+
+def test_report_compares_each_seeds_last_policies_pooled_and_per_family(tmp_path: Path) -> None:
+    both = [("mw-heldB-click-test-0001", True), ("mw-heldB-click-button-0001", True)]
+    demo_only = [("mw-heldB-click-test-0001", True), ("mw-heldB-click-button-0001", False)]
+    seed1 = _seed(tmp_path / "seed1", both, demo_only)
+    seed2 = _seed(tmp_path / "seed2", demo_only, both)
     out = tmp_path / "curve.png"
-    text = report(rl, {"control": control, "mixed": control}, out, "t")
-    assert "| warm start (RL v1) | 16 | **50.0 %** (9-91) | 1/1 | 0/1 | - |" in text
-    assert "| control v1 | 20 | **100.0 %** (21-100) | 1/1 | - | - |" in text
-    assert "| mixed v1 | 20 | **100.0 %** (21-100) | 1/1 | - | - |" in text
+    text = report([seed1, seed2], BENCHES["miniwob-open"], out, "t")
+    assert "| warm start (RL v1) | 16 | **50.0 %** (9-91) | 1/2 | - | - |" in text
+    assert "| control v1 | 20 | **50.0 %** (9-91) | - | 1/2 | - |" in text
+    # pooled, with demonstrations (click-test), without (click-button)
+    assert (
+        "| seed1 | RL on own successes | 20 | **100.0 %** (34-100), 2/2 | **100.0 %** (21-100), 1/1 | "
+        "**100.0 %** (21-100), 1/1 |"
+    ) in text
+    assert "| seed1 | control: demonstrations only | 20 | **50.0 %** (9-91), 1/2 | " in text
+    assert "seed1: RL 100.0 % at 20 steps against control 50.0 % at 20: +50.0 points, intervals overlap" in text
+    assert "seed2: RL 50.0 % at 20 steps against control 100.0 % at 20: -50.0 points, intervals overlap" in text
+    # the family table marks the families with demonstrations
+    assert "| seed | policy | click-test* | focus-text* | enter-text* | click-test-2 | click-button |" in text
+    assert "| seed1 | RL on own successes | 1/1 | 0/0 | 0/0 | 0/0 | 1/1 |" in text
+    assert "| seed2 | control | 1/1 | 0/0 | 0/0 | 0/0 | 1/1 |" in text
     assert out.read_bytes()[:4] == b"\x89PNG"
