@@ -243,21 +243,27 @@ class SeedRun:
     arms: dict[str, list[Evaluation]]
     tables: str
 
+    def finals(self) -> list[tuple[str, Evaluation]]:
+        """The warm start, then each arm's last evaluated policy (an arm with one after its start)."""
+        starts = [rows[1] for rows in self.arms.values() if len(rows) > 1]
+        return [("warm start", starts[0])] * bool(starts) + [
+            (label, rows[-1]) for label, rows in self.arms.items() if len(rows) > 2
+        ]
+
 
 def read_seed(run: Path) -> SeedRun:
-    """The RL arm (run/rl) and each arm branched from its warm start (run/control, run/mixed) that has a record."""
-    rl_rows = evaluations(run / "rl", "RL", 0, "base model")
-    if len(rl_rows) > 1:
-        rl_rows[1].label = "warm start (RL v1)"
-    arms = {RL_LABEL: rl_rows}
-    tables = f"RL arm ({run / 'rl'}):\n\n{markdown(rl_rows)}\n"
-    warm_steps = rl_rows[1].steps if len(rl_rows) > 1 else 0
-    for name, label in BRANCHES.items():
+    """The base model and the warm start (run/warm), then every arm from its policy (run/rl, run/control,
+    run/mixed) that has a record; each arm's rows begin with the base model's."""
+    base = evaluations(run / "warm", "warm", 0, "base model")[:1]
+    warm_steps = sum(int(r.get("training_steps") or 0) for r in iteration_records(run / "warm"))
+    arms: dict[str, list[Evaluation]] = {}
+    tables = f"warm start ({run / 'warm'}): {warm_steps} optimizer steps on demonstrations\n\n{markdown(base)}\n"
+    for name, label in {"rl": RL_LABEL, **BRANCHES}.items():
         path = run / name
         if not (path / "metrics.jsonl").exists():
             continue
-        rows = evaluations(path, name, warm_steps, f"warm start ({name}'s start)")
-        arms[label] = [*rl_rows[:1], *rows]
+        rows = evaluations(path, "RL" if name == "rl" else name, warm_steps, f"warm start ({name}'s start)")
+        arms[label] = [*base, *rows]
         tables += f"\n{name} arm ({path}):\n\n{markdown(rows)}\n"
     return SeedRun(run.name, arms, tables)
 
@@ -285,13 +291,10 @@ def comparison(seeds: list[SeedRun], bench: Bench) -> str:
     lines = [f"| seed | policy | optimizer steps | {head} |", "|---|---|---|" + "---|" * len(groups)]
     leads = []
     for seed in seeds:
-        rl = seed.arms[RL_LABEL]
-        finals = [("warm start", rl[1])] if len(rl) > 1 else []
-        finals += [(label, rows[-1]) for label, rows in seed.arms.items() if len(rows) > 2]
-        for label, row in finals:
+        for label, row in seed.finals():
             cells = " | ".join(_rate(*pooled(row, fams)) for _, fams in groups)
             lines.append(f"| {seed.name} | {label} | {row.steps} | {cells} |")
-        control = seed.arms.get(BRANCHES["control"], [])
+        rl, control = seed.arms.get(RL_LABEL, []), seed.arms.get(BRANCHES["control"], [])
         if len(rl) > 2 and len(control) > 2:
             a, b = rl[-1], control[-1]
             apart = a.interval()[0] > b.interval()[1]
@@ -305,14 +308,12 @@ def comparison(seeds: list[SeedRun], bench: Bench) -> str:
 
 def family_table(seeds: list[SeedRun], bench: Bench) -> str:
     """Held-out successes per family of the warm start and each arm's last policy (* = with demonstrations)."""
-    families = bench.families or tuple(sorted({f for s in seeds for r in s.arms[RL_LABEL] for f in r.families}))
+    families = bench.families or tuple(sorted({f for s in seeds for rows in s.arms.values() for f in rows[0].families}))
     names = [f"{f}{'*' if bench.demo_families is not None and f in bench.demo_families else ''}" for f in families]
     lines = [f"| seed | policy | {' | '.join(names)} |", "|---|---|" + "---|" * len(families)]
     for seed in seeds:
-        rl = seed.arms[RL_LABEL]
-        finals = [("warm start", rl[1])] if len(rl) > 1 else []
-        finals += [(label.split(":")[0], rows[-1]) for label, rows in seed.arms.items() if len(rows) > 2]
-        for label, row in finals:
+        for label, row in seed.finals():
+            label = label.split(":")[0]
             cells = " | ".join("{}/{}".format(*row.families.get(f, (0, 0))) for f in families)
             lines.append(f"| {seed.name} | {label} | {cells} |")
     return "\n".join(lines) + "\n"

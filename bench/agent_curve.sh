@@ -6,19 +6,18 @@
 #   bash bench/agent_curve.sh --env miniwob|miniwob-open|textworld [--iterations N] [--seeds 1,2]
 #                             [--arm rl|control|mixed|both] [--data-path DIR] [--log-path DIR] [overrides...]
 #
-# Each training seed S runs its arms under <log>/seedS (the seed reaches the
-# rollouts, the trainer and each arm's draw). miniwob-open gives demonstrations
+# Each training seed S runs under <log>/seedS (the seed reaches the rollouts,
+# the trainer and each arm's draw of steps). miniwob-open gives demonstrations
 # for three of its ten families only (bench/agent_curve.py BENCHES).
-# RL arm (<log>/seedS/rl): run.sh --rl-phase both for 1 + N iterations; iteration 1
-# trains on demonstration steps only (the warm start), the next N on the
-# policy's own successes (RFT). Control arm (<log>/seedS/control): N iterations from
-# the warm-started policy, each trained on as many demonstration steps as an RL
-# iteration's own steps (the RL arm keeps every policy: the others branch from
-# its v0001). Both evaluate every policy on two held-out sets,
-# greedy. The control arm samples only a token train rollout (it trains on
-# none of it). --arm mixed (not in "both"): N iterations from the warm start on
-# half own successes, half demonstration steps. --arm control or mixed runs
-# beside --arm rl (another BATON_VLLM_PORT) once the warm start is promoted.
+# Warm start (<log>/seedS/warm): the base model's held-out evaluation, then one
+# update on the demonstration steps. Every arm starts from its policy (v0001)
+# and runs N iterations (run.sh --rl-phase both), each evaluating the policy it
+# serves on two held-out sets, greedy, then the last one (--final-eval):
+#   rl       trains on the policy's own successes (RFT, shortest success per task);
+#   control  trains on as many demonstration steps (a seeded draw each iteration) and
+#            samples only a token train rollout;
+#   mixed    (not in "both") half own successes, half demonstration steps.
+# An arm runs beside another (another BATON_VLLM_PORT) once the warm start is there.
 # Reruns skip what is done. Outside CI: about 90 minutes (miniwob, N=5)
 # on 2 cores. Record the table and the plot in docs/benchmarks.md (section 3d).
 set -Eeuo pipefail
@@ -63,7 +62,7 @@ agent_run() {
   shift 2
   local -a resume=()
   [[ ! -e $log/metrics.jsonl ]] || resume=(--resume)
-  bash "$ROOT/scripts/run.sh" --data-path "$data" --log-path "$log" --rl-phase both --eval-interval 1 --final-eval \
+  bash "$ROOT/scripts/run.sh" --data-path "$data" --log-path "$log" --rl-phase both --eval-interval 1 \
     "${resume[@]}" "${AGENT_ENV[@]}" env_config.max_vllm_sessions=16 "env_config.train_tasks_rollout_size=$AGENT_TASKS" \
     "env_config.n_samples_per_task=$AGENT_SAMPLES" env_config.test_greedy=true env_config.test_tasks_rollout_size=-1 \
     algorithm.learning_rate=1e-4 algorithm.warmup_steps=0 algorithm.num_train_epochs=1 \
@@ -77,28 +76,32 @@ agent_seed() {
   shift 5
   # the seed reaches the rollouts' sampling, the trainer and each arm's draw of steps
   local -a seeded=("seed=$seed" "algorithm.seed=$seed")
+  local -a token_rollout=(env_config.train_tasks_rollout_size=2 env_config.n_samples_per_task=1)
+  # the warm start: the base model's held-out evaluation, then one update on demonstration steps alone
+  # (its train rollout is a token one: nothing of it is trained on)
+  common_log "seed $seed, warm start: one update on demonstrations: $run/warm"
+  agent_run "$run/warm" "$data" --max-iterations 1 "${seeded[@]}" "data.demonstration_samples=$AGENT_WARM" \
+    algorithm.selection.positive_samples_to_train=0 "algorithm.selection.seed=$seed" "${token_rollout[@]}" "$@"
+  [[ -d $run/warm/policy/v0001 ]] || common_die 1 "the warm start promoted no policy ($run/warm/policy/v0001)"
+  local warm=$run/warm/policy/v0001
   if [[ $arm == rl || $arm == both ]]; then
-    common_log "seed $seed, RL arm: warm start (iteration 1), then $iterations iterations of RFT on own successes: $run/rl"
-    agent_run "$run/rl" "$data" --max-iterations $((iterations + 1)) "${seeded[@]}" \
-      "data.demonstration_samples=$AGENT_WARM" data.demonstration_last_iteration=1 \
-      "algorithm.selection.seed=$seed" "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" \
-      promotion.keep_last=1000 "$@"
+    common_log "seed $seed, RL arm: $iterations iterations of RFT on own successes from the warm start: $run/rl"
+    BATON_BASE_MODEL=$warm agent_run "$run/rl" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
+      data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
+      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "$@"
   fi
-  [[ $arm != rl ]] || return 0
-
-  [[ -d $run/rl/policy/v0001 ]] || common_die 1 "the RL arm has no warm-started policy ($run/rl/policy/v0001)"
   if [[ $arm == mixed ]]; then
     common_log "seed $seed, mixed arm: $iterations iterations on own successes + demonstrations: $run/mixed"
-    BATON_BASE_MODEL=$run/rl/policy/v0001 agent_run "$run/mixed" "$data" --max-iterations "$iterations" "${seeded[@]}" \
+    BATON_BASE_MODEL=$warm agent_run "$run/mixed" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
       "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.positive_samples_to_train=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.seed=$((seed + 2000))" "$@"
-  else
+  fi
+  if [[ $arm == control || $arm == both ]]; then
     common_log "seed $seed, control arm: $iterations iterations on demonstrations alone from the warm start: $run/control"
-    BATON_BASE_MODEL=$run/rl/policy/v0001 agent_run "$run/control" "$data" --max-iterations "$iterations" \
-      "${seeded[@]}" "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
-      "algorithm.selection.seed=$((seed + 1000))" env_config.train_tasks_rollout_size=2 \
-      env_config.n_samples_per_task=1 "$@"
+    BATON_BASE_MODEL=$warm agent_run "$run/control" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
+      "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
+      "algorithm.selection.seed=$((seed + 1000))" "${token_rollout[@]}" "$@"
   fi
 }
 
@@ -120,7 +123,7 @@ main() {
         shift 2
         ;;
       -h | --help)
-        sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         return 0
         ;;
       *) extra+=("$1") && shift ;;
@@ -156,7 +159,7 @@ main() {
     agent_seed "$log/seed$seed" "$data" "$seed" "$arm" "$iterations" "${extra[@]}"
   done
   for seed in "$log"/seed*; do
-    [[ ! -e $seed/rl/metrics.jsonl ]] || runs+=("$seed")
+    [[ ! -e $seed/warm/metrics.jsonl ]] || runs+=("$seed")
   done
   PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve report --env "$env" --out "$log/agent-$env.png" \
     --title "$env: warm start, then RL on own successes vs demonstrations only" "${runs[@]}"

@@ -89,24 +89,22 @@ def test_open_bench_demonstrates_three_families_and_holds_out_every_family() -> 
 
 
 def _seed(root: Path, rl_last: list[tuple[str, bool]], control_last: list[tuple[str, bool]]) -> Path:
+    """<root>/warm (the base model evaluated, 16 steps), then one 4-step iteration of each arm from it."""
     warm = [("mw-heldA-click-test-0000", True), ("mw-heldA-click-button-0000", False)]
     _log(
-        root / "rl",
-        [
-            {"iteration": 1, "served_version": None, "eval_success_rate": 0.0, "training_steps": 16},
-            {"iteration": 2, "served_version": 1, "eval_success_rate": 0.5, "training_steps": 4},
-            {"iteration": 3, "served_version": 2, "eval_success_rate": 1.0},
-        ],
-        {1: [("mw-heldA-click-test-0000", False)], 2: warm, 3: rl_last},
+        root / "warm",
+        [{"iteration": 1, "served_version": None, "eval_success_rate": 0.0, "training_steps": 16}],
+        {1: [("mw-heldA-click-test-0000", False)]},
     )
-    _log(
-        root / "control",
-        [
-            {"iteration": 1, "served_version": None, "eval_success_rate": 0.5, "training_steps": 4},
-            {"iteration": 2, "served_version": 1, "eval_success_rate": 0.5},
-        ],
-        {1: warm, 2: control_last},
-    )
+    for arm, last in (("rl", rl_last), ("control", control_last)):
+        _log(
+            root / arm,
+            [
+                {"iteration": 1, "served_version": None, "eval_success_rate": 0.5, "training_steps": 4},
+                {"iteration": 2, "served_version": 1, "eval_success_rate": 0.5},
+            ],
+            {1: warm, 2: last},
+        )
     return root
 
 
@@ -117,7 +115,9 @@ def test_report_compares_each_seeds_last_policies_pooled_and_per_family(tmp_path
     seed2 = _seed(tmp_path / "seed2", demo_only, both)
     out = tmp_path / "curve.png"
     text = report([seed1, seed2], BENCHES["miniwob-open"], out, "t")
-    assert "| warm start (RL v1) | 16 | **50.0 %** (9-91) | 1/2 | - | - |" in text
+    assert "| base model | 0 | **0.0 %** (0-79) | 0/1 | - |" in text
+    assert "| warm start (rl's start) | 16 | **50.0 %** (9-91) | 1/2 | - | - |" in text
+    assert "| RL v1 | 20 | **100.0 %** (34-100) | - | 2/2 | - |" in text
     assert "| control v1 | 20 | **50.0 %** (9-91) | - | 1/2 | - |" in text
     # pooled, with demonstrations (click-test), without (click-button)
     assert (
