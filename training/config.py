@@ -77,8 +77,8 @@ class RFTSelectionConfig(SelectionConfig):
     """Filtered behaviour cloning: steps of successful trajectories (WebGym's recipe)."""
 
     _target_: str = "training.selection.RFTSelector"
-    #: how many steps to draw (all when fewer exist)
-    positive_samples_to_train: int = setting(1800, Range(low=1))
+    #: how many steps to draw (all when fewer exist); 0 = none: an update on demonstrations alone
+    positive_samples_to_train: int = setting(1800, Range(low=0, note="0 = none (demonstrations alone)"))
     #: a step of iteration i (oldest used = 1) is drawn with weight i**power; 0 = uniform
     recency_bias_power: float = setting(2.0, Range(0, 100))
     #: at most this many successes per task and iteration, the shortest replies first (0 = all; against length drift,

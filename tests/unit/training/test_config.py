@@ -60,6 +60,13 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
         assert needle in text
 
 
+def test_an_update_on_demonstrations_alone_is_a_valid_rft_setting(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    validate(load(tmp_path, "algorithm.selection.positive_samples_to_train=0"))
+    with pytest.raises(ConfigError, match=r"positive_samples_to_train must be >= 0.* \(got -1\)"):
+        validate(load(tmp_path, "algorithm.selection.positive_samples_to_train=-1"))
+
+
 def test_unknown_choice_is_rejected_by_the_schema(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"launch\.deepspeed must be one of"):
         validate(load(tmp_path, "launch.deepspeed=zero9"))

@@ -64,6 +64,12 @@ def test_rft_uses_all_eligible_steps_when_fewer_than_requested() -> None:
     assert len(selection.samples) == 1
 
 
+def test_rft_draws_no_own_step_when_asked_for_none() -> None:
+    # positive_samples_to_train=0: an update on demonstrations alone (the agent bench's control arm)
+    selection = RFTSelector(positive_samples_to_train=0).select([traj("a", 0, True)], iteration=0, cutoff_len=99)
+    assert selection.samples == []
+
+
 def reply(tokens: int) -> list:
     t = turn()
     t.completion_token_ids = list(range(tokens))
