@@ -30,6 +30,7 @@ from typing import Any
 
 from coordinator.summary import iteration_records
 from rollout_engine.files import save_jsonl
+from rollout_engine.layout import Layout
 from training.journal import load_trajectories
 
 #: MiniWoB++ families the page solvers cover and a 135M model can read in 5 steps
@@ -260,7 +261,7 @@ def read_seed(run: Path) -> SeedRun:
     tables = f"warm start ({run / 'warm'}): {warm_steps} optimizer steps on demonstrations\n\n{markdown(base)}\n"
     for name, label in {"rl": RL_LABEL, **BRANCHES}.items():
         path = run / name
-        if not (path / "metrics.jsonl").exists():
+        if not Layout(path).metrics.exists():
             continue
         rows = evaluations(path, "RL" if name == "rl" else name, warm_steps, f"warm start ({name}'s start)")
         arms[label] = [*base, *rows]
