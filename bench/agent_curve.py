@@ -230,6 +230,7 @@ def markdown(rows: list[Evaluation]) -> str:
 
 #: arms that start from the RL arm's warm start: (log folder, label in tables and plots)
 BRANCHES = {
+    "rl-plain": "RL, RFT's defaults alone",
     "control": "control: demonstrations only",
     "mixed": "mixed: own successes + demonstrations",
 }

@@ -4,7 +4,7 @@
 # alone for the same number of optimizer steps; held-out success per policy.
 #
 #   bash bench/agent_curve.sh --env miniwob|miniwob-open|textworld [--iterations N] [--seeds 1,2]
-#                             [--arm rl|control|mixed|both] [--data-path DIR] [--log-path DIR] [overrides...]
+#                             [--arm rl|rl-plain|control|mixed|both] [--data-path DIR] [--log-path DIR] [overrides...]
 #
 # Each training seed S runs under <log>/seedS (the seed reaches the rollouts,
 # the trainer and each arm's draw of steps). miniwob-open gives demonstrations
@@ -13,7 +13,9 @@
 # update on the demonstration steps. Every arm starts from its policy (v0001)
 # and runs N iterations (run.sh --rl-phase both), each evaluating the policy it
 # serves on two held-out sets, greedy, then the last one (--final-eval):
-#   rl       trains on the policy's own successes (RFT, shortest success per task);
+#   rl       trains on the policy's own successes (RFT, shortest success per task; miniwob-open:
+#            of the tasks whose samples disagree);
+#   rl-plain (not in "both") the same without the miniwob-open selection settings (their A/B);
 #   control  trains on as many demonstration steps (a seeded draw each iteration) and
 #            samples only a token train rollout;
 #   mixed    (not in "both") half own successes, half demonstration steps.
@@ -31,9 +33,10 @@ source "$ROOT/scripts/lib/envs.sh"
 
 # Per environment: the episode settings, the warm start's demonstration steps,
 # and the steps each later iteration trains on (own successes or demonstrations).
-# The RL arm's train rollout each iteration: AGENT_TASKS tasks x AGENT_SAMPLES samples.
+# The RL arm's train rollout each iteration: AGENT_TASKS tasks x AGENT_SAMPLES samples; AGENT_RL: its
+# selection settings beyond RFT's defaults.
 AGENT_WARM=128 AGENT_STEP_ROWS=32 AGENT_TASKS=30 AGENT_SAMPLES=2
-declare -a AGENT_ENV=()
+declare -a AGENT_ENV=() AGENT_RL=()
 
 agent_settings() {
   local env=$1 data=$2
@@ -46,6 +49,8 @@ agent_settings() {
       # seven of ten families have no demonstrations: more samples a task find the policy's rarer successes there
       AGENT_ENV=(env=miniwob env.max_steps=5 env_config.server_size=4 policy_config.max_new_tokens=32)
       AGENT_WARM=-1 AGENT_STEP_ROWS=32 AGENT_TASKS=36 AGENT_SAMPLES=4
+      # only tasks whose samples disagree: the rest (all solved, or none) teach nothing new (§3d's A/B: rl-plain)
+      AGENT_RL=(algorithm.selection.disagreement_filter=true)
       ;;
     textworld)
       AGENT_ENV=(env=textworld env.max_steps=6 "env.games_dir=$data/textworld/games" env_config.server_size=8
@@ -77,30 +82,40 @@ agent_seed() {
   # the seed reaches the rollouts' sampling, the trainer and each arm's draw of steps
   local -a seeded=("seed=$seed" "algorithm.seed=$seed")
   local -a token_rollout=(env_config.train_tasks_rollout_size=2 env_config.n_samples_per_task=1)
+  # every arm takes the same optimizer steps an iteration, however many rows it has (batch 2 x 4)
+  local -a steps=("algorithm.max_steps=$((AGENT_STEP_ROWS / 8))")
   # the warm start: the base model's held-out evaluation, then one update on demonstration steps alone
   # (its train rollout is a token one: nothing of it is trained on)
-  common_log "seed $seed, warm start: one update on demonstrations: $run/warm"
-  agent_run "$run/warm" "$data" --max-iterations 1 "${seeded[@]}" "data.demonstration_samples=$AGENT_WARM" \
-    algorithm.selection.positive_samples_to_train=0 "algorithm.selection.seed=$seed" "${token_rollout[@]}" "$@"
+  if [[ ! -d $run/warm/policy/v0001 ]]; then # promoted last: there, the warm start is done
+    common_log "seed $seed, warm start: one update on demonstrations: $run/warm"
+    agent_run "$run/warm" "$data" --max-iterations 1 "${seeded[@]}" "data.demonstration_samples=$AGENT_WARM" \
+      algorithm.selection.positive_samples_to_train=0 "algorithm.selection.seed=$seed" "${token_rollout[@]}" "$@"
+  fi
   [[ -d $run/warm/policy/v0001 ]] || common_die 1 "the warm start promoted no policy ($run/warm/policy/v0001)"
   local warm=$run/warm/policy/v0001
   if [[ $arm == rl || $arm == both ]]; then
     common_log "seed $seed, RL arm: $iterations iterations of RFT on own successes from the warm start: $run/rl"
     BATON_BASE_MODEL=$warm agent_run "$run/rl" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
-      data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
+      "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
+      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "${AGENT_RL[@]}" "$@"
+  fi
+  if [[ $arm == rl-plain ]]; then
+    common_log "seed $seed, RL arm with RFT's defaults alone (no ${AGENT_RL[*]}): $run/rl-plain"
+    BATON_BASE_MODEL=$warm agent_run "$run/rl-plain" "$data" --max-iterations "$iterations" --final-eval \
+      "${seeded[@]}" "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
       "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "$@"
   fi
   if [[ $arm == mixed ]]; then
     common_log "seed $seed, mixed arm: $iterations iterations on own successes + demonstrations: $run/mixed"
     BATON_BASE_MODEL=$warm agent_run "$run/mixed" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
-      "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
+      "${steps[@]}" "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.positive_samples_to_train=$((AGENT_STEP_ROWS / 2))" \
-      "algorithm.selection.seed=$((seed + 2000))" "$@"
+      "algorithm.selection.seed=$((seed + 2000))" "${AGENT_RL[@]}" "$@"
   fi
   if [[ $arm == control || $arm == both ]]; then
     common_log "seed $seed, control arm: $iterations iterations on demonstrations alone from the warm start: $run/control"
     BATON_BASE_MODEL=$warm agent_run "$run/control" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
-      "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
+      "${steps[@]}" "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
       "algorithm.selection.seed=$((seed + 1000))" "${token_rollout[@]}" "$@"
   fi
 }
@@ -123,7 +138,7 @@ main() {
         shift 2
         ;;
       -h | --help)
-        sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         return 0
         ;;
       *) extra+=("$1") && shift ;;
@@ -131,7 +146,8 @@ main() {
   done
   [[ -n $env ]] || common_die 2 "--env is required: miniwob, miniwob-open or textworld"
   [[ $iterations =~ ^[1-9][0-9]*$ ]] || common_die 2 "--iterations must be a positive integer (got '$iterations')"
-  [[ $arm =~ ^(rl|control|mixed|both)$ ]] || common_die 2 "--arm must be rl, control, mixed or both (got '$arm')"
+  [[ $arm =~ ^(rl|rl-plain|control|mixed|both)$ ]] ||
+    common_die 2 "--arm must be rl, rl-plain, control, mixed or both (got '$arm')"
   [[ $seeds =~ ^[0-9]+(,[0-9]+)*$ ]] ||
     common_die 2 "--seeds must be training seeds separated by commas, e.g. 1,2 (got '$seeds')"
   data=${data:-$(common_baton_home)/bench-data-$env}
