@@ -247,10 +247,8 @@ class SeedRun:
 
     def finals(self) -> list[tuple[str, Evaluation]]:
         """The warm start, then each arm's last evaluated policy (an arm with one after its start)."""
-        starts = [rows[1] for rows in self.arms.values() if len(rows) > 1]
-        return [("warm start", starts[0])] * bool(starts) + [
-            (label, rows[-1]) for label, rows in self.arms.items() if len(rows) > 2
-        ]
+        starts = [("warm start", rows[1]) for rows in self.arms.values() if len(rows) > 1]
+        return starts[:1] + [(label, rows[-1]) for label, rows in self.arms.items() if len(rows) > 2]
 
 
 def read_seed(run: Path) -> SeedRun:
@@ -284,7 +282,7 @@ def pooled(row: Evaluation, families: tuple[str, ...] | None) -> tuple[int, int]
 
 
 def comparison(seeds: list[SeedRun], bench: Bench) -> str:
-    """Per seed: the warm start and each arm's last evaluation, with the RL arm's lead over the control."""
+    """Per seed: the warm start and each arm's last evaluation, with each arm's lead over the control."""
     groups: list[tuple[str, tuple[str, ...] | None]] = [("all held-out", None)]
     if bench.demo_families is not None:
         groups.append(("families with demonstrations", tuple(bench.demo_families)))
@@ -296,15 +294,17 @@ def comparison(seeds: list[SeedRun], bench: Bench) -> str:
         for label, row in seed.finals():
             cells = " | ".join(_rate(*pooled(row, fams)) for _, fams in groups)
             lines.append(f"| {seed.name} | {label} | {row.steps} | {cells} |")
-        rl, control = seed.arms.get(RL_LABEL, []), seed.arms.get(BRANCHES["control"], [])
-        if len(rl) > 2 and len(control) > 2:
-            a, b = rl[-1], control[-1]
-            apart = a.interval()[0] > b.interval()[1]
-            leads.append(
-                f"{seed.name}: RL {100 * a.rate:.1f} % at {a.steps} steps against control {100 * b.rate:.1f} % "
-                f"at {b.steps}: {100 * (a.rate - b.rate):+.1f} points, intervals "
-                f"{'apart' if apart else 'overlap'}"
-            )
+        control = seed.arms.get(BRANCHES["control"], [])
+        for name, label in {"RL": RL_LABEL, "rl-plain": BRANCHES["rl-plain"], "mixed": BRANCHES["mixed"]}.items():
+            rows = seed.arms.get(label, [])
+            if len(rows) > 2 and len(control) > 2:
+                a, b = rows[-1], control[-1]
+                apart = a.interval()[0] > b.interval()[1]
+                leads.append(
+                    f"{seed.name}: {name} {100 * a.rate:.1f} % at {a.steps} steps against control "
+                    f"{100 * b.rate:.1f} % at {b.steps}: {100 * (a.rate - b.rate):+.1f} points, intervals "
+                    f"{'apart' if apart else 'overlap'}"
+                )
     return "\n".join(lines) + ("\n\n" + "\n".join(leads) if leads else "") + "\n"
 
 
@@ -336,11 +336,11 @@ def save_plot(seeds: list[SeedRun], bench: Bench, out: Path, title: str) -> None
     styles = ["-", "--", ":", "-."]
     for ax, (panel, families) in zip(axes[0], panels, strict=True):
         for seed_index, seed in enumerate(seeds):
-            for arm_index, (arm, rows) in enumerate(seed.arms.items()):
+            for arm, rows in seed.arms.items():
                 xs = [r.steps for r in rows]
                 rates = [pooled(r, families) for r in rows]
                 bands = [wilson(*pair) for pair in rates]
-                colour = f"C{arm_index}"
+                colour = f"C{[RL_LABEL, *BRANCHES.values()].index(arm)}"  # one colour an arm, in every seed
                 ax.plot(
                     xs,
                     [100 * won / max(1, seen) for won, seen in rates],
