@@ -298,7 +298,9 @@ def comparison(seeds: list[SeedRun], bench: Bench) -> str:
         for name, label in {"RL": RL_LABEL, "rl-plain": BRANCHES["rl-plain"], "mixed": BRANCHES["mixed"]}.items():
             rows = seed.arms.get(label, [])
             if len(rows) > 2 and len(control) > 2:
-                a, b = rows[-1], control[-1]
+                # at the same optimizer steps: an update with too few rows trains none (run.sh skips it)
+                a = rows[-1]
+                b = next((r for r in reversed(control[2:]) if r.steps == a.steps), control[-1])
                 apart = a.interval()[0] > b.interval()[1]
                 leads.append(
                     f"{seed.name}: {name} {100 * a.rate:.1f} % at {a.steps} steps against control "

@@ -132,3 +132,30 @@ def test_report_compares_each_seeds_last_policies_pooled_and_per_family(tmp_path
     assert "| seed1 | RL on own successes | 1/1 | 0/0 | 0/0 | 0/0 | 1/1 |" in text
     assert "| seed2 | control | 1/1 | 0/0 | 0/0 | 0/0 | 1/1 |" in text
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_arm_that_trained_fewer_steps_is_compared_with_the_control_at_its_steps(tmp_path: Path) -> None:
+    # the RL arm's first update found too few rows and trained none: 4 steps after the warm start, not 8
+    run = tmp_path / "seed1"
+    _log(run / "warm", [{"iteration": 1, "eval_success_rate": 0.0, "training_steps": 10}], {1: []})
+    won, lost = ("mw-heldA-click-link-0000", True), ("mw-heldA-click-link-0000", False)
+    _log(
+        run / "rl",
+        [
+            {"iteration": 1, "served_version": None, "eval_success_rate": 0.0, "training_steps": 0},
+            {"iteration": 2, "served_version": None, "eval_success_rate": 0.0, "training_steps": 4},
+            {"iteration": 3, "served_version": 1, "eval_success_rate": 1.0},
+        ],
+        {1: [lost], 2: [lost], 3: [won]},
+    )
+    _log(
+        run / "control",
+        [
+            {"iteration": 1, "served_version": None, "eval_success_rate": 0.0, "training_steps": 4},
+            {"iteration": 2, "served_version": 1, "eval_success_rate": 0.0, "training_steps": 4},
+            {"iteration": 3, "served_version": 2, "eval_success_rate": 1.0},
+        ],
+        {1: [lost], 2: [lost], 3: [won]},
+    )
+    text = report([run], BENCHES["miniwob-open"], None, "t")
+    assert "seed1: RL 100.0 % at 14 steps against control 0.0 % at 14: +100.0 points, intervals overlap" in text
