@@ -230,7 +230,7 @@ def markdown(rows: list[Evaluation]) -> str:
 
 #: arms that start from the RL arm's warm start: (log folder, label in tables and plots)
 BRANCHES = {
-    "rl-plain": "RL, RFT's defaults alone",
+    "rl-disagree": "RL, tasks whose samples disagree",
     "control": "control: demonstrations only",
     "mixed": "mixed: own successes + demonstrations",
 }
@@ -295,7 +295,7 @@ def comparison(seeds: list[SeedRun], bench: Bench) -> str:
             cells = " | ".join(_rate(*pooled(row, fams)) for _, fams in groups)
             lines.append(f"| {seed.name} | {label} | {row.steps} | {cells} |")
         control = seed.arms.get(BRANCHES["control"], [])
-        for name, label in {"RL": RL_LABEL, "rl-plain": BRANCHES["rl-plain"], "mixed": BRANCHES["mixed"]}.items():
+        for name, label in {"RL": RL_LABEL, "rl-disagree": BRANCHES["rl-disagree"], "mixed": BRANCHES["mixed"]}.items():
             rows = seed.arms.get(label, [])
             if len(rows) > 2 and len(control) > 2:
                 # at the same optimizer steps: an update with too few rows trains none (run.sh skips it)

@@ -4,7 +4,7 @@
 # alone for the same number of optimizer steps; held-out success per policy.
 #
 #   bash bench/agent_curve.sh --env miniwob|miniwob-open|textworld [--iterations N] [--seeds 1,2]
-#                             [--arm rl|rl-plain|control|mixed|both] [--data-path DIR] [--log-path DIR] [overrides...]
+#                             [--arm rl|rl-disagree|control|mixed|both] [--data-path DIR] [--log-path DIR] [overrides...]
 #
 # Each training seed S runs under <log>/seedS (the seed reaches the rollouts,
 # the trainer and each arm's draw of steps). miniwob-open gives demonstrations
@@ -13,9 +13,8 @@
 # update on the demonstration steps. Every arm starts from its policy (v0001)
 # and runs N iterations (run.sh --rl-phase both), each evaluating the policy it
 # serves on two held-out sets, greedy, then the last one (--final-eval):
-#   rl       trains on the policy's own successes (RFT, shortest success per task; miniwob-open:
-#            of the tasks whose samples disagree);
-#   rl-plain (not in "both") the same without the miniwob-open selection settings (their A/B);
+#   rl       trains on the policy's own successes (RFT, shortest success per task);
+#   rl-disagree (not in "both") the same on the tasks whose samples disagree only (an A/B);
 #   control  trains on as many demonstration steps (a seeded draw each iteration) and
 #            samples only a token train rollout;
 #   mixed    (not in "both") half own successes, half demonstration steps.
@@ -33,10 +32,9 @@ source "$ROOT/scripts/lib/envs.sh"
 
 # Per environment: the episode settings, the warm start's demonstration steps,
 # and the steps each later iteration trains on (own successes or demonstrations).
-# The RL arm's train rollout each iteration: AGENT_TASKS tasks x AGENT_SAMPLES samples; AGENT_RL: its
-# selection settings beyond RFT's defaults.
+# The RL arm's train rollout each iteration: AGENT_TASKS tasks x AGENT_SAMPLES samples.
 AGENT_WARM=128 AGENT_STEP_ROWS=32 AGENT_TASKS=30 AGENT_SAMPLES=2
-declare -a AGENT_ENV=() AGENT_RL=()
+declare -a AGENT_ENV=()
 
 agent_settings() {
   local env=$1 data=$2
@@ -49,8 +47,6 @@ agent_settings() {
       # seven of ten families have no demonstrations: more samples a task find the policy's rarer successes there
       AGENT_ENV=(env=miniwob env.max_steps=5 env_config.server_size=4 policy_config.max_new_tokens=32)
       AGENT_WARM=-1 AGENT_STEP_ROWS=32 AGENT_TASKS=36 AGENT_SAMPLES=4
-      # only tasks whose samples disagree: the rest (all solved, or none) teach nothing new (§3d's A/B: rl-plain)
-      AGENT_RL=(algorithm.selection.disagreement_filter=true)
       ;;
     textworld)
       AGENT_ENV=(env=textworld env.max_steps=6 "env.games_dir=$data/textworld/games" env_config.server_size=8
@@ -97,20 +93,20 @@ agent_seed() {
     common_log "seed $seed, RL arm: $iterations iterations of RFT on own successes from the warm start: $run/rl"
     BATON_BASE_MODEL=$warm agent_run "$run/rl" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
       "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
-      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "${AGENT_RL[@]}" "$@"
-  fi
-  if [[ $arm == rl-plain ]]; then
-    common_log "seed $seed, RL arm with RFT's defaults alone (no ${AGENT_RL[*]}): $run/rl-plain"
-    BATON_BASE_MODEL=$warm agent_run "$run/rl-plain" "$data" --max-iterations "$iterations" --final-eval \
-      "${seeded[@]}" "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
       "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "$@"
+  fi
+  if [[ $arm == rl-disagree ]]; then
+    common_log "seed $seed, RL arm on the tasks whose samples disagree: $run/rl-disagree"
+    BATON_BASE_MODEL=$warm agent_run "$run/rl-disagree" "$data" --max-iterations "$iterations" --final-eval \
+      "${seeded[@]}" "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
+      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" algorithm.selection.disagreement_filter=true "$@"
   fi
   if [[ $arm == mixed ]]; then
     common_log "seed $seed, mixed arm: $iterations iterations on own successes + demonstrations: $run/mixed"
     BATON_BASE_MODEL=$warm agent_run "$run/mixed" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
       "${steps[@]}" "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.positive_samples_to_train=$((AGENT_STEP_ROWS / 2))" \
-      "algorithm.selection.seed=$((seed + 2000))" "${AGENT_RL[@]}" "$@"
+      "algorithm.selection.seed=$((seed + 2000))" "$@"
   fi
   if [[ $arm == control || $arm == both ]]; then
     common_log "seed $seed, control arm: $iterations iterations on demonstrations alone from the warm start: $run/control"
@@ -146,8 +142,8 @@ main() {
   done
   [[ -n $env ]] || common_die 2 "--env is required: miniwob, miniwob-open or textworld"
   [[ $iterations =~ ^[1-9][0-9]*$ ]] || common_die 2 "--iterations must be a positive integer (got '$iterations')"
-  [[ $arm =~ ^(rl|rl-plain|control|mixed|both)$ ]] ||
-    common_die 2 "--arm must be rl, rl-plain, control, mixed or both (got '$arm')"
+  [[ $arm =~ ^(rl|rl-disagree|control|mixed|both)$ ]] ||
+    common_die 2 "--arm must be rl, rl-disagree, control, mixed or both (got '$arm')"
   [[ $seeds =~ ^[0-9]+(,[0-9]+)*$ ]] ||
     common_die 2 "--seeds must be training seeds separated by commas, e.g. 1,2 (got '$seeds')"
   data=${data:-$(common_baton_home)/bench-data-$env}
