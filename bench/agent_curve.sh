@@ -19,7 +19,8 @@
 #            samples only a token train rollout;
 #   mixed    (not in "both") half own successes, half demonstration steps.
 # An arm runs beside another (another BATON_VLLM_PORT) once the warm start is there.
-# Reruns skip what is done. Outside CI: about 90 minutes (miniwob, N=5)
+# Reruns skip what is done. Outside CI: about 90 minutes (miniwob, N=5), about 55 a seed
+# (miniwob-open, N=4)
 # on 2 cores. Record the table and the plot in docs/benchmarks.md (section 3d).
 set -Eeuo pipefail
 [[ -n ${BATON_TRACE:-} ]] && set -x
