@@ -83,7 +83,6 @@ BENCHES = {
     "miniwob-open": Bench("miniwob", Sizes(train=20, held=12), OPEN_FAMILIES, OPEN_DEMO_FAMILIES),
     "textworld": Bench("textworld", Sizes(train=40, held=15)),
 }
-SIZES = {name: bench.sizes for name, bench in BENCHES.items()}
 #: TextWorld games small enough for a 135M model: one room, three objects, one quest step
 TEXTWORLD_GAME = {"nb_rooms": 1, "nb_objects": 3, "quest_length": 1}
 
@@ -285,7 +284,7 @@ def comparison(seeds: list[SeedRun], bench: Bench) -> str:
     """Per seed: the warm start and each arm's last evaluation, with each arm's lead over the control."""
     groups: list[tuple[str, tuple[str, ...] | None]] = [("all held-out", None)]
     if bench.demo_families is not None:
-        groups.append(("families with demonstrations", tuple(bench.demo_families)))
+        groups.append(("families with demonstrations", bench.demo_families))
         groups.append(("without", bench.open_families))
     head = " | ".join(name for name, _ in groups)
     lines = [f"| seed | policy | optimizer steps | {head} |", "|---|---|---|" + "---|" * len(groups)]
