@@ -4,7 +4,8 @@
 # alone for the same number of optimizer steps; held-out success per policy.
 #
 #   bash bench/agent_curve.sh --env miniwob|miniwob-open|textworld [--iterations N] [--seeds 1,2]
-#                             [--arm rl|rl-disagree|control|mixed|both] [--data-path DIR] [--log-path DIR] [overrides...]
+#                             [--arm rl|rl-disagree|control|mixed|both] [--arm-lr LR] [--data-path DIR] [--log-path DIR]
+#                             [overrides...]
 #
 # Each training seed S runs under <log>/seedS (the seed reaches the rollouts,
 # the trainer and each arm's draw of steps). miniwob-open gives demonstrations
@@ -18,6 +19,9 @@
 #   control  trains on as many demonstration steps (a seeded draw each iteration) and
 #            samples only a token train rollout;
 #   mixed    (not in "both") half own successes, half demonstration steps.
+# --arm-lr: the arms' learning rate (default 1e-4; the warm start keeps 1e-4). Give another
+# value its own --log-path, with each seedS/warm there a link to the first's (ln -s), so that
+# both runs' arms start from the same warm start.
 # An arm runs beside another (another BATON_VLLM_PORT) once the warm start is there.
 # Reruns skip what is done. Outside CI: about 90 minutes (miniwob, N=5), about 55 a seed
 # (miniwob-open, N=4)
@@ -58,7 +62,8 @@ agent_settings() {
   esac
 }
 
-# agent_run <log> <overrides...>: run.sh --rl-phase both on <log>, resuming a run already there.
+# agent_run <log> <data> <overrides...> (the learning rate among them): run.sh --rl-phase both on <log>,
+# resuming a run already there.
 agent_run() {
   local log=$1 data=$2
   shift 2
@@ -67,15 +72,16 @@ agent_run() {
   bash "$ROOT/scripts/run.sh" --data-path "$data" --log-path "$log" --rl-phase both --eval-interval 1 \
     "${resume[@]}" "${AGENT_ENV[@]}" env_config.max_vllm_sessions=16 "env_config.train_tasks_rollout_size=$AGENT_TASKS" \
     "env_config.n_samples_per_task=$AGENT_SAMPLES" env_config.test_greedy=true env_config.test_tasks_rollout_size=-1 \
-    algorithm.learning_rate=1e-4 algorithm.warmup_steps=0 algorithm.num_train_epochs=1 \
+    algorithm.warmup_steps=0 algorithm.num_train_epochs=1 \
     algorithm.per_device_train_batch_size=2 algorithm.gradient_accumulation_steps=4 algorithm.cutoff_len=1024 \
     "data.demonstrations=$data/demos" "$@"
 }
 
-# agent_seed <log>/seed<S> <data> <S> <arm> <iterations> [extra...]: the arms of one training seed.
+# agent_seed <log>/seed<S> <data> <S> <arm> <iterations> <arm-lr> [extra...]: the arms of one training seed.
 agent_seed() {
   local run=$1 data=$2 seed=$3 arm=$4 iterations=$5
-  shift 5
+  local -a lr=("algorithm.learning_rate=$6")
+  shift 6
   # the seed reaches the rollouts' sampling, the trainer and each arm's draw of steps
   local -a seeded=("seed=$seed" "algorithm.seed=$seed")
   local -a token_rollout=(env_config.train_tasks_rollout_size=2 env_config.n_samples_per_task=1)
@@ -85,49 +91,52 @@ agent_seed() {
   # (its train rollout is a token one: nothing of it is trained on)
   if [[ ! -d $run/warm/policy/v0001 ]]; then # promoted last: there, the warm start is done
     common_log "seed $seed, warm start: one update on demonstrations: $run/warm"
-    agent_run "$run/warm" "$data" --max-iterations 1 "${seeded[@]}" "data.demonstration_samples=$AGENT_WARM" \
-      algorithm.selection.positive_samples_to_train=0 "algorithm.selection.seed=$seed" "${token_rollout[@]}" "$@"
+    agent_run "$run/warm" "$data" --max-iterations 1 algorithm.learning_rate=1e-4 "${seeded[@]}" \
+      "data.demonstration_samples=$AGENT_WARM" algorithm.selection.positive_samples_to_train=0 \
+      "algorithm.selection.seed=$seed" "${token_rollout[@]}" "$@"
   fi
   [[ -d $run/warm/policy/v0001 ]] || common_die 1 "the warm start promoted no policy ($run/warm/policy/v0001)"
   local warm=$run/warm/policy/v0001
   if [[ $arm == rl || $arm == both ]]; then
     common_log "seed $seed, RL arm: $iterations iterations of RFT on own successes from the warm start: $run/rl"
-    BATON_BASE_MODEL=$warm agent_run "$run/rl" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
-      "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
+    BATON_BASE_MODEL=$warm agent_run "$run/rl" "$data" --max-iterations "$iterations" --final-eval \
+      "${lr[@]}" "${seeded[@]}" "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
       "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "$@"
   fi
   if [[ $arm == rl-disagree ]]; then
     common_log "seed $seed, RL arm on the tasks whose samples disagree: $run/rl-disagree"
     BATON_BASE_MODEL=$warm agent_run "$run/rl-disagree" "$data" --max-iterations "$iterations" --final-eval \
-      "${seeded[@]}" "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
+      "${lr[@]}" "${seeded[@]}" "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
       "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" algorithm.selection.disagreement_filter=true "$@"
   fi
   if [[ $arm == mixed ]]; then
     common_log "seed $seed, mixed arm: $iterations iterations on own successes + demonstrations: $run/mixed"
-    BATON_BASE_MODEL=$warm agent_run "$run/mixed" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
-      "${steps[@]}" "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
+    BATON_BASE_MODEL=$warm agent_run "$run/mixed" "$data" --max-iterations "$iterations" --final-eval \
+      "${lr[@]}" "${seeded[@]}" "${steps[@]}" "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.positive_samples_to_train=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.seed=$((seed + 2000))" "$@"
   fi
   if [[ $arm == control || $arm == both ]]; then
     common_log "seed $seed, control arm: $iterations iterations on demonstrations alone from the warm start: $run/control"
-    BATON_BASE_MODEL=$warm agent_run "$run/control" "$data" --max-iterations "$iterations" --final-eval "${seeded[@]}" \
-      "${steps[@]}" "data.demonstration_samples=$AGENT_STEP_ROWS" algorithm.selection.positive_samples_to_train=0 \
+    BATON_BASE_MODEL=$warm agent_run "$run/control" "$data" --max-iterations "$iterations" --final-eval \
+      "${lr[@]}" "${seeded[@]}" "${steps[@]}" "data.demonstration_samples=$AGENT_STEP_ROWS" \
+      algorithm.selection.positive_samples_to_train=0 \
       "algorithm.selection.seed=$((seed + 1000))" "${token_rollout[@]}" "$@"
   fi
 }
 
 main() {
-  local env="" iterations=5 data="" log="" arm=both seeds=1
+  local env="" iterations=5 data="" log="" arm=both seeds=1 arm_lr=1e-4
   local -a extra=()
   while (($#)); do
     case "$1" in
-      --env | --iterations | --arm | --data-path | --log-path | --seeds)
+      --env | --iterations | --arm | --arm-lr | --data-path | --log-path | --seeds)
         [[ $# -ge 2 ]] || common_die 2 "$1 needs a value"
         case "$1" in
           --env) env=$2 ;;
           --iterations) iterations=$2 ;;
           --arm) arm=$2 ;;
+          --arm-lr) arm_lr=$2 ;;
           --data-path) data=$2 ;;
           --log-path) log=$2 ;;
           --seeds) seeds=$2 ;;
@@ -135,7 +144,7 @@ main() {
         shift 2
         ;;
       -h | --help)
-        sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         return 0
         ;;
       *) extra+=("$1") && shift ;;
@@ -145,6 +154,8 @@ main() {
   [[ $iterations =~ ^[1-9][0-9]*$ ]] || common_die 2 "--iterations must be a positive integer (got '$iterations')"
   [[ $arm =~ ^(rl|rl-disagree|control|mixed|both)$ ]] ||
     common_die 2 "--arm must be rl, rl-disagree, control, mixed or both (got '$arm')"
+  [[ $arm_lr =~ ^[0-9]+(\.[0-9]*)?([eE]-?[0-9]+)?$ ]] ||
+    common_die 2 "--arm-lr must be a positive learning rate, e.g. 3e-5 (got '$arm_lr')"
   [[ $seeds =~ ^[0-9]+(,[0-9]+)*$ ]] ||
     common_die 2 "--seeds must be training seeds separated by commas, e.g. 1,2 (got '$seeds')"
   data=${data:-$(common_baton_home)/bench-data-$env}
@@ -169,7 +180,7 @@ main() {
   local seed
   local -a runs=()
   for seed in ${seeds//,/ }; do
-    agent_seed "$log/seed$seed" "$data" "$seed" "$arm" "$iterations" "${extra[@]}"
+    agent_seed "$log/seed$seed" "$data" "$seed" "$arm" "$iterations" "$arm_lr" "${extra[@]}"
   done
   for seed in "$log"/seed*; do
     [[ ! -e $seed/warm/metrics.jsonl ]] || runs+=("$seed")
