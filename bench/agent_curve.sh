@@ -154,7 +154,8 @@ main() {
   [[ $iterations =~ ^[1-9][0-9]*$ ]] || common_die 2 "--iterations must be a positive integer (got '$iterations')"
   [[ $arm =~ ^(rl|rl-disagree|control|mixed|both)$ ]] ||
     common_die 2 "--arm must be rl, rl-disagree, control, mixed or both (got '$arm')"
-  [[ $arm_lr =~ ^[0-9]+(\.[0-9]*)?([eE]-?[0-9]+)?$ ]] ||
+  # a decimal or an exponent form, and not zero
+  [[ $arm_lr =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ && ! $arm_lr =~ ^[0.]*([eE].*)?$ ]] ||
     common_die 2 "--arm-lr must be a positive learning rate, e.g. 3e-5 (got '$arm_lr')"
   [[ $seeds =~ ^[0-9]+(,[0-9]+)*$ ]] ||
     common_die 2 "--seeds must be training seeds separated by commas, e.g. 1,2 (got '$seeds')"
