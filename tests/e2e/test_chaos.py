@@ -41,6 +41,21 @@ def journaled(log: Path) -> int:
     return len(read_lines(path)) if path.exists() else 0
 
 
+def rollout_groups(chaos: Chaos) -> set[int]:
+    return {pgid for pgid, _ in chaos.groups("train_rollout", 1)}
+
+
+def wait_new_engine(chaos: Chaos, old: set[int], timeout: float) -> None:
+    """Wait until the resumed run records a rollout-train group of its own. Before that the record still names
+    the held engine of the killed run, which the resumed run continues and stops: an episode it had in flight
+    may be journaled then, and holding "after the next episode" would hold the dying engine, not the new one."""
+    deadline = time.monotonic() + timeout
+    while not rollout_groups(chaos) - old:
+        assert chaos.proc.poll() is None, f"run.sh exited ({chaos.proc.returncode}):\n{chaos.output()[-3000:]}"
+        assert time.monotonic() < deadline, f"the resumed run recorded no rollout-train group within {timeout:.0f} s"
+        time.sleep(0.02)
+
+
 def hold_after_next_episode(chaos: Chaos, timeout: float) -> int:
     """Wait for the train rollout's next journaled episode, then SIGSTOP its engine; the episodes journaled."""
     before, deadline = journaled(chaos.log), time.monotonic() + timeout
@@ -66,6 +81,7 @@ def test_run_sh_and_rollout_killed_then_resume_keeps_every_invariant(
     try:
         chaos.start(resume=False)
         first = hold_after_next_episode(chaos, start_s)
+        held = rollout_groups(chaos)
         chaos.proc.send_signal(signal.SIGKILL)
         rc, hung = chaos.finish("run.sh to die of SIGKILL")
         assert (rc, hung) == (-signal.SIGKILL, False)
@@ -73,6 +89,7 @@ def test_run_sh_and_rollout_killed_then_resume_keeps_every_invariant(
 
         chaos.env = {"BATON_ROLLOUT_STALL_S": str(STALL_S)}
         chaos.start(resume=True)
+        wait_new_engine(chaos, held, start_s)
         resumed = hold_after_next_episode(chaos, start_s)
         assert resumed > first
         rc, hung = chaos.finish("run.sh --resume to catch the hung engine and finish iteration 1")
