@@ -186,8 +186,11 @@ main() {
   for seed in "$log"/seed*; do
     [[ ! -e $seed/warm/metrics.jsonl ]] || runs+=("$seed")
   done
+  local title="$env: warm start, then RL on own successes vs demonstrations only"
+  [[ $arm_lr == 1e-4 ]] ||
+    title="$env, the arms at lr $arm_lr: warm start, then RL on own successes vs demonstrations only"
   PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve report --env "$env" --out "$log/agent-$env.png" \
-    --title "$env: warm start, then RL on own successes vs demonstrations only" "${runs[@]}"
+    --title "$title" "${runs[@]}"
 }
 
 # One line: bash parses it whole, so an edit of this file while it runs (git pull) cannot run stray bytes.
