@@ -115,16 +115,29 @@ def wait_for(condition, waiting_for: str, timeout: float, procs: list[subprocess
         time.sleep(every)
 
 
-def hold_rollouts_after_next_episode(log: Path, nodes: dict[int, subprocess.Popen], timeout: float) -> None:
+def engine_group(seen: Path, rank: int) -> int | None:
+    """The train rollout engine's group from rank's record; None when there is none (its engine is not started,
+    or it has finished and its record is gone)."""
+    try:
+        words = (seen / "run" / f"rank_{rank}" / "pids" / "rollout-train.pgid").read_text().split()
+    except FileNotFoundError:
+        return None
+    return int(words[0]) if words else None
+
+
+def hold_rollouts_after_next_episode(volume: SharedFs, nodes: dict[int, subprocess.Popen], timeout: float) -> None:
     """Wait for each node's next journaled episode and SIGSTOP its rollout engine at once: the node stays
-    alive (heartbeat, run.sh) and mid-rollout, a slow node, until its run.sh stops the group (SIGTERM + SIGCONT)."""
-    before = {rank: len(episodes(log, "train", 1, rank)) for rank in nodes}
+    alive (heartbeat, run.sh) and mid-rollout, a slow node, until its run.sh stops the group (SIGTERM + SIGCONT).
+    The test looks in the server's store (the log path `exp` there), not through its own client: a caching
+    client (gluster-5s) shows a journal's growth up to 5 s late, and a fast machine finishes a 48-episode
+    share in 6 s, its engine's record gone with it."""
+    seen = volume.store / "exp"
+    before = {rank: len(episodes(seen, "train", 1, rank)) for rank in nodes}
     held: set[int] = set()
 
     def hold_the_ready() -> bool:
         for rank in set(nodes) - held:
-            if len(episodes(log, "train", 1, rank)) > before[rank]:
-                pgid = int((log / "run" / f"rank_{rank}" / "pids" / "rollout-train.pgid").read_text().split()[0])
+            if len(episodes(seen, "train", 1, rank)) > before[rank] and (pgid := engine_group(seen, rank)):
                 signal_group(nodes[rank], pgid, signal.SIGSTOP)
                 held.add(rank)
         return held == set(nodes)
@@ -223,7 +236,7 @@ def test_a_dead_node_stops_the_others_which_name_it(
     started = generation_s(8, 32)
     # 1. the worker dies mid-rollout (right after an episode: most of its share is left)
     nodes = {0: node(data_dir, log, "0", *args, fs=volume), 1: node(data_dir, log, "1", *args, fs=volume)}
-    more = lambda: len(episodes(log, "train", 1, 1)) > 0  # noqa: E731
+    more = lambda: len(episodes(volume.store / "exp", "train", 1, 1)) > 0  # noqa: E731 (the server's, uncached)
     wait_for(more, "rank 1's first journaled episode", started, list(nodes.values()), every=0.02)
     kill_node(nodes[1])
     assert_survivor_names_the_dead(log, nodes[0], survivor=0, dead=1)
@@ -232,7 +245,7 @@ def test_a_dead_node_stops_the_others_which_name_it(
         0: node(data_dir, log, "0", *args, "--resume", fs=volume),
         1: node(data_dir, log, "1", *args, "--resume", fs=volume),
     }
-    hold_rollouts_after_next_episode(log, {1: nodes[1]}, started)
+    hold_rollouts_after_next_episode(volume, {1: nodes[1]}, started)
     kill_node(nodes[0])
     assert_survivor_names_the_dead(log, nodes[1], survivor=1, dead=0)
 
@@ -317,7 +330,7 @@ def test_continue_a_dead_worker_is_left_out_its_episodes_taken_over_and_restarte
     args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2", "--final-eval"]
     args += ["--on-rank-failure", "continue", *SMALL, *ONE_STEP_LOOP, "env_config.test_tasks_rollout_size=8"]
     nodes = {0: node(data_dir, log, "0", *args, fs=volume), 1: node(data_dir, log, "1", *args, fs=volume)}
-    hold_rollouts_after_next_episode(log, {1: nodes[1]}, 2 * VLLM_START_S + generation_s(16, 32))
+    hold_rollouts_after_next_episode(volume, {1: nodes[1]}, 2 * VLLM_START_S + generation_s(16, 32))
     kill_node(nodes[1])
     # what rank 1 journaled before it died (its whole namespace SIGKILLed: nothing writes after), complete
     # lines only, as the master's cut counts them; at least the episode it was held after
@@ -385,7 +398,7 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
 
     # 1. run.sh --stop: every node stops (143), nothing left (both held mid-rollout after an episode)
     nodes = [node(data_dir, log, "0", *args, fs=volume), node(data_dir, log, "1", *args, fs=volume)]
-    hold_rollouts_after_next_episode(log, dict(enumerate(nodes)), both_started)
+    hold_rollouts_after_next_episode(volume, dict(enumerate(nodes)), both_started)
     first_run = run_id(log)
     stop = subprocess.run(
         ["bash", str(REPO / "scripts/run.sh"), "--stop", "--log-path", str(log)],
@@ -407,7 +420,7 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])
     master = node(data_dir, log, "0", *args, "--resume", fs=volume)
     # (the worker held mid-rollout, so the iteration is not done when the master stops)
-    hold_rollouts_after_next_episode(log, {1: worker}, both_started)
+    hold_rollouts_after_next_episode(volume, {1: worker}, both_started)
     assert run_id(log) != first_run
     signal_run_sh(master, signal.SIGTERM)
     out_m = communicate_waiting(master, waiting_for="the master to stop on SIGTERM", timeout=120)
