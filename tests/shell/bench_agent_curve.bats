@@ -10,16 +10,11 @@ setup() {
   LOG="$BATS_TEST_TMPDIR/log"
 }
 
+load bad_input
+
 # run_bad <expected message part> <args...>: the bench must exit 2, say it, and create neither folder.
 run_bad() {
-  local want=$1
-  shift
-  run -2 --separate-stderr bash "$ROOT/bench/agent_curve.sh" --data-path "$DATA" --log-path "$LOG" "$@"
-  [[ $stderr == *"$want"* ]] || {
-    printf 'stderr: %s\n' "$stderr" >&2
-    return 1
-  }
-  [ ! -e "$LOG" ]
+  expect_bad "$1" bash "$ROOT/bench/agent_curve.sh" --data-path "$DATA" --log-path "$LOG" "${@:2}"
   [ ! -e "$DATA" ]
 }
 

@@ -14,17 +14,11 @@ setup() {
   for var in $(compgen -e SLURM); do unset "$var"; done # outside any Slurm step (tests/shell/slurm.bats)
 }
 
+load bad_input
+
 # run_bad <expected message part> <args...>: run.sh must exit 2, say it, write nothing.
 run_bad() {
-  local want=$1
-  shift
-  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" "$@"
-  [[ $stderr == *"$want"* ]] || {
-    printf 'stderr: %s\n' "$stderr" >&2
-    return 1
-  }
-  [ -z "$output" ]
-  [ ! -e "$LOG" ]
+  expect_bad "$1" bash "$ROOT/scripts/run.sh" "${@:2}"
 }
 
 @test "--help prints the usage and exits 0" {

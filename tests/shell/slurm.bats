@@ -8,6 +8,8 @@
 
 bats_require_minimum_version 1.5.0
 
+load bad_input
+
 setup() {
   load fake_data
   fake_data_setup # (outside any Slurm step: no SLURM_* variables)
@@ -34,15 +36,7 @@ dry() {
 
 # bad <expected message part> <args...>: run.sh must exit 2, say it, write nothing.
 bad() {
-  local want=$1
-  shift
-  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" "$@"
-  [[ $stderr == *"$want"* ]] || {
-    printf 'stderr: %s\n' "$stderr" >&2
-    return 1
-  }
-  [ -z "$output" ]
-  [ ! -e "$LOG" ]
+  expect_bad "$1" bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" "${@:2}"
 }
 
 @test "under srun each task is a node: the rank from SLURM_PROCID, the node count from SLURM_NTASKS" {
