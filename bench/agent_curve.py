@@ -203,6 +203,14 @@ def evaluations(log_path: Path, arm: str, start_steps: int, start_label: str) ->
     return out
 
 
+def trained_iterations(log_path: Path) -> int:
+    """The iterations of an arm that ran their train rollout (its update trained or was skipped); its final
+    held-out evaluation, an iteration without one, does not count. 0 for a log path without records."""
+    if not Layout(log_path).metrics.exists():
+        return 0
+    return sum(1 for record in iteration_records(log_path) if record.get("train_episodes") is not None)
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
@@ -381,6 +389,8 @@ def main() -> None:
     tasks = sub.add_parser("tasks", help="write train.jsonl and test.jsonl (held-out sets A and B)")
     tasks.add_argument("--env", choices=sorted(BENCHES), required=True)
     tasks.add_argument("--out", required=True, help="the tasks folder (D/tasks)")
+    done = sub.add_parser("trained", help="print how many iterations an arm's log path has run (bench/agent_curve.sh)")
+    done.add_argument("log_path", help="an arm's log path (<log>/seed<S>/rl, ...)")
     rep = sub.add_parser("report", help="each seed's tables, the arms compared, and the plot")
     rep.add_argument("runs", nargs="+", help="seed folders (<log>/seed<S>), each holding rl/ and the arms beside it")
     rep.add_argument("--env", choices=sorted(BENCHES), required=True, help="the bench the runs ran")
@@ -399,6 +409,8 @@ def main() -> None:
             f"{out}: {len(train)} train tasks ({len(demo)} with demonstrations: demo.jsonl), "
             f"{len(held)} held-out tasks (sets {', '.join(HELD_SEEDS)})"
         )
+    elif args.command == "trained":
+        print(trained_iterations(Path(args.log_path)))
     else:
         out = Path(args.out) if args.out else None
         print(report([Path(r) for r in args.runs], BENCHES[args.env], out, args.title), end="")

@@ -22,10 +22,12 @@
 # --arm-lr: the arms' learning rate (default 1e-4; the warm start keeps 1e-4). Give another
 # value its own --log-path, with each seedS/warm there a link to the first's (ln -s), so that
 # both runs' arms start from the same warm start.
+# --iterations N: each arm's iterations in all. A rerun skips what is done and continues the rest: an
+# interrupted arm, or every arm for a larger N (after the final evaluation of the earlier N, more
+# iterations, then another final evaluation).
 # An arm runs beside another (another BATON_VLLM_PORT) once the warm start is there.
-# Reruns skip what is done. Outside CI: about 90 minutes (miniwob, N=5), about 55 a seed
-# (miniwob-open, N=4)
-# on 2 cores. Record the table and the plot in docs/benchmarks.md (section 3d).
+# Outside CI: about 90 minutes (miniwob, N=5), about 55 a seed (miniwob-open, N=4) on
+# 2 cores. Record the table and the plot in docs/benchmarks.md (section 3d).
 set -Eeuo pipefail
 [[ -n ${BATON_TRACE:-} ]] && set -x
 
@@ -97,32 +99,45 @@ agent_seed() {
   fi
   [[ -d $run/warm/policy/v0001 ]] || common_die 1 "the warm start promoted no policy ($run/warm/policy/v0001)"
   local warm=$run/warm/policy/v0001
+  local -a own=(data.demonstration_samples=0 "algorithm.selection.seed=$seed"
+    "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS")
   if [[ $arm == rl || $arm == both ]]; then
-    common_log "seed $seed, RL arm: $iterations iterations of RFT on own successes from the warm start: $run/rl"
-    BATON_BASE_MODEL=$warm agent_run "$run/rl" "$data" --max-iterations "$iterations" --final-eval \
-      "${lr[@]}" "${seeded[@]}" "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
-      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" "$@"
+    agent_arm "$run/rl" "$data" "$warm" "$iterations" "seed $seed, RL arm: RFT on own successes from the warm start" \
+      "${lr[@]}" "${seeded[@]}" "${steps[@]}" "${own[@]}" "$@"
   fi
   if [[ $arm == rl-disagree ]]; then
-    common_log "seed $seed, RL arm on the tasks whose samples disagree: $run/rl-disagree"
-    BATON_BASE_MODEL=$warm agent_run "$run/rl-disagree" "$data" --max-iterations "$iterations" --final-eval \
-      "${lr[@]}" "${seeded[@]}" "${steps[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed" \
-      "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS" algorithm.selection.disagreement_filter=true "$@"
+    agent_arm "$run/rl-disagree" "$data" "$warm" "$iterations" "seed $seed, RL arm on the tasks whose samples disagree" \
+      "${lr[@]}" "${seeded[@]}" "${steps[@]}" "${own[@]}" algorithm.selection.disagreement_filter=true "$@"
   fi
   if [[ $arm == mixed ]]; then
-    common_log "seed $seed, mixed arm: $iterations iterations on own successes + demonstrations: $run/mixed"
-    BATON_BASE_MODEL=$warm agent_run "$run/mixed" "$data" --max-iterations "$iterations" --final-eval \
+    agent_arm "$run/mixed" "$data" "$warm" "$iterations" "seed $seed, mixed arm: own successes + demonstrations" \
       "${lr[@]}" "${seeded[@]}" "${steps[@]}" "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.positive_samples_to_train=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.seed=$((seed + 2000))" "$@"
   fi
   if [[ $arm == control || $arm == both ]]; then
-    common_log "seed $seed, control arm: $iterations iterations on demonstrations alone from the warm start: $run/control"
-    BATON_BASE_MODEL=$warm agent_run "$run/control" "$data" --max-iterations "$iterations" --final-eval \
+    agent_arm "$run/control" "$data" "$warm" "$iterations" "seed $seed, control arm: demonstrations alone from the warm start" \
       "${lr[@]}" "${seeded[@]}" "${steps[@]}" "data.demonstration_samples=$AGENT_STEP_ROWS" \
       algorithm.selection.positive_samples_to_train=0 \
       "algorithm.selection.seed=$((seed + 1000))" "${token_rollout[@]}" "$@"
   fi
+}
+
+# agent_arm <log> <data> <warm policy> <iterations> <what> <overrides...>: one arm from the warm start, up to
+# <iterations> iterations in all, then its final held-out evaluation. An arm with fewer (interrupted, or run
+# with a smaller --iterations) continues from where it stands; one with as many is skipped.
+agent_arm() {
+  local log=$1 data=$2 warm=$3 iterations=$4 what=$5
+  shift 5
+  local ran
+  ran=$(PYTHONPATH="$ROOT" "$BATON_APP_PY" -m bench.agent_curve trained "$log") ||
+    common_die 1 "cannot read the iterations of $log (messages above)"
+  if ((ran >= iterations)); then
+    common_log "$what: $ran iterations already ($log); skipped"
+    return 0
+  fi
+  common_log "$what: iterations $((ran + 1))-$iterations: $log"
+  BATON_BASE_MODEL=$warm agent_run "$log" "$data" --max-iterations "$((iterations - ran))" --final-eval "$@"
 }
 
 main() {
@@ -144,7 +159,7 @@ main() {
         shift 2
         ;;
       -h | --help)
-        sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         return 0
         ;;
       *) extra+=("$1") && shift ;;

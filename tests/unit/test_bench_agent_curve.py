@@ -16,6 +16,7 @@ from bench.agent_curve import (
     evaluations,
     held_set,
     report,
+    trained_iterations,
     wilson,
 )
 from rollout_engine.layout import Layout
@@ -159,3 +160,17 @@ def test_an_arm_that_trained_fewer_steps_is_compared_with_the_control_at_its_ste
     )
     text = report([run], BENCHES["miniwob-open"], None, "t")
     assert "seed1: RL 100.0 % at 14 steps against control 0.0 % at 14: +100.0 points, intervals overlap" in text
+
+
+def test_an_arms_trained_iterations_count_the_train_rollouts_not_the_final_evaluation(tmp_path: Path) -> None:
+    """bench/agent_curve.sh runs an arm for --iterations minus these: a rerun continues, never repeats."""
+    assert trained_iterations(tmp_path / "none") == 0
+    trained = {"train_episodes": 144, "eval_success_rate": 0.5, "training_steps": 4}
+    skipped = {"train_episodes": 144, "eval_success_rate": 0.5, "training_steps": None, "update": "skipped"}
+    final = {"train_episodes": None, "eval_success_rate": 0.6, "training_steps": None}
+    rows = [{"iteration": 1, **trained}, {"iteration": 2, **skipped}, {"iteration": 3, **trained}]
+    log = _log(tmp_path / "rl", [*rows, {"iteration": 4, **final}], {})
+    assert trained_iterations(log) == 3
+    # continued to 5 in all: iterations 5 and 6 after the final evaluation at 4, then another
+    more = [{"iteration": 5, **trained}, {"iteration": 6, **trained}, {"iteration": 7, **final}]
+    assert trained_iterations(_log(tmp_path / "rl2", [*rows, {"iteration": 4, **final}, *more], {})) == 5
