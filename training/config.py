@@ -84,6 +84,8 @@ class RFTSelectionConfig(SelectionConfig):
     #: at most this many successes per task and iteration, the shortest replies first (0 = all; against length drift,
     #: docs/benchmarks.md 3c)
     shortest_per_task: int = setting(1, Range(low=0, note="0 = every success"))
+    #: divide each step's draw weight by its family's step count: every family an equal share of the draw
+    balance_families: bool = False
 
 
 @dataclass

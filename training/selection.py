@@ -53,6 +53,8 @@ class Sample:
     rejected: Sample | None = None
     #: an expert's step (data.demonstrations), not a sampled one: it has no token ids
     demonstration: bool = False
+    #: the task's family (Trajectory.family): what `balance_families` balances
+    family: str = ""
 
     @property
     def source(self) -> str:
@@ -147,6 +149,10 @@ class RFTSelector(_Rules):
     iteration's expected share of the draw is proportional to its step count
     times its weight. Power 0 draws uniformly. WebGym instead weighted each
     step by its position in the concatenated list, a per-sample bias.
+    With `balance_families` each step's weight is also divided by its family's
+    step count in the pool: every family's expected share is the same, so the
+    families the policy has mastered (many successes) do not crowd out the ones
+    it rarely solves.
     """
 
     positive_samples_to_train: int = 1800
@@ -154,6 +160,7 @@ class RFTSelector(_Rules):
     #: keep at most this many successes per task and iteration, those with the fewest reply tokens (0 = all;
     #: a run's default is configs/algorithm/rft.yaml's 1)
     shortest_per_task: int = 0
+    balance_families: bool = False
 
     def weight(self, step_iteration: int, iteration: int) -> float:
         return float(self.last_k_iterations - (iteration - step_iteration)) ** self.recency_bias_power
@@ -196,7 +203,9 @@ class RFTSelector(_Rules):
         if len(eligible) <= self.positive_samples_to_train:
             return list(eligible)
         rng = self.rng(iteration)
-        keyed = [(rng.random() ** (1.0 / self.weight(s.iteration, iteration)), i) for i, s in enumerate(eligible)]
+        per_family = Counter(s.family for s in eligible) if self.balance_families else Counter()
+        weights = [self.weight(s.iteration, iteration) / per_family.get(s.family, 1) for s in eligible]
+        keyed = [(rng.random() ** (1.0 / w), i) for i, w in enumerate(weights)]
         keyed.sort(reverse=True)
         return [eligible[i] for _, i in keyed[: self.positive_samples_to_train]]
 
@@ -277,6 +286,7 @@ def _sample(traj: Trajectory, turn: Turn) -> Sample:
         images=list(turn.images),
         prompt_token_ids=turn.prompt_token_ids,
         completion_token_ids=turn.completion_token_ids,
+        family=traj.family,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from rollout_engine.types import Failure
@@ -135,3 +136,21 @@ def test_dpo_pairs_success_with_failure_of_the_same_task_and_prompt() -> None:
     pairs = [(s.source, s.rejected.source) for s in selection.samples]
     assert pairs == [("a#0@0", "a#1@0")]
     assert selection.filtered == {"no_pair": 4, "prompt_differs": 1}
+
+
+def test_rft_balance_families_gives_each_family_an_equal_share_of_the_draw() -> None:
+    """A family the policy rarely solves has few steps in the pool; balanced, it gets as many of the draw as a
+    mastered one (while it has steps left), recency weighting still within each family."""
+    common = [dataclasses.replace(traj(f"c{i}", 0, True, iteration=4), family="click-test") for i in range(180)]
+    rare = [dataclasses.replace(traj(f"r{i}", 0, True, iteration=4), family="click-tab") for i in range(20)]
+    shares = {}
+    for balance in (False, True):
+        counts: Counter[str] = Counter()
+        for seed in range(20):
+            selector = RFTSelector(positive_samples_to_train=20, balance_families=balance, seed=seed)
+            chosen = selector.select(common + rare, iteration=4, cutoff_len=2048).samples
+            assert len(chosen) == 20 and len({s.source for s in chosen}) == 20
+            counts.update(s.family for s in chosen)
+        shares[balance] = counts["click-tab"] / 400
+    # 20 of 200 steps: a tenth of the draw by default; balanced, half (1/20 weight each against 1/180)
+    assert 0.05 < shares[False] < 0.16 and 0.38 < shares[True] < 0.62
