@@ -140,7 +140,7 @@ def test_dpo_pairs_success_with_failure_of_the_same_task_and_prompt() -> None:
 
 def test_rft_balance_families_gives_each_family_an_equal_share_of_the_draw() -> None:
     """A family the policy rarely solves has few steps in the pool; balanced, it gets as many of the draw as a
-    mastered one (while it has steps left), recency weighting still within each family."""
+    mastered one (while it has steps left)."""
     common = [dataclasses.replace(traj(f"c{i}", 0, True, iteration=4), family="click-test") for i in range(180)]
     rare = [dataclasses.replace(traj(f"r{i}", 0, True, iteration=4), family="click-tab") for i in range(20)]
     shares = {}
