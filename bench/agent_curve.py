@@ -30,8 +30,8 @@ from typing import Any
 
 from coordinator.summary import iteration_records
 from rollout_engine.files import save_jsonl
+from rollout_engine.history import load_trajectories
 from rollout_engine.layout import Layout
-from training.journal import load_trajectories
 
 #: MiniWoB++ families the page solvers cover and a 135M model can read in 5 steps
 MINIWOB_FAMILIES = ("click-test", "click-button", "click-tab", "focus-text", "enter-text", "login-user")

@@ -42,7 +42,7 @@ from rollout_engine.errors import ConfigError
 from rollout_engine.schema import Choice, Range, setting
 
 SPLITS = ("train", "test")
-SAMPLERS = ("uniform", "ratio")
+SAMPLERS = ("uniform", "ratio", "learnable")
 LIVE_VIEWS = ("auto", "rich", "plain", "off")
 CONSTRAIN_VERDICT = ("auto", "regex", "none")
 LIMITS_SCOPES = ("node", "cluster")
@@ -171,6 +171,8 @@ class EnvConfig:
     test_greedy: bool = False
     train_tasks_sampler: str = setting("uniform", Choice(SAMPLERS))
     difficulty_ratio: dict[str, DifficultyBucket] = field(default_factory=dict)
+    #: the `learnable` sampler's history: the train rollouts of this many iterations before this one
+    learnable_window: int = setting(2, Range(low=1))
     #: submit the hardest tasks first (WebGym does)
     hardest_first: bool = True
     #: wall-clock limit of one episode attempt, in seconds

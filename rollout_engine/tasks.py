@@ -2,8 +2,9 @@
 
 - `load_tasks(path)`: a JSONL task file (docs/formats.md); any bad line is a
   `ConfigError` naming the file and line.
-- `sample_tasks(...)`: train `uniform` (without replacement) or `ratio`
-  (difficulty buckets, counts by largest remainder); test = the first N in
+- `sample_tasks(...)`: train `uniform` (without replacement), `ratio`
+  (difficulty buckets, counts by largest remainder) or `learnable` (families
+  weighted by p(1-p) of their recent success rate); test = the first N in
   file order. The random generator is seeded from (run seed, iteration, split)
   only, so a restarted rollout samples exactly the same tasks (resume needs it).
 - `split_for_rank(...)`: every sampled task goes to exactly one rank; rank r
@@ -30,8 +31,9 @@ from pathlib import Path
 
 from rollout_engine.config import DifficultyBucket, EnvConfig, RolloutConfig, cluster_limit_problem
 from rollout_engine.errors import ConfigError
+from rollout_engine.history import load_trajectories
 from rollout_engine.inputs import input_lines, read_input
-from rollout_engine.types import Task
+from rollout_engine.types import Failure, Task, Trajectory
 
 
 @dataclass(frozen=True)
@@ -132,15 +134,59 @@ def sample_ratio(tasks: list[Task], size: int, buckets: dict[str, DifficultyBuck
     return chosen
 
 
-def sample_tasks(tasks: list[Task], cfg: EnvConfig, split: str, seed: int) -> list[Task]:
-    """This iteration's tasks for every rank together."""
+#: a family's weight under the `learnable` sampler is p(1-p) + LEARNABLE_FLOOR: a family solved always or
+#: never still gets about one task for every six of a family at p = 0.5, so that forgetting shows in the
+#: rollouts and a first success can come
+LEARNABLE_FLOOR = 0.05
+
+
+def family_rates(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Each family's success rate over the episodes that ran to an outcome (infrastructure failures left out)."""
+    runs: dict[str, list[bool]] = {}
+    for t in trajectories:
+        if t.status is Failure.OK:
+            runs.setdefault(t.family, []).append(t.success)
+    return {family: sum(outcomes) / len(outcomes) for family, outcomes in runs.items()}
+
+
+def sample_learnable(tasks: list[Task], size: int, rates: dict[str, float], rng: random.Random) -> list[Task]:
+    """`size` distinct tasks, each drawn with its family's weight p(1-p) + LEARNABLE_FLOOR, p its recent success
+    rate (a family without one counts as p = 0.5): most rollouts go where the policy sometimes succeeds, so
+    that RL on its successes has the most to learn from. Weighted without replacement (Efraimidis-Spirakis)."""
+    size = len(tasks) if size <= 0 else min(size, len(tasks))
+
+    def weight(task: Task) -> float:
+        p = rates.get(task.family, 0.5)
+        return p * (1.0 - p) + LEARNABLE_FLOOR
+
+    keyed = sorted(((rng.random() ** (1.0 / weight(t)), i) for i, t in enumerate(tasks)), reverse=True)
+    return [tasks[i] for _, i in keyed[:size]]
+
+
+def sample_tasks(
+    tasks: list[Task], cfg: EnvConfig, split: str, seed: int, rates: dict[str, float] | None = None
+) -> list[Task]:
+    """This iteration's tasks for every rank together; `rates` (family -> recent success rate) for the
+    `learnable` sampler."""
     if split == "test":
         size = cfg.test_tasks_rollout_size
         return list(tasks if size <= 0 else tasks[:size])
     rng = random.Random(seed)
     if cfg.train_tasks_sampler == "ratio":
         return sample_ratio(tasks, cfg.train_tasks_rollout_size, cfg.difficulty_ratio, rng)
+    if cfg.train_tasks_sampler == "learnable":
+        return sample_learnable(tasks, cfg.train_tasks_rollout_size, rates or {}, rng)
     return sample_uniform(tasks, cfg.train_tasks_rollout_size, rng)
+
+
+def recent_rates(cfg: RolloutConfig) -> dict[str, float] | None:
+    """The `learnable` sampler's family success rates: the train rollouts of the last `learnable_window`
+    iterations before this one, as the update reads them (a merged iteration only, on several nodes). None
+    for any other sampler or split."""
+    if cfg.split != "train" or cfg.env_config.train_tasks_sampler != "learnable":
+        return None
+    window = range(max(0, cfg.iteration - cfg.env_config.learnable_window), cfg.iteration)
+    return family_rates(load_trajectories(cfg.log_path, "train", window))
 
 
 def split_for_rank(tasks: list[Task], weights: list[float], rank: int) -> list[Task]:
@@ -190,7 +236,8 @@ def tasks_path(cfg: RolloutConfig) -> Path:
 
 def plan_rank(tasks: list[Task], cfg: RolloutConfig, rank: int) -> list[EpisodeSpec]:
     """The episodes of rank `rank`'s share of this (split, iteration), in planned order."""
-    sampled = sample_tasks(tasks, cfg.env_config, cfg.split, derive_seed(cfg.seed, cfg.iteration, cfg.split))
+    seed = derive_seed(cfg.seed, cfg.iteration, cfg.split)
+    sampled = sample_tasks(tasks, cfg.env_config, cfg.split, seed, recent_rates(cfg))
     return plan_episodes(split_for_rank(sampled, cfg.rank_weights, rank), cfg.env_config, cfg.split)
 
 

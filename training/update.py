@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from rollout_engine.errors import BatonError, ConfigError
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json, save_text
+from rollout_engine.history import load_trajectories
 from rollout_engine.layout import Layout, iteration_name
 from rollout_engine.metrics_log import append_update
 from training import config as config_mod
@@ -43,7 +44,6 @@ from training import sigkill
 from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
 from training.demonstrations import add_demonstrations, demonstrations_for
-from training.journal import load_trajectories
 from training.launch import TrainResult, run_group, run_training
 from training.metrics import parse_training
 from training.precision import training_weights, weights_dtype

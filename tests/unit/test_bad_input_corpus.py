@@ -28,10 +28,10 @@ from coordinator.__main__ import build_parser
 from coordinator.driver import cli, say
 from coordinator.protocol_cli import dispatch
 from rollout_engine.errors import ConfigError
+from rollout_engine.history import load_trajectories
 from rollout_engine.layout import Layout
 from rollout_engine.tasks import load_tasks
 from tests.unit.training.trajectories import traj
-from training.journal import load_trajectories
 
 #: a phrase that tells what to do instead
 FIX = re.compile(
@@ -201,7 +201,7 @@ CASES = [
     Case("task-line-huge", "task", _task(metadata={"page": "x" * HUGE}), "tasks.jsonl:1", "16 MiB"),
     Case("task-env-not-a-string", "task", _task(env=3), "env", "3"),
     Case("task-family-not-a-string", "task", _task(family=["a"]), "family", "['a']"),
-    # trajectory journals, as the update reads them (training.journal.load_trajectories)
+    # trajectory journals, as the update reads them (rollout_engine.history.load_trajectories)
     Case("trajectory-line-an-array", "trajectory", "[1, 2]", "rank_0.jsonl:2", "list"),
     Case("trajectory-line-a-number", "trajectory", "42", "rank_0.jsonl:2", "int"),
     Case("trajectory-lacks-status", "trajectory", _traj(status=_DROP), "status", "rank_0.jsonl:2"),

@@ -12,13 +12,13 @@ import pytest
 
 from coordinator.aggregate import aggregate
 from coordinator.reassign import plan_takeover
+from rollout_engine.history import load_trajectories
 from rollout_engine.journal import Journal
 from rollout_engine.runner import run_rollout
 from rollout_engine.takeover import takeover_plan_path
 from rollout_engine.tasks import load_tasks, plan_rank
 from rollout_engine.types import Trajectory
 from tests.unit.rollout_engine.engine_fakes import rollout_config, use_fake_policy, write_tasks
-from training.journal import load_trajectories
 
 WEIGHTS = [2.0, 1.0, 1.0]
 

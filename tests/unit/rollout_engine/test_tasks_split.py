@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from rollout_engine.config import DifficultyBucket, EnvConfig
+from rollout_engine.config import DifficultyBucket, EnvConfig, RolloutConfig
 from rollout_engine.errors import ConfigError
+from rollout_engine.journal import Journal
 from rollout_engine.tasks import (
     cluster_shares,
     derive_seed,
     largest_remainder,
     load_tasks,
     plan_episodes,
+    recent_rates,
     sample_tasks,
     scale_limit,
     split_for_rank,
 )
-from rollout_engine.types import Task
+from rollout_engine.types import Failure, Task
+from tests.unit.training.trajectories import traj
 
 
 def make_tasks(n: int) -> list[Task]:
@@ -65,6 +69,50 @@ def test_ratio_sampler_follows_bucket_weights() -> None:
     chosen = sample_tasks(make_tasks(300), cfg, "train", 7)
     assert sum(t.difficulty <= 3 for t in chosen) == 20
     assert sum(t.difficulty >= 7 for t in chosen) == 10
+
+
+def family_tasks(counts: dict[str, int]) -> list[Task]:
+    return [Task(task_id=f"{f}-{i}", task_name="q", family=f) for f, n in counts.items() for i in range(n)]
+
+
+def test_learnable_sampler_draws_most_tasks_where_the_policy_sometimes_succeeds() -> None:
+    tasks = family_tasks({"always": 100, "half": 100, "never": 100, "unseen": 100})
+    rates = {"always": 1.0, "half": 0.5, "never": 0.0}
+    cfg = EnvConfig(train_tasks_rollout_size=60, train_tasks_sampler="learnable")
+    chosen = sample_tasks(tasks, cfg, "train", 7, rates)
+    count = {f: sum(t.family == f for t in chosen) for f in ("always", "half", "never", "unseen")}
+    # weights 0.05 : 0.30 : 0.05 : 0.30 (a family without a rate counts as p = 0.5): 4.3 : 25.7 : 4.3 : 25.7
+    assert 18 <= count["half"] <= 33 and 18 <= count["unseen"] <= 33, count
+    assert 1 <= count["always"] <= 10 and 1 <= count["never"] <= 10, count
+    assert len({t.task_id for t in chosen}) == 60
+    assert chosen == sample_tasks(tasks, cfg, "train", 7, rates)  # reproducible: resume and takeover rely on it
+    uniform = sample_tasks(tasks, EnvConfig(train_tasks_rollout_size=60), "train", 7, rates)
+    assert {f: sum(t.family == f for t in uniform) for f in count} != count  # only `learnable` reads the rates
+
+
+def roll_out_families(log: Path, iteration: int, outcomes: dict[str, list[bool]]) -> None:
+    journal = Journal(log / "trajectories" / "train" / f"iter_{iteration:04d}" / "rank_0.jsonl", resume=False)
+    n = 0
+    for family, results in outcomes.items():
+        for success in results:
+            journal.append(replace(traj(f"{family}-{n}", 0, success, iteration), family=family))
+            n += 1
+    journal.append(replace(traj("half-x", 0, False, iteration), family="half", status=Failure.ENV_ERROR))
+    journal.seal(planned=n + 1)
+
+
+def test_learnable_rates_are_the_last_window_of_train_rollouts_before_this_iteration(tmp_path: Path) -> None:
+    roll_out_families(tmp_path, 0, {"half": [False] * 4})  # outside a window of 2 before iteration 3
+    roll_out_families(tmp_path, 1, {"half": [True, False], "never": [False]})
+    roll_out_families(tmp_path, 2, {"half": [True, False], "always": [True]})
+    roll_out_families(tmp_path, 3, {"half": [True] * 4})  # this iteration's own rollout, resumed: not read
+    env = EnvConfig(train_tasks_sampler="learnable", learnable_window=2)
+    cfg = RolloutConfig(data_path="d", log_path=str(tmp_path), iteration=3, env_config=env, env={})
+    # the env_error episode ran to no outcome: left out
+    assert recent_rates(cfg) == {"half": 0.5, "never": 0.0, "always": 1.0}
+    assert recent_rates(replace(cfg, iteration=0)) == {}  # the first iteration: no history, every family p = 0.5
+    assert recent_rates(replace(cfg, env_config=EnvConfig())) is None
+    assert recent_rates(replace(cfg, split="test")) is None
 
 
 def test_test_split_takes_first_n_and_repeats() -> None:

@@ -10,6 +10,7 @@ import pytest
 from coordinator.aggregate import aggregate
 from rollout_engine import shared_read
 from rollout_engine.errors import ConfigError
+from rollout_engine.history import load_trajectories
 from rollout_engine.journal import Journal
 from rollout_engine.layout import takeover_journal_name
 from rollout_engine.takeover import (
@@ -20,7 +21,6 @@ from rollout_engine.takeover import (
     takeover_plan_path,
 )
 from tests.unit.training.trajectories import traj
-from training.journal import load_trajectories
 
 
 @pytest.fixture(autouse=True)
