@@ -31,8 +31,7 @@ from rollout_engine.config import PolicyConfig
 from rollout_engine.journal import Journal
 from rollout_engine.progress import Progress
 from rollout_engine.scheduler import Scheduler, SchedulerSettings
-from rollout_engine.tasks import EpisodeSpec
-from rollout_engine.types import Failure
+from rollout_engine.types import EpisodeSpec, Failure
 
 logger = logging.getLogger("bench.async_vs_lockstep")
 

@@ -50,8 +50,8 @@ from rollout_engine.policy import PolicyClient
 from rollout_engine.progress import Progress
 from rollout_engine.scheduler import Scheduler, SchedulerSettings
 from rollout_engine.takeover import assigned_specs, load_takeover_plan, takeover_plan_file
-from rollout_engine.tasks import EpisodeSpec, load_tasks, plan_rank, rank_limits, tasks_path
-from rollout_engine.types import Task
+from rollout_engine.tasks import load_tasks, plan_rank, rank_limits, tasks_path
+from rollout_engine.types import EpisodeSpec, Task
 
 logger = logging.getLogger(__name__)
 

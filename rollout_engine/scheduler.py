@@ -29,8 +29,7 @@ from rollout_engine.envs.base import ChatPolicy, Env, EpisodeState, Score
 from rollout_engine.errors import ContextOverflowError, InfraError, JudgeError, ModelError
 from rollout_engine.journal import Journal, JournalRouter
 from rollout_engine.progress import Progress
-from rollout_engine.tasks import EpisodeSpec
-from rollout_engine.types import Failure, Trajectory
+from rollout_engine.types import EpisodeSpec, Failure, Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from rollout_engine.types import Trajectory
 
 if TYPE_CHECKING:  # training reads takeovers too and stays free of omegaconf
     from rollout_engine.config import RolloutConfig
-    from rollout_engine.tasks import EpisodeSpec
+    from rollout_engine.types import EpisodeSpec
 
 TAKEOVER_SCHEMA = "baton.takeover/1"
 NEWLINE = b"\n"

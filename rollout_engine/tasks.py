@@ -26,26 +26,13 @@ import hashlib
 import json
 import math
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_engine.config import DifficultyBucket, EnvConfig, RolloutConfig, cluster_limit_problem
 from rollout_engine.errors import ConfigError
 from rollout_engine.history import load_trajectories
 from rollout_engine.inputs import input_lines, read_input
-from rollout_engine.types import Failure, Task, Trajectory
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """One episode to run: a task and which of its samples this is."""
-
-    task: Task
-    sample_index: int
-
-    @property
-    def episode_id(self) -> str:
-        return f"{self.task.task_id}#{self.sample_index}"
+from rollout_engine.types import EpisodeSpec, Failure, Task, Trajectory
 
 
 def _task_from_line(path: Path, number: int, line: str) -> Task:

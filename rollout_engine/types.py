@@ -58,6 +58,18 @@ class Task:
         return cls(**kwargs)
 
 
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to run: a task and which of its samples this is."""
+
+    task: Task
+    sample_index: int
+
+    @property
+    def episode_id(self) -> str:
+        return f"{self.task.task_id}#{self.sample_index}"
+
+
 @dataclass
 class Completion:
     """One chat-completion reply with the token ids vLLM returns on request."""

@@ -17,8 +17,7 @@ from rollout_engine.errors import EnvError, JudgeError, ModelError, PolicyDown
 from rollout_engine.journal import Journal, read_journal
 from rollout_engine.progress import Progress
 from rollout_engine.scheduler import Scheduler, SchedulerSettings
-from rollout_engine.tasks import EpisodeSpec
-from rollout_engine.types import Completion, Failure, Task
+from rollout_engine.types import Completion, EpisodeSpec, Failure, Task
 
 
 class EchoPolicy:
