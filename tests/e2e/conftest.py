@@ -143,11 +143,11 @@ def train_journal(vllm_server: VllmServer, data_dir: Path, tmp_path_factory: pyt
             log,
             vllm_server.base_url,
             "iteration=0",
-            # RFT keeps one success per task, so the rows are the tasks solved: the base model solves 8-25 %
-            # of them (48 tasks gave 4 on CI, one short of lora-2proc's 2 processes x 2 rows). 128 tasks
-            # solved 23-32 here; at CI's rate P(fewer than 4) is about 0.3 %. Most solved tasks also
-            # have a failure (DPO's pairs).
-            "env_config.train_tasks_rollout_size=128",
+            # RFT keeps one success per task, so the rows are the tasks solved: 48 tasks gave 4 on CI (1 in 12),
+            # one short of lora-2proc's 2 processes x 2 rows once a row failed token fidelity; at that rate
+            # fewer than 4 is 42 % likely for 48 tasks, 0.06 % for 160 (here 128 solved 23-32). Most solved
+            # tasks also have a failure (DPO's pairs).
+            "env_config.train_tasks_rollout_size=160",
             "env_config.n_samples_per_task=4",
             "policy_config.max_new_tokens=24",
         )
