@@ -24,7 +24,7 @@ source "$ROOT/scripts/lib/envs.sh"
 source "$ROOT/scripts/lib/testreport.sh"
 
 REPORTS=""
-declare -A STAGE_RESULT=() STAGE_TIME=()
+declare -A STAGE_RESULT=() STAGE_TIME=() STAGE_FREE=()
 
 # test_lint: shellcheck every script and bats file, ruff the Python.
 # shellcheck disable=SC2329 # called through test_stage
@@ -54,14 +54,21 @@ test_bats() {
   (cd "$ROOT" && bats --tap tests/shell | tee "$REPORTS/shell.tap")
 }
 
-# test_stage <name> <fn...>: run one stage and record its result and time.
+# test_free_gb: GB free where the tests write (pytest's temporary folders):
+# a full disk fails a training without a traceback, so the table shows it.
+test_free_gb() {
+  df -P -B1G "${TMPDIR:-/tmp}" | awk 'NR == 2 { print $4 }'
+}
+
+# test_stage <name> <fn...>: run one stage and record its result, time and the free disk after it.
 test_stage() {
   local name=$1 start=$SECONDS rc=0
   shift
-  common_log "stage $name"
+  common_log "stage $name ($(test_free_gb) GB free in ${TMPDIR:-/tmp})"
   "$@" || rc=$?
   STAGE_RESULT[$name]=$rc
   STAGE_TIME[$name]=$((SECONDS - start))
+  STAGE_FREE[$name]=$(test_free_gb)
 }
 
 # main [stage...]: set up, run the stages, print the stage table and the test tally.
@@ -90,14 +97,11 @@ main() {
       e2e) test_stage e2e test_pytest e2e tests/e2e ;;
     esac
   done
-  printf '\n%-8s %-6s %s\n' stage result seconds
+  printf '\n%-8s %-6s %-7s %s\n' stage result seconds "GB free after"
   for stage in "${stages[@]}"; do
-    if [[ ${STAGE_RESULT[$stage]} == 0 ]]; then
-      printf '%-8s %-6s %s\n' "$stage" ok "${STAGE_TIME[$stage]}"
-    else
-      printf '%-8s %-6s %s\n' "$stage" FAILED "${STAGE_TIME[$stage]}"
-      failed=1
-    fi
+    local result=ok
+    [[ ${STAGE_RESULT[$stage]} == 0 ]] || { result=FAILED && failed=1; }
+    printf '%-8s %-6s %-7s %s\n' "$stage" "$result" "${STAGE_TIME[$stage]}" "${STAGE_FREE[$stage]}"
   done
   testreport_summary "$REPORTS" "$failed" || rc=$?
   rm -rf "$REPORTS"

@@ -1,6 +1,7 @@
 """The dtype of a policy's weights: served in the base model's, trained on from full precision.
 
     dtype = weights_dtype(model_dir)              # "bfloat16", "float32", ... (safetensors headers; no torch)
+    n = parameter_count(model_dir)                # floating weights in those files
     keep_full_precision(staging, "bfloat16")      # staging/fp32/ = the trainer's fp32 files; staging/ cast
     source = training_weights(policy_version)     # policy_version/fp32 when it has one
 
@@ -19,6 +20,8 @@ next update must start from those, not from their bf16 rounding
 from __future__ import annotations
 
 import json
+import math
+import os
 import struct
 from pathlib import Path
 
@@ -45,10 +48,26 @@ def weights_dtype(model_dir: Path) -> str | None:
     return max(counts, key=lambda name: counts[name]) if counts else None
 
 
+def parameter_count(model_dir: Path) -> int:
+    """The number of floating-point weights in the folder's top-level *.safetensors (0: none readable)."""
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        try:
+            header = _header(path)
+        except (OSError, ValueError, struct.error):
+            continue
+        for entry in header.values():
+            if entry["dtype"] in FLOATS:
+                total += math.prod(entry["shape"])
+    return total
+
+
 def _header(path: Path) -> dict:
     """A safetensors file's tensor table: an 8-byte little-endian length, then that much JSON."""
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
+        if length > os.fstat(f.fileno()).st_size - 8:  # not a safetensors file: its first bytes are no length
+            raise ValueError(f"{path} has no safetensors header")
         header = json.loads(f.read(length))
     header.pop("__metadata__", None)
     return header

@@ -46,7 +46,7 @@ from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_datas
 from training.demonstrations import add_demonstrations, demonstrations_for
 from training.launch import TrainResult, run_group, run_training
 from training.metrics import parse_training
-from training.precision import training_weights, weights_dtype
+from training.precision import parameter_count, training_weights, weights_dtype
 from training.promotion import promote, revert
 from training.recipe import (
     Device,
@@ -60,6 +60,7 @@ from training.recipe import (
     tracker_env,
 )
 from training.selection import Selection
+from training.space import Room
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +335,7 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
     if cfg.launch.dataset_sha256:
         wait_for_dataset(paths, cfg.launch.dataset_sha256, cfg.launch.dataset_wait_s)
     if cfg.launch.node_rank == 0 or _in_process is not None:  # in the warm trainer every rank joins rank 0's step
-        _on_lead(lambda: clear_outputs(paths))
+        _on_lead(lambda: make_room(cfg, paths))
     node_log = paths.node_log(cfg.launch.node_rank)
     if _in_process is not None:
         result = _in_process.trainer(paths.recipe, node_log, tracker_env(cfg, paths.run_dir))
@@ -347,6 +348,10 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
         elif not result.timed_out and (refused := refusal(node_log, paths.recipe)):
             # a setting the trainer refuses fails every retry alike: bad input (exit 2), the run stops
             raise ConfigError(f"{refused}\n  (the training stopped with exit {result.returncode}; see {node_log})")
+        if said := last_error(node_log):
+            why += f", its last error: {said}"
+        if (room := room_for(cfg, paths)) is not None and not room.enough:
+            why += f"; {room.describe()}: a full disk stops the training, often before it can log why"
         raise TrainingError(
             f"training {why}; see {node_log}. policy/current is unchanged; run the same command again to retry"
         )
@@ -373,7 +378,36 @@ def clear_outputs(paths: RunPaths) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def make_room(cfg: UpdateConfig, paths: RunPaths) -> None:
+    """Clear the last try's outputs, then refuse to start a training whose weights would not fit on the disk."""
+    clear_outputs(paths)
+    room = room_for(cfg, paths)
+    if room is not None and not room.enough:
+        raise TrainingError(
+            f"{room.describe()}: free space there, then run the same command again (nothing was trained; "
+            "promotion.keep_last prunes older policy versions after each promotion)"
+        )
+
+
+def room_for(cfg: UpdateConfig, paths: RunPaths) -> Room | None:
+    weights = parameter_count(training_weights(config_mod.model_path(cfg).resolve()))
+    return Room.of(paths.run_dir, weights, cfg.promotion.keep_optimizer)
+
+
 SIGKILL_HINT = sigkill.HINT
+
+#: the last line of a Python traceback (torchrun prefixes a worker's lines with [rankN]:)
+ERROR_LINE = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)\b.*)$", re.M)
+
+
+def last_error(node_log: Path) -> str | None:
+    """The last exception a failed training logged, if it logged one."""
+    try:
+        tail = node_log.read_bytes()[-50000:].decode(errors="replace")
+    except OSError:
+        return None
+    said = ERROR_LINE.findall(tail)
+    return said[-1].strip()[:300] if said else None
 
 
 #: the last line of a Python traceback that refuses a value (torchrun prefixes a worker's lines with [rankN]:)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, default_sigint
+from tests.conftest import REPO, default_sigint, env_python
 from tests.e2e.conftest import processes_mentioning, run_update
 from tests.waits import UPDATE_S, communicate_waiting, run_waiting
 
@@ -56,6 +57,44 @@ def test_wrong_template_fails_fidelity_before_anything_is_written(journal_log: P
     run_dir = journal_log / "training" / "iter_0000"
     assert not (run_dir / "data").exists() and not (run_dir / "train_config.yaml").exists()
     assert not (journal_log / "policy").exists()
+
+
+def test_an_update_that_would_not_fit_on_the_disk_is_refused_before_it_trains(
+    journal_log: Path, model_dir: Path
+) -> None:
+    """The log path on a 300 MB filesystem (a tmpfs mounted in a mount namespace of this test's own): the update
+    prepares its dataset, then refuses to train the 135M model, whose fp32 output and served copy take about
+    0.8 GB, saying so; no trainer starts and no policy is promoted."""
+    cmd = [env_python("train"), "-m", "training", "--config-name", "update", "log_path=$SMALL", "iteration=0"]
+    cmd += [
+        f"model_path={model_dir}",
+        "algorithm.per_device_train_batch_size=1",
+        "algorithm.gradient_accumulation_steps=1",
+    ]
+    inside = (
+        'mkdir "$SMALL" && mount -t tmpfs -o size=300m baton-test "$SMALL" && cp -a "$JOURNAL"/. "$SMALL"/ && '
+        f'{" ".join(cmd)}; rc=$?; find "$SMALL" -path "*/training/*" -o -path "*/policy*"; exit $rc'
+    )
+    out = run_waiting(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", inside],
+        waiting_for="the update on a 300 MB filesystem to refuse",
+        timeout=UPDATE_S,
+        cwd=REPO,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "SMALL": str(journal_log.parent / "small"),
+            "JOURNAL": str(journal_log),
+        },
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
+    # 300 MiB less the journal and the dataset; 134.5 M weights x 6 bytes
+    assert re.search(r"has 0\.[23]\d GB free, and this update writes about 0\.81 GB there", text), text[-3000:]
+    assert "free space there, then run the same command again (nothing was trained" in text
+    listed = out.stdout.split()
+    assert any(path.endswith("/training/iter_0000/train_config.yaml") for path in listed), listed  # prepared
+    assert not any(path.endswith(("train.log", "/output")) or "/policy" in path for path in listed), listed
 
 
 def wait_for_training(run_dir: Path, training_dir: Path, proc: subprocess.Popen) -> int:
