@@ -42,6 +42,7 @@ from typing import Any
 from filelock import FileLock
 
 from rollout_engine.fence import check_fence
+from rollout_engine.shared_read import make_dirs
 
 
 @dataclass
@@ -58,7 +59,7 @@ class JsonlRead:
 def save_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> None:
     """Replace `path` with `data` atomically and (unless `durable` is False) durably."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600
@@ -95,7 +96,7 @@ def append_line(path: str | Path, line: str) -> None:
     """
     check_fence()  # a node of a superseded run appends nothing (rollout_engine.fence)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     data = (line if line.endswith("\n") else line + "\n").encode("utf-8")
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:

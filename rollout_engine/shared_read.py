@@ -3,6 +3,7 @@
     data = read_fresh(path)     # FileNotFoundError only when neither a listing nor the name finds it
     exists_either_way(path)     # a listing of its folder shows it, or its name does
     data = read_sealed(path, size, sha256)   # another node's sealed journal, once this client shows all of it
+    make_dirs(path)             # mkdir -p where another node may be making the same folders
 
 Imports nothing of Baton's, so that every module can use it (rollout_engine.fence included).
 """
@@ -56,6 +57,24 @@ def read_fresh(path: str | Path) -> bytes:
                 os.listdir(path.parent)
             time.sleep(0.05 * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def make_dirs(path: Path) -> None:
+    """`path.mkdir(parents=True, exist_ok=True)` where another node may make the same folders at once. On a
+    distributed filesystem (GlusterFS seen here) a folder another client is creating can answer EEXIST to this
+    client's mkdir while a mkdir inside it still answers ENOENT for a moment: list the folders on the way
+    (which refreshes this client's entries) and try again, up to STALE_TRIES times within about 0.75 s."""
+    for attempt in range(STALE_TRIES):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            return
+        except FileNotFoundError:
+            if attempt == STALE_TRIES - 1:
+                raise
+            for folder in path.parents:
+                with contextlib.suppress(OSError):
+                    os.listdir(folder)
+            time.sleep(0.05 * 2**attempt)
 
 
 def exists_either_way(path: Path) -> bool:

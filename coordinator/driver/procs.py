@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coordinator.driver import say
+from rollout_engine.shared_read import make_dirs
 
 #: Bash's `wait` on a pid that is not its child; Group.poll's code for a group it did not start
 NOT_OUR_CHILD = 127
@@ -360,7 +361,7 @@ def claim(run_dir: Path, role: str, wait_s: float = 10) -> None:
     step under a flock on <run_dir>/owner.lock; when that lock is not free within `wait_s` seconds,
     nothing is claimed and LockBusy says which lock."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(run_dir)  # every node makes <log>/run/ at its start
     lock = run_dir / "owner.lock"
     fd = _lock(lock, wait_s)
     if fd is None:

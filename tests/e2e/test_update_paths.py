@@ -54,7 +54,7 @@ RECIPE = {
     "dpo-zero3": {"stage": "dpo", "finetuning_type": "full", "deepspeed": 3},
     "lora-2proc": {"stage": "sft", "finetuning_type": "lora", "deepspeed": None},
 }
-#: each path's served outputs once reloaded: {path: (policy folder, fingerprint)}
+#: each path's served outputs once reloaded: {path: (its policy folder, kept in `promoted`; fingerprint)}
 SERVED: dict[str, tuple[Path, list]] = {}
 
 
@@ -76,9 +76,15 @@ def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         stop_vllm(server)
 
 
+@pytest.fixture(scope="module")
+def promoted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where each path's promoted policy stays for the last test: a passed test's own folder goes as it ends."""
+    return tmp_path_factory.mktemp("promoted")
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 def test_update_path_trains_promotes_and_serves_changed_outputs(
-    path: str, train_journal: Path, model_dir: Path, served: tuple[VllmServer, list], tmp_path: Path
+    path: str, train_journal: Path, model_dir: Path, served: tuple[VllmServer, list], promoted: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "log"
     shutil.copytree(train_journal / "trajectories", log / "trajectories")
@@ -114,7 +120,8 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     assert server.server.reload(str(policy)), f"{path}: vLLM refused the in-place reload of {policy} (see stderr)"
     now = fingerprint(server)
     assert now != base, f"{path}: the promoted policy serves the base model's greedy outputs"
-    SERVED[path] = (policy, now)
+    shutil.copytree(policy, promoted / path, copy_function=os.link)  # hard links: no second copy on disk
+    SERVED[path] = (promoted / path, now)
 
 
 def test_a_reloaded_policy_serves_what_a_fresh_server_serves(

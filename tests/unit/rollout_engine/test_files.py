@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollout_engine.files import append_jsonl, read_jsonl, save_jsonl, shared_lock
-from rollout_engine.shared_read import read_fresh
+from rollout_engine.shared_read import STALE_TRIES, make_dirs, read_fresh
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -130,6 +130,34 @@ def test_read_fresh_opens_again_a_file_another_node_replaced_under_a_stale_handl
 
     monkeypatch.setattr(Path, "read_bytes", replaced)
     assert read_fresh(path) == b"beat 7\n"
+
+
+def test_make_dirs_tries_again_while_a_folder_another_client_makes_answers_enoent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GlusterFS, two nodes starting at once (seen in test_multinode): mkdir of <log>/run/rank_0 answered ENOENT
+    although <log>/run answered EEXIST. The folders on the way are listed and the mkdir tried again; a
+    folder that never shows stays an error."""
+    target = tmp_path / "exp" / "run" / "rank_0"
+    real, listed = Path.mkdir, []
+    misses = iter([True, True])  # the first two tries meet the folder being made
+
+    def racing(self: Path, *args, **kwargs) -> None:
+        if self == target and next(misses, False):
+            raise FileNotFoundError(self)
+        real(self, *args, **kwargs)
+
+    real_listdir = os.listdir
+    monkeypatch.setattr(Path, "mkdir", racing)
+    monkeypatch.setattr(os, "listdir", lambda folder: listed.append(Path(folder)) or real_listdir(folder))
+    make_dirs(target)
+    assert target.is_dir() and listed[:2] == [target.parent, target.parent.parent]
+
+    misses = iter([True] * STALE_TRIES)
+    again = tmp_path / "exp" / "run" / "rank_1"
+    target = again
+    with pytest.raises(FileNotFoundError):
+        make_dirs(again)
 
 
 def test_read_sealed_reads_again_while_a_client_shows_a_shorter_prefix_of_a_sealed_journal(tmp_path: Path) -> None:
