@@ -23,6 +23,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 from rollout_engine.files import save_bytes, save_json
@@ -36,30 +37,25 @@ WIDTH = {name: width for name, width in FLOATS.values()}
 def weights_dtype(model_dir: Path) -> str | None:
     """The dtype of most floating tensors in the folder's top-level *.safetensors (None: no readable weights)."""
     counts: dict[str, int] = {}
-    for path in sorted(model_dir.glob("*.safetensors")):
-        try:
-            header = _header(path)
-        except (OSError, ValueError, struct.error):  # not a safetensors file: nothing to count
-            continue
-        for entry in header.values():
-            if entry["dtype"] in FLOATS:
-                name = FLOATS[entry["dtype"]][0]
-                counts[name] = counts.get(name, 0) + 1
+    for entry in _float_tensors(model_dir):
+        name = FLOATS[entry["dtype"]][0]
+        counts[name] = counts.get(name, 0) + 1
     return max(counts, key=lambda name: counts[name]) if counts else None
 
 
 def parameter_count(model_dir: Path) -> int:
     """The number of floating-point weights in the folder's top-level *.safetensors (0: none readable)."""
-    total = 0
+    return sum(math.prod(entry["shape"]) for entry in _float_tensors(model_dir))
+
+
+def _float_tensors(model_dir: Path) -> Iterator[dict]:
+    """The header entries of the floating tensors in the folder's top-level *.safetensors."""
     for path in sorted(model_dir.glob("*.safetensors")):
         try:
             header = _header(path)
-        except (OSError, ValueError, struct.error):
+        except (OSError, ValueError, struct.error):  # not a safetensors file: nothing to count
             continue
-        for entry in header.values():
-            if entry["dtype"] in FLOATS:
-                total += math.prod(entry["shape"])
-    return total
+        yield from (entry for entry in header.values() if entry["dtype"] in FLOATS)
 
 
 def _header(path: Path) -> dict:

@@ -396,34 +396,38 @@ def room_for(cfg: UpdateConfig, paths: RunPaths) -> Room | None:
 
 SIGKILL_HINT = sigkill.HINT
 
-#: the last line of a Python traceback (torchrun prefixes a worker's lines with [rankN]:)
-ERROR_LINE = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)\b.*)$", re.M)
+#: torchrun prefixes a worker's lines with [rankN]: (or [defaultN]:)
+WORKER_PREFIX = r"^(?:\[(?:rank|default)\d+\]:\s*)?"
+#: the last line of a Python traceback
+ERROR_LINE = re.compile(WORKER_PREFIX + r"([A-Za-z_][\w.]*(?:Error|Exception)\b.*)$", re.M)
+#: the last line of a Python traceback that refuses a value
+REFUSED_LINE = re.compile(WORKER_PREFIX + r"((?:ValueError|TypeError|AssertionError): .*)$", re.M)
+
+
+def log_tail(node_log: Path, size: int = 50000) -> str | None:
+    """The last `size` bytes of a training's log (None: unreadable)."""
+    try:
+        return node_log.read_bytes()[-size:].decode(errors="replace")
+    except OSError:
+        return None
 
 
 def last_error(node_log: Path) -> str | None:
     """The last exception a failed training logged, if it logged one."""
-    try:
-        tail = node_log.read_bytes()[-50000:].decode(errors="replace")
-    except OSError:
-        return None
-    said = ERROR_LINE.findall(tail)
+    said = ERROR_LINE.findall(log_tail(node_log) or "")
     return said[-1].strip()[:300] if said else None
-
-
-#: the last line of a Python traceback that refuses a value (torchrun prefixes a worker's lines with [rankN]:)
-REFUSED_LINE = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?((?:ValueError|TypeError|AssertionError): .*)$", re.M)
 
 
 def refusal(node_log: Path, recipe_path: Path) -> str | None:
     """A failed training's refusal of a setting, worded as phase=check words one (`rejection`): the log's last
     ValueError / TypeError / AssertionError whose message names a key or a string value of the training YAML
     (`Invalid learning rate: -1.0` names learning_rate). None for any other failure: a retry may pass."""
+    tail = log_tail(node_log)
     try:
-        tail = node_log.read_bytes()[-50000:].decode(errors="replace")
         recipe = OmegaConf.to_container(OmegaConf.load(recipe_path))
-    except Exception:  # an unreadable log or YAML: no refusal to name (the failure stays a failure)
+    except Exception:  # an unreadable YAML: no refusal to name (the failure stays a failure)
         return None
-    said = [m.group(1).strip() for m in REFUSED_LINE.finditer(tail)]
+    said = [m.group(1).strip() for m in REFUSED_LINE.finditer(tail or "")]
     if not said or not isinstance(recipe, dict) or named_key(said[-1], recipe) is None:
         return None
     return rejection(said[-1], recipe)
@@ -434,10 +438,7 @@ def killed_by_sigkill(returncode: int, node_log: Path) -> bool:
     worker's (`Signal 9 (SIGKILL)`, `exitcode  : -9`) in the node's log."""
     if returncode in (-9, 137):
         return True
-    try:
-        return sigkill.reported(node_log.read_bytes()[-20000:].decode(errors="replace"))
-    except OSError:
-        return False
+    return sigkill.reported(log_tail(node_log, 20000) or "")
 
 
 def wait_for_dataset(paths: RunPaths, expected: str, wait_s: float, every_s: float = 1.0) -> None:

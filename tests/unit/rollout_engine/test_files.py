@@ -153,11 +153,9 @@ def test_make_dirs_tries_again_while_a_folder_another_client_makes_answers_enoen
     make_dirs(target)
     assert target.is_dir() and listed[:2] == [target.parent, target.parent.parent]
 
-    misses = iter([True] * STALE_TRIES)
-    again = tmp_path / "exp" / "run" / "rank_1"
-    target = again
+    misses, target = iter([True] * STALE_TRIES), tmp_path / "exp" / "run" / "rank_1"
     with pytest.raises(FileNotFoundError):
-        make_dirs(again)
+        make_dirs(target)
 
 
 def test_read_sealed_reads_again_while_a_client_shows_a_shorter_prefix_of_a_sealed_journal(tmp_path: Path) -> None:
