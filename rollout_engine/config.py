@@ -6,7 +6,8 @@ Schemas are dataclasses registered in Hydra's ConfigStore by
 `configs/rollout_test.yaml` start from the `rollout_schema` node and pick an
 environment from the config group `env` (`configs/env/<name>.yaml`).
 
-Sections: `policy_config` (the model server; `PolicyConfig` is reused by
+Sections: `model_config` (the policy's model; the update config holds it too),
+`policy_config` (the model server; `PolicyConfig` is reused by
 training), `env_config` (scheduling, tasks, sampling, budgets),
 `openai_config` (the LLM judge) and run-level keys (`data_path`, `log_path`,
 `split`, `iteration`, `rank`, `rank_weights`, `resume`, `seed`, ...).
@@ -118,6 +119,51 @@ class PolicyConfig:
             f"(got {self.retry_backoff_s} and {self.retry_backoff_max_s})",
         )
         _raise(p)
+
+
+#: the reference system's model names (model_config.model_type) and the Hub models they stand for
+MODEL_TYPES = {"qwen3-instruct": "Qwen/Qwen3-VL-8B-Instruct", "qwen3-think": "Qwen/Qwen3-VL-8B-Thinking"}
+REASONING = ("auto", "think", "none")
+
+
+@dataclass
+class ModelConfig:
+    """The policy's model: what every node serves and trains (the rollout and the update configs both hold it,
+    so an override reaches both). run.sh resolves it once, records it in the run and pins it across nodes and
+    --resume (docs/models.md)."""
+
+    #: a Hugging Face model folder or a Hub id ("Qwen/Qwen3-8B", found in <data_path>/.cache/huggingface);
+    #: "" = the shipped model, <data_path>/models/SmolLM2-135M-Instruct
+    model: str = ""
+    #: the reference system's names, an alternative to `model`: qwen3-instruct or qwen3-think ("" = none)
+    model_type: str = setting("", Choice(("", *MODEL_TYPES), "the reference's Qwen3-VL-8B Instruct / Thinking"))
+    #: LLaMA-Factory's template for the training rows: auto = the one that renders the model's own chat
+    #: template token for token (found before anything starts)
+    template: str = "auto"
+    #: the system prompt LLaMA-Factory inserts when a row has none: auto = the one the model's chat template
+    #: inserts (found with the template); null = the template's own
+    default_system: str | None = "auto"
+    #: chat template arguments (enable_thinking: false), sent with every request and used when the training
+    #: rows are rendered
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: replies carry reasoning before the action: think (<think>...</think>, kept in the trajectory and trained,
+    #: never shown to the environment), none, or auto (think when the model's chat template knows the tags)
+    reasoning: str = setting("auto", Choice(REASONING))
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        _check(
+            p,
+            not (self.model and self.model_type),
+            f"model_config.model and model_config.model_type are both set (got {self.model!r} and "
+            f"{self.model_type!r}); set one of them",
+        )
+        _raise(p)
+
+    @property
+    def wanted(self) -> str:
+        """The model asked for: `model`, the Hub id of `model_type`, or "" for the shipped model."""
+        return self.model or MODEL_TYPES.get(self.model_type, "")
 
 
 @dataclass
@@ -272,6 +318,7 @@ class RolloutConfig:
     #: this rank, each into rank_<r>.takeover_<d>.jsonl, instead of this rank's own share
     #: (--on-rank-failure continue: rollout_engine.takeover); "" rolls out the own share
     takeover_plan: str = ""
+    model_config: ModelConfig = field(default_factory=ModelConfig)
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
     env_config: EnvConfig = field(default_factory=EnvConfig)
     openai_config: OpenAIConfig = field(default_factory=OpenAIConfig)
@@ -305,7 +352,12 @@ def validate(cfg: DictConfig) -> RolloutConfig:
             "env must name an environment (got nothing); pass env=reasoning_gym or another file of configs/env/"
         )
     sections: dict[str, Any] = {}
-    for key, schema in (("policy_config", PolicyConfig), ("env_config", EnvConfig), ("openai_config", OpenAIConfig)):
+    for key, schema in (
+        ("model_config", ModelConfig),
+        ("policy_config", PolicyConfig),
+        ("env_config", EnvConfig),
+        ("openai_config", OpenAIConfig),
+    ):
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg[key])
         problems += _schema.problems(merged, key)
         try:
