@@ -138,7 +138,7 @@ agent_arm() {
     return 0
   fi
   common_log "$what: iterations $((ran + 1))-$iterations: $log"
-  BATON_BASE_MODEL=$warm agent_run "$log" "$data" --max-iterations "$((iterations - ran))" --final-eval "$@"
+  agent_run "$log" "$data" --max-iterations "$((iterations - ran))" --final-eval "model_config.model=$warm" "$@"
 }
 
 main() {

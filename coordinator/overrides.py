@@ -18,6 +18,7 @@ environment's parameters and its word on each task.
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,49 @@ def _has_key(cfg: DictConfig, key: str) -> bool:
     return OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False) is not _MISSING
 
 
+def closed_parent(plain: dict[str, DictConfig], key: str) -> str | None:
+    """The problem with `+key=...` adding a key where no new key belongs (None when it may): a new key goes
+    only under an open mapping (env.*, env_config.difficulty_ratio, model_config.chat_template_kwargs,
+    algorithm.llamafactory_overrides), never beside a schema's fields, where nothing would read it."""
+    parts = key.split(".")
+    # the deepest part of the key that exists, and the first name under it that does not
+    depth = max(d for d in range(len(parts)) if d == 0 or any(_has_key(c, ".".join(parts[:d])) for c in plain.values()))
+    parent, missing = ".".join(parts[:depth]), parts[depth]
+    for cfg in plain.values():
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+        if isinstance(node, DictConfig) and OmegaConf.get_type(node) in (dict, None):
+            return None
+    rest = ".".join(parts[depth:])
+    paths = sorted({p for cfg in plain.values() for p in _paths(cfg)})
+    near = [p for p in paths if p.rsplit(".", 1)[-1] == missing] or [
+        p
+        for p in paths
+        if p.rpartition(".")[0] == parent
+        and p.rsplit(".", 1)[-1]
+        in difflib.get_close_matches(
+            missing, [q.rsplit(".", 1)[-1] for q in paths if q.rpartition(".")[0] == parent], n=3
+        )
+    ]
+    hint = f"did you mean {' or '.join('+' + p + rest[len(missing) :] for p in near[:3])}? " if near else ""
+    where = f"{parent!r}" if parent else "the top level"
+    return (
+        f"override '+{key}=...': {where} has no key {missing!r} and takes no new ones (nothing would read it); "
+        f"{hint}check the spelling (docs/rollout.md and docs/update.md list every key)"
+    )
+
+
+def _paths(cfg: DictConfig, prefix: str = "", depth: int = 3) -> list[str]:
+    """Every dotted key of `cfg` down to `depth` levels."""
+    out = []
+    for name in cfg:
+        path = f"{prefix}{name}"
+        out.append(path)
+        child = cfg._get_node(name)
+        if depth > 1 and isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            out += _paths(child, path + ".", depth - 1)
+    return out
+
+
 def _accepts(name: str, base: list[str], override: str) -> bool:
     try:
         _compose(name, [*base, override])
@@ -183,6 +227,9 @@ def route(req: Request) -> tuple[Routed, list[str]]:
             continue
         targets = [t for t, cfg in plain.items() if _has_key(cfg, key)]
         names = {"rollout": "rollout_train", "update": "update"}
+        if override.startswith("+") and not targets and (closed := closed_parent(plain, key)):
+            problems.append(closed)
+            continue
         if not targets:  # a key a group choice adds (tracker.wandb.mode with tracker=wandb), whatever its value
             targets = [t for t in plain if chosen[t] and _has_key(_compose(names[t], [*base[t], *chosen[t]]), key)]
         if not targets:
@@ -196,6 +243,28 @@ def route(req: Request) -> tuple[Routed, list[str]]:
         for target in targets:
             getattr(routed, target).append(override)
     return routed, problems
+
+
+def model_settings(req: Request) -> Any:
+    """model_config as the overrides set it (a ModelConfig), composed on its own: run.sh finds the model
+    before it composes the rest with it. ConfigError names every problem."""
+    from rollout_engine import schema
+    from rollout_engine.config import ModelConfig
+    from rollout_engine.config import register_configs as register_rollout
+
+    register_rollout()
+    mine = [o for o in req.overrides if override_key(o).split(".")[0] == "model_config"]
+    problems = [p for o in mine if (p := unparsable(o))]
+    if problems:
+        raise ConfigError(problems)
+    try:
+        cfg = _compose("rollout_train", [*_base(req)["rollout"], *mine])
+    except Exception as exc:  # Hydra/OmegaConf composition errors are bad input here
+        raise ConfigError([hydra_problem(exc)]) from None
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model_config)
+    if problems := schema.problems(merged, "model_config"):
+        raise ConfigError(problems)
+    return OmegaConf.to_object(merged)
 
 
 def route_and_compose(req: Request) -> Routed:

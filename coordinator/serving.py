@@ -205,7 +205,7 @@ def serving_plan(
         problem = model_config_problem(config)
     if problem:
         raise ValueError(
-            f"model config {path} {problem}; point BATON_BASE_MODEL (or the policy) at a "
+            f"model config {path} {problem}; point model_config.model (or the policy) at a "
             "Hugging Face model folder whose config.json has " + ", ".join(SHAPE_KEYS)
         )
     kv = kv_cache_gib(config, precision.dtype, sessions, max_model_len)

@@ -45,6 +45,7 @@ VLLM_START_S = Setting("BATON_VLLM_START_S", 600, "seconds vLLM has to answer it
 VLLM_RELOAD_S = Setting("BATON_VLLM_RELOAD_S", 600, "seconds an in-place weight reload may take")
 # Phases
 CHECK_TIMEOUT_S = Setting("BATON_CHECK_TIMEOUT_S", 900, "seconds the update-check may take")
+MODEL_DOWNLOAD_S = Setting("BATON_MODEL_DOWNLOAD_S", 21600, "seconds a download of the model from the Hub may take")
 ROLLOUT_STALL_S = Setting("BATON_ROLLOUT_STALL_S", 900, "seconds a rollout may go without finishing an episode")
 ROLLOUT_TIMEOUT_S = Setting("BATON_ROLLOUT_TIMEOUT_S", 0, "seconds a whole rollout may take (0: no limit)")
 POLICY_RESTARTS = Setting("BATON_POLICY_RESTARTS", 3, "times one rollout is resumed after its server stopped")
@@ -66,6 +67,7 @@ SETTINGS = (
     VLLM_START_S,
     VLLM_RELOAD_S,
     CHECK_TIMEOUT_S,
+    MODEL_DOWNLOAD_S,
     ROLLOUT_STALL_S,
     ROLLOUT_TIMEOUT_S,
     POLICY_RESTARTS,

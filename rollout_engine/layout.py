@@ -240,6 +240,8 @@ class Layout:
     policy = property(lambda self: self.root / "policy")
     policy_current = property(lambda self: self.policy / "current")
     policy_best = property(lambda self: self.policy / "best")
+    #: the model every start of this log path serves and trains (coordinator.model)
+    model = property(lambda self: self.root / "model.json")
 
     def policy_version(self, version: int) -> Path:
         return self.policy / version_name(version)

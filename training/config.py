@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from rollout_engine import schema
+from rollout_engine.config import ModelConfig
 from rollout_engine.errors import ConfigError
 from rollout_engine.layout import Layout
 from rollout_engine.schema import Choice, Range, setting
@@ -276,11 +277,9 @@ class UpdateConfig:
     iteration: int = setting(MISSING, Range(low=0))
     #: model to fine-tune; "" = <log_path>/policy/current
     model_path: str = ""
-    #: LLaMA-Factory chat template (smollm2 matches SmolLM2's own template token for token)
-    template: str = "smollm2"
-    #: the system prompt LLaMA-Factory uses when a sample has none (null = the template's own); it must
-    #: equal the one the model's chat template inserts, or token fidelity fails
-    default_system: str | None = None
+    #: the policy's model (rollout_engine.config.ModelConfig, shared with the rollout config): the update reads
+    #: its template, default_system and chat_template_kwargs (training.chat_template)
+    model_config: ModelConfig = field(default_factory=ModelConfig)
     #: prepare | train | promote | all (multi-node: node 0 prepares and promotes, every node trains);
     #: check = ask LLaMA-Factory about this config and stop (run.sh does it before the first rollout)
     phase: str = setting("all", Choice(PHASES))
@@ -322,7 +321,7 @@ def validate(cfg: UpdateConfig) -> None:
         what = "model_path" if cfg.model_path else "model_path (empty: <log_path>/policy/current)"
         problems.append(
             f"{what} has no HF model at {model} (config.json missing); pass model_path=<HF folder> "
-            "(run.sh: set BATON_BASE_MODEL to one, or run bash scripts/prepare.sh --data-path D)"
+            "(run.sh: set model_config.model to one, or run bash scripts/prepare.sh --data-path D)"
         )
     if alg.warmup_steps > 0 and alg.warmup_ratio > 0:
         problems.append(
@@ -331,7 +330,7 @@ def validate(cfg: UpdateConfig) -> None:
         )
     problems += _check_stage(alg)
     if cfg.phase in ("check", "prepare", "all"):  # train and promote use what prepare wrote and checked
-        problems += _check_template(cfg.template)  # (its import of LLaMA-Factory's data module: 13 s on a core)
+        problems += _check_template(cfg.model_config.template)  # (LLaMA-Factory's data module: 13 s on a core)
     if launch.node_rank >= launch.nnodes >= 1:
         problems.append(f"launch.node_rank must be in [0, launch.nnodes={launch.nnodes}) (got {launch.node_rank})")
     problems += _check_demonstrations(cfg)
@@ -342,7 +341,10 @@ def validate(cfg: UpdateConfig) -> None:
 
 
 def _check_template(name: str) -> list[str]:
-    """The template must be one LLaMA-Factory knows (checked where LLaMA-Factory is installed)."""
+    """A named template must be one LLaMA-Factory knows (checked where LLaMA-Factory is installed); whether it
+    renders the model's chat template is training.chat_template's check."""
+    if name == "auto":
+        return []
     try:
         from llamafactory.data.template import TEMPLATES
     except ImportError:
@@ -352,8 +354,9 @@ def _check_template(name: str) -> list[str]:
     common = [t for t in ("smollm2", "chatml", "llama3", "qwen3", "mistral", "gemma3", "phi4") if t in TEMPLATES]
     shown = difflib.get_close_matches(name, TEMPLATES, n=4, cutoff=0.6) or common
     return [
-        f"template={name!r} is not a LLaMA-Factory template; one of: {', '.join(shown)}, ... ({len(TEMPLATES)} "
-        "in all: llamafactory/data/template.py); smollm2 renders the default model's chat template"
+        f"model_config.template={name!r} is not a LLaMA-Factory template; one of: {', '.join(shown)}, ... "
+        f"({len(TEMPLATES)} in all: llamafactory/data/template.py); model_config.template=auto finds the one "
+        "that renders the model's chat template"
     ]
 
 

@@ -199,8 +199,9 @@ def describe(
         f"token fidelity: dataset row {index} ({source}) differs from the sampled ids at position {position}\n"
         f"  sampled by the policy: {show(want)}\n"
         f"  LLaMA-Factory trains:  {show(got)}\n"
-        f"  template={recipe['template']!r} default_system={recipe.get('default_system')!r}: choose the template "
-        "(and default_system) that renders the model's own chat template token for token"
+        f"  template {recipe['template']!r}, default_system {recipe.get('default_system')!r}: set "
+        "model_config.template=auto and model_config.default_system=auto to use those that render the model's "
+        "chat template token for token (docs/models.md)"
     )
 
 

@@ -26,13 +26,16 @@ import json
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
 from rollout_engine.layout import iteration_name
 from training.config import AlgorithmConfig, UpdateConfig
 from training.dataset import DatasetFiles
+
+if TYPE_CHECKING:
+    from training.chat_template import Choice
 
 REPO = Path(__file__).resolve().parent.parent
 DEEPSPEED_DIR = REPO / "configs" / "deepspeed"
@@ -138,8 +141,10 @@ def check_deepspeed(preset: str, device: Device) -> list[str]:
     return []
 
 
-def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir: Path, device: Device) -> dict:
-    """The LLaMA-Factory YAML as a dict."""
+def build_recipe(
+    cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir: Path, device: Device, chosen: Choice
+) -> dict:
+    """The LLaMA-Factory YAML as a dict; `chosen` is the template that renders the model's chat template."""
     alg: AlgorithmConfig = cfg.algorithm
     train_name, val_name = files.names
     recipe: dict[str, Any] = {
@@ -148,8 +153,8 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
         "do_train": True,
         "dataset": train_name,
         "dataset_dir": str(files.directory),
-        "template": cfg.template,
-        **({"default_system": cfg.default_system} if cfg.default_system is not None else {}),
+        "template": chosen.template,
+        **({"default_system": chosen.default_system} if chosen.default_system is not None else {}),
         "output_dir": str(output_dir),
         "overwrite_output_dir": True,
         "overwrite_cache": True,
@@ -158,6 +163,8 @@ def build_recipe(cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir
         "run_name": iteration_name(cfg.iteration),
         "plot_loss": False,
     }
+    if "enable_thinking" in cfg.model_config.chat_template_kwargs:  # rendered as vLLM renders the prompts
+        recipe["enable_thinking"] = bool(cfg.model_config.chat_template_kwargs["enable_thinking"])
     recipe["bf16"], ds = precision(alg.bf16, cfg.launch.deepspeed, device, alg.finetuning_type)
     recipe |= {key: getattr(alg, key) for key in HYPERPARAMETERS if getattr(alg, key) is not None}
     # LLaMA-Factory checkpoints activations unless told not to, and ignores HF's `gradient_checkpointing`
@@ -211,8 +218,9 @@ def parse_recipe(recipe: dict) -> RecipeArgs:
 #: recipe keys written from a setting of another name (the rest: algorithm.<key>, or an override)
 SETTING_OF = {
     "model_name_or_path": "model_path",
-    "template": "template",
-    "default_system": "default_system",
+    "template": "model_config.template",
+    "default_system": "model_config.default_system",
+    "enable_thinking": "model_config.chat_template_kwargs.enable_thinking",
     "deepspeed": "launch.deepspeed",
     "disable_gradient_checkpointing": "algorithm.gradient_checkpointing",
 }

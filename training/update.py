@@ -21,6 +21,7 @@ and running the same command again retries.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -61,6 +63,9 @@ from training.recipe import (
 )
 from training.selection import Selection
 from training.space import Room
+
+if TYPE_CHECKING:
+    from training.chat_template import Choice
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +181,19 @@ def _on_lead(step: Callable[[], object]) -> None:
 
 def recipe_of(cfg: UpdateConfig, paths: RunPaths, files: DatasetFiles, device: Device) -> dict:
     """The LLaMA-Factory YAML of this update (what prepare writes and phase=check asks about), training from
-    the model's full-precision weights when it is a policy version that kept them (training.precision)."""
-    return build_recipe(cfg, files, training_weights(config_mod.model_path(cfg).resolve()), paths.output, device)
+    the model's full-precision weights when it is a policy version that kept them (training.precision), with
+    the template that renders its chat template (training.chat_template)."""
+    model = training_weights(config_mod.model_path(cfg).resolve())
+    return build_recipe(cfg, files, model, paths.output, device, template_of(cfg, model))
+
+
+def template_of(cfg: UpdateConfig, model: Path) -> Choice:
+    """The LLaMA-Factory template (and default system prompt) of `model`'s rows; ConfigError when none fits."""
+    from training.chat_template import Encoding, Wanted, choose_template
+
+    m = cfg.model_config
+    wanted = Wanted(m.template, m.default_system, json.dumps(dict(m.chat_template_kwargs), sort_keys=True))
+    return choose_template(model, wanted, Encoding(cfg.algorithm.stage, cfg.algorithm.mask_history))
 
 
 def check(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
@@ -188,9 +204,10 @@ def check(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
     if importlib.util.find_spec("llamafactory") is None:
         raise ConfigError("phase=check needs LLaMA-Factory: run it with the train environment's $BATON_TRAIN_PY")
     files = DatasetFiles(paths.data, train_rows=1, val_rows=int(cfg.data.val_split_ratio > 0))
-    recipe = recipe_of(cfg, paths, files, device)
+    recipe: dict = {}
     problems = check_deepspeed(cfg.launch.deepspeed, device)
     try:
+        recipe = recipe_of(cfg, paths, files, device)
         load_template(parse_recipe(recipe))
     except ConfigError as exc:
         problems.extend(exc.problems)
@@ -198,12 +215,10 @@ def check(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
         problems.append(rejection(exc, recipe))
     if problems:
         raise ConfigError(problems)
-    log.info(
-        "check: LLaMA-Factory accepts this config (template %s, stage %s, %s)",
-        cfg.template,
-        cfg.algorithm.stage,
-        device.kind,
-    )
+    chosen = template_of(cfg, training_weights(config_mod.model_path(cfg).resolve()))
+    # the driver shows this line (its dry run and its start): keep its prefix
+    log.info("chat template: %s (found from the model's chat template)", chosen.describe())
+    log.info("check: LLaMA-Factory accepts this config (stage %s, %s)", cfg.algorithm.stage, device.kind)
 
 
 def prepare(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
@@ -522,7 +537,7 @@ def merge_lora(cfg: UpdateConfig, paths: RunPaths) -> Path:
     export = {
         "model_name_or_path": str(training_weights(config_mod.model_path(cfg).resolve())),
         "adapter_name_or_path": str(paths.output),
-        "template": cfg.template,
+        "template": OmegaConf.load(paths.recipe).template,  # the template the adapter trained with
         "finetuning_type": "lora",
         "export_dir": str(paths.merged),
         "trust_remote_code": True,

@@ -97,6 +97,8 @@ class Run:
     train_rank: int | None = None
     rank_weights: list[int] = field(default_factory=list)
     last_error: str = ""
+    #: what <log>/model.json pins: the model this node serves and trains (coordinator.model.model_record)
+    model_record: dict = field(default_factory=dict)
     #: the warm trainer (coordinator/driver/trainer.py), from the first single-node update on
     trainer: WarmTrainer | None = None
 

@@ -20,17 +20,17 @@ from coordinator.driver.update import check_key, check_verdict, update_cmd
 from rollout_engine.defaults import CHECK_TIMEOUT_S
 
 
-def check(run: Run, n: int) -> None:
+def check(run: Run, n: int) -> str:
     """The update-check a real run starts before its first rollout or update (update.check_start: a run that
     trains, on the master; skipped where it passed before with the same command, environment and code),
     run here to its end: a rejection exits 2 with the real run's message. Its log goes to a temporary file,
     removed when the check passes."""
     if run.args.phase == "rollout" or not run.node.is_master:
-        return
+        return ""
     cmd = update_cmd(run, n, "check")
     ok = run.run_dir / "update-check.ok"
     if ok.is_file() and ok.read_text().strip() == check_key(run, cmd):
-        return
+        return "update-check: passed before with this command, environment and code"
     fd, name = tempfile.mkstemp(prefix="baton-dry-run-update-check-", suffix=".log")
     logfile, limit = Path(name), CHECK_TIMEOUT_S.value()
     with os.fdopen(fd, "w") as out:
@@ -44,16 +44,21 @@ def check(run: Run, n: int) -> None:
                 f"the check of the update configuration did not finish within {limit}s (BATON_CHECK_TIMEOUT_S); "
                 f"stopped it. Its log: {logfile}",
             ) from None
-    check_verdict(done.returncode, logfile)
+    chosen = check_verdict(done.returncode, logfile)
     logfile.unlink()
+    return chosen
 
 
 def dry_run(run: Run) -> None:
     a = run.args
     n = runstate.next_iteration(a.log)
-    check(run, n)
+    chosen = check(run, n)
     env = ["env", f"PYTHONPATH={run.root}"]
     out = [f"# iteration {n}, --rl-phase {a.phase} (dry run: nothing started or written)"]
+    record = run.model_record
+    out.append(f"# model: {record['wanted']} ({record['path']}, {record['source']}; reasoning {record['reasoning']})")
+    if chosen:
+        out.append(f"# {chosen}")
     if cli.slurm_describe(a):
         out.append(f"# {cli.slurm_describe(a)}")
     if run.node.multi:

@@ -24,6 +24,9 @@ from coordinator.driver.resume import check_resume
 from coordinator.driver.say import BadInput, Die, Ended, error_lines, log
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.vllm import PolicyServer
+from coordinator.model import Found, load_model_record, mismatch, model_record, reasoning_of
+from coordinator.overrides import Request, override_key
+from rollout_engine.config import ModelConfig
 from rollout_engine.defaults import VLLM_PORT
 from rollout_engine.layout import Layout
 
@@ -63,15 +66,47 @@ def main(argv: list[str]) -> int:
         return exc.code
 
 
-def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
-    """Compose every config once with this rank's keys (the overrides' only validation); save the resolved one."""
-    from coordinator.overrides import Request, route_and_compose
-    from rollout_engine.errors import ConfigError
-
+def request_of(args: cli.Args, base_model: str = "") -> Request:
     weights = "[" + ",".join(map(str, args.weights)) + "]"
-    request = Request(
+    return Request(
         args.data, args.log, base_model, list(args.overrides), args.debug, args.rank, weights, args.num_nodes
     )
+
+
+def find(args: cli.Args, pythons: Pythons) -> tuple[Found, ModelConfig]:
+    """The model model_config asks for, on this node (downloaded into the data path's Hugging Face cache when
+    no cache holds it; not by a dry run, which stops there), and its settings; bad input exits 2."""
+    from coordinator.model import ModelNotFound, download, find_model, model_problems
+    from coordinator.overrides import model_settings
+    from rollout_engine.errors import ConfigError
+
+    try:
+        settings = model_settings(request_of(args))
+        found = find_model(args.data, settings)
+        if found.source == "download" and args.dry_run:
+            raise Ended(
+                0,
+                f"# model_config.model={found.wanted} is in no Hugging Face cache yet: a run downloads "
+                f"it into {found.cache} first; the dry run stops here",
+            )
+        if found.source == "download":
+            log(f"downloading {found.wanted} into {found.cache} (no Hugging Face cache holds it)")
+            found = download(found, args.data, pythons.train, {**os.environ})
+    except (ConfigError, ModelNotFound) as exc:
+        raise Die(2, "\n[baton] error: ".join(getattr(exc, "problems", None) or [str(exc)])) from exc
+    if found.source != "shipped" or (found.path / "config.json").is_file():
+        key = "model_config.model" if settings.model else "model_config.model_type"
+        if problems := model_problems(found.path, key):
+            raise Die(2, "\n[baton] error: ".join(problems))
+    return found, settings
+
+
+def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
+    """Compose every config once with this rank's keys (the overrides' only validation); save the resolved one."""
+    from coordinator.overrides import route_and_compose
+    from rollout_engine.errors import ConfigError
+
+    request = request_of(args, base_model)
     # the splits this run rolls out: their task files and environment are checked now, before anything starts
     request.rollout_splits = {"both": ("train", "test"), "update": ()}.get(
         args.phase, ("train",) if args.split == "train-only" else ("test",)
@@ -92,10 +127,26 @@ def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
     )
 
 
+def served_context() -> int:
+    """The context length vLLM serves (pinned with the model: prompts and replies must fit it on every node)."""
+    from coordinator.driver.vllm import MAX_MODEL_LEN, _whole
+
+    return _whole("VLLM_MAX_MODEL_LEN", MAX_MODEL_LEN, "tokens")
+
+
 def build(args: cli.Args, save: Path | None = None) -> Run:
     """The run's state: paths, port, the composed configuration, its children's owners."""
-    base_model = os.environ.get("BATON_BASE_MODEL") or f"{args.data}/models/SmolLM2-135M-Instruct"
+    pythons = Pythons.from_env()
+    found, settings = find(args, pythons)
+    base_model = str(found.path)
+    reasoning = reasoning_of(found.path, settings.reasoning) if (found.path / "config.json").is_file() else "auto"
+    # the rollouts split replies as this model writes them (model_config.reasoning auto, resolved here)
+    args.overrides = [o for o in args.overrides if override_key(o) != "model_config.reasoning"]
+    args.overrides.append(f"model_config.reasoning={reasoning}")
     composed = compose(args, base_model, save)
+    record = model_record(found, settings, served_context())
+    if why := mismatch(load_model_record(args.log), record, args.log):
+        raise BadInput(why)
     if args.resume:
         check_resume(Layout(args.log), args.rank)
     port = VLLM_PORT.value()
@@ -103,12 +154,12 @@ def build(args: cli.Args, save: Path | None = None) -> Run:
         composed.base_url = f"http://127.0.0.1:{port}/v1"
     run_dir = Layout(args.log).rank_dir(args.rank)
     groups, supervisor = Groups(run_dir), Supervisor()
-    pythons = Pythons.from_env()
     node = Node(args, run_dir, groups, supervisor, ROOT, pythons.app, port)
     server = None
     if not args.debug:
         server = PolicyServer(run_dir, port, composed.model, groups, supervisor, pythons.serve, composed.max_sessions)
     run = Run(args, ROOT, pythons, composed, groups, supervisor, node, server, base_model, port)
+    run.model_record = record
     run.rank_weights = list(args.weights)
     run.watch_name = "watch-update" if args.phase == "update" else "watch"
     roles = {"both": ["rollout", "update"], "rollout": ["rollout"], "update": ["update"]}[args.phase]
@@ -145,7 +196,9 @@ def execute(run: Run, resolved: Path) -> int:
         dashboard_start(run)
         if cli.slurm_describe(a):
             log(cli.slurm_describe(a))
+        pin_model(run)
         run.node.start(runstate.next_iteration(a.log))
+        pin_model(run)
         from coordinator.driver.loop import steps
 
         steps(run)
@@ -161,6 +214,20 @@ def execute(run: Run, resolved: Path) -> int:
         run.last_error = "internal error in the driver (traceback above)"
         code = 1
     return cleanup(run, code)
+
+
+def pin_model(run: Run) -> None:
+    """Record the model this log path serves and trains (its first start, a master or a single node), or check
+    this node's against the record: a worker checks again once it has joined (the master writes the record
+    before it opens the run)."""
+    from coordinator.model import save_model_record
+
+    pinned = load_model_record(run.log)
+    if why := mismatch(pinned, run.model_record, run.log):
+        raise BadInput(why)
+    if pinned is None and run.node.is_master:
+        save_model_record(run.log, run.model_record)
+        log(f"model: {run.model_record['wanted']} ({run.model_record['path']}), recorded in {run.layout.model}")
 
 
 def claim(run: Run) -> None:

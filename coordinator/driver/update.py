@@ -72,6 +72,7 @@ def check_key(run: Run, cmd: list[str]) -> str:
         if not re.match(r"^(launch\.master_port|iteration)=", part):
             digest.update(part.encode() + b"\n")
     digest.update(device().encode() + b"\n")
+    digest.update(run.model_record.get("identity", "").encode() + b"\n")  # the model's files, not just its path
     files = [p for d in ("training", "configs") for p in Path(run.root, d).rglob("*") if p.suffix in (".py", ".yaml")]
     for path in sorted(files):
         if path.is_file():
@@ -113,16 +114,18 @@ def check_wait(run: Run, check: Check | None) -> None:
             f"stopped it. Its log: {check.logfile}",
         )
     run.groups.forget("update-check")
-    check_verdict(code, check.logfile)
+    if chosen := check_verdict(code, check.logfile):
+        log(chosen)
     ok = run.run_dir / "update-check.ok"
     ok.with_suffix(".ok.tmp").write_text(check.key + "\n")
     ok.with_suffix(".ok.tmp").replace(ok)
     log(f"update-check: the update configuration is accepted ({int(time.monotonic() - check.started)}s)")
 
 
-def check_verdict(code: int, logfile: Path) -> None:
+def check_verdict(code: int, logfile: Path) -> str:
     """The check's exit `code` (its output in `logfile`): a rejection (2) ends the run with exit 2 and its report,
-    another failure with 1 and its log's last lines; 0 passes. The run and --dry-run say the same."""
+    another failure with 1 and its log's last lines; 0 passes and returns the training template it found. The
+    run and --dry-run say the same."""
     if code == Exit.BAD_INPUT:
         raise Die(
             2,
@@ -132,6 +135,14 @@ def check_verdict(code: int, logfile: Path) -> None:
     if code != 0:
         print(tail(logfile), file=sys.stderr, flush=True)
         raise Die(1, f"the check of the update configuration failed (exit {code}; last lines of {logfile} above)")
+    return check_choice(logfile)
+
+
+def check_choice(logfile: Path) -> str:
+    """The check's word on the training template it found from the model ("" when it gave none)."""
+    lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
+    found = [line[line.index("chat template: ") :] for line in lines if "chat template: " in line]
+    return found[-1] if found else ""
 
 
 def check_problems(logfile: Path) -> str:

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.e2e
 
 CASES = {
     "default": "",
-    "template": "template=nonsense",
+    "template": "model_config.template=nonsense",
+    "mismatch": "model_config.template=qwen3",
     "scheduler": "algorithm.lr_scheduler_type=bogus",
     "override": "+algorithm.llamafactory_overrides.no_such_key=1",
 }
@@ -27,16 +28,25 @@ def test_llamafactory_accepts_the_defaults_and_rejects_what_it_does_not_know(mod
         waiting_for="LLaMA-Factory's check of each case",
     )  # fmt: skip
     assert result["default"]["exit"] == 0, result["default"]["log"]
-    assert "LLaMA-Factory accepts this config (template smollm2, stage sft, cpu)" in result["default"]["log"]
+    assert "LLaMA-Factory accepts this config (stage sft, cpu)" in result["default"]["log"]
+    # the training template found from SmolLM2's own chat template, with the system prompt it inserts
+    smollm = (
+        "chat template: smollm2 (default_system 'You are a helpful AI assistant named SmolLM, trained by Hugging Face')"
+    )
+    assert smollm in result["default"]["log"]
     assert {name: case["exit"] for name, case in result.items() if name != "default"} == {
         "template": 2,
+        "mismatch": 2,
         "scheduler": 2,
         "override": 2,
     }
     assert (
-        "template='nonsense' is not a LLaMA-Factory template; one of: smollm2, chatml, llama3"
+        "model_config.template='nonsense' is not a LLaMA-Factory template; one of: smollm2, chatml, llama3"
         in (result["template"]["log"])
     )
+    mismatch = result["mismatch"]["log"]
+    assert "model_config.template='qwen3' does not render" in mismatch, mismatch
+    assert "these do: smollm2," in mismatch and "(set model_config.template=smollm2, or auto)" in mismatch
     # the schema's choices (rollout_engine/schema.py) refuse it before LLaMA-Factory is asked; the override below
     # is one only LLaMA-Factory's own parser can refuse
     assert "algorithm.lr_scheduler_type must be one of linear, cosine," in result["scheduler"]["log"]

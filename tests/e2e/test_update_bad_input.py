@@ -67,7 +67,7 @@ def test_unknown_algorithm_and_template(tmp_path: Path, model_dir: Path) -> None
     out = run_update(
         tmp_path / "log",
         f"model_path={model_dir}",
-        "template=nosuch",
+        "model_config.template=nosuch",
         "algorithm.gradient_accumulation_steps=1",
         "algorithm.per_device_train_batch_size=1",
     )

@@ -39,6 +39,9 @@ model() {
   mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
   printf '{"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}\n' \
     >"$DATA/models/SmolLM2-135M-Instruct/config.json"
+  printf '{}\n' >"$DATA/models/SmolLM2-135M-Instruct/tokenizer.json"
+  printf '{"chat_template": "{%% for m in messages %%}{{ m.content }}{%% endfor %%}"}\n' \
+    >"$DATA/models/SmolLM2-135M-Instruct/tokenizer_config.json"
 }
 
 @test "cli: --rl-phase in capitals" { bad --rl-phase ROLLOUT --rl-phase ROLLOUT; }
@@ -77,11 +80,11 @@ model() {
   bad algorithm.learning_rate -1 --rl-phase both --eval-interval 1 --max-iterations 1 algorithm.learning_rate=-1
   [ ! -e "$VLLM_PID_FILE" ] && [ ! -e "$CALLS" ]
 }
-@test "run.sh: --dry-run refuses template=no_such_template as the real run's update-check does (train environment)" {
+@test "run.sh: --dry-run refuses model_config.template=no_such_template as the real run's update-check does (train environment)" {
   model
   export TMPDIR=$BATS_TEST_TMPDIR # the dry run's check log, kept on a refusal
-  bad "template='no_such_template' is not a LLaMA-Factory template" no_such_template --rl-phase update --dry-run \
-    template=no_such_template
+  bad "model_config.template='no_such_template' is not a LLaMA-Factory template" no_such_template --rl-phase update \
+    --dry-run model_config.template=no_such_template
   [[ $stderr == *"[baton] error: the update would reject this configuration (checked in the train environment"* ]]
 }
 @test "run.sh: a real run with a task file that is not UTF-8 exits 2 naming the file and line, before vLLM starts" {

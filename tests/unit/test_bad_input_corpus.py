@@ -150,7 +150,7 @@ CASES = [
         "-5",
     ),
     Case("override-malformed-syntax", "override", ["env_config.server_size=[1"], "env_config.server_size", "[1"),
-    # model folders: the base model run.sh composes with (BATON_BASE_MODEL), and its config.json (serving)
+    # model folders: the base model run.sh composes with (model_config.model), and its config.json (serving)
     Case("model-folder-missing", "model", None, "model_path", "nomodel"),
     Case("model-folder-without-config.json", "model", {}, "model_path", "model"),
     Case("model-config.json-is-a-folder", "model", {"config.json/": ""}, "model_path", "model"),

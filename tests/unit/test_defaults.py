@@ -23,7 +23,6 @@ SETTING_NAMES = {name for name, value in vars(defaults_module).items() if isinst
 #: the BATON_ variables the driver may name itself: none is a number with a default
 DRIVER_VARIABLES = {
     "BATON_APP_PY",
-    "BATON_BASE_MODEL",
     "BATON_DEVICE",
     "BATON_DRIVER_HANDOFF",
     "BATON_NODE_ADDR",
@@ -74,7 +73,6 @@ def test_bash_spells_the_table_s_defaults():
     assert not wrong, "\n".join(wrong)
     spelled = {env for _, env, _ in bash_defaults(ROOT)}
     assert spelled <= {s.env for s in SETTINGS} | {
-        "BATON_BASE_MODEL",
         "BATON_CHROMIUM",
         "BATON_DEVICE",
         "BATON_ENVS",

