@@ -41,7 +41,7 @@ class SplitReply:
     reasoning: str
     answer: str
     #: the reply had reasoning (closed or not): the answer is not the whole reply
-    split: bool = False
+    has_reasoning: bool = False
 
 
 def split_reply(text: str, mode: str) -> SplitReply:
@@ -52,7 +52,7 @@ def split_reply(text: str, mode: str) -> SplitReply:
         return SplitReply("", text)
     reasoning, closed, answer = text.rpartition(THINK_CLOSE)
     if closed:
-        return SplitReply(reasoning, answer.lstrip(), split=True)
+        return SplitReply(reasoning, answer.lstrip(), has_reasoning=True)
     if text.lstrip().startswith(THINK_OPEN):
-        return SplitReply(text, "", split=True)
+        return SplitReply(text, "", has_reasoning=True)
     return SplitReply("", text)

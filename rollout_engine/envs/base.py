@@ -192,7 +192,7 @@ def _turn(
         index=index,
         messages=list(messages),
         response=reply.text,
-        env_reply=split.answer if split.split else None,
+        env_reply=split.answer if split.has_reasoning else None,
         prompt_token_ids=reply.prompt_token_ids,
         completion_token_ids=reply.completion_token_ids,
         prompt_tokens=reply.prompt_tokens,

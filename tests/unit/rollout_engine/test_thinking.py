@@ -346,3 +346,15 @@ def test_a_journal_line_written_before_env_reply_reads(tmp_path: Path) -> None:
     (tmp_path / "rank_0.jsonl").write_text(json.dumps(row) + "\n")
     (turn,) = read_journal(tmp_path / "rank_0.jsonl")[0].turns
     assert turn.env_reply is None and turn.env_text == "7" and not turn.truncated
+
+
+class JudgeFailsEnv(TwoStepEnv):
+    async def score(self, state: EpisodeState) -> Score:
+        return Score(reward=0.0, success=False, judge_error="unparseable verdict after 4 tries")
+
+
+async def test_a_judge_error_on_a_cut_last_reply_is_moot_and_kept_in_info() -> None:
+    task = Task(task_id="j", task_name="j")
+    _, score = await JudgeFailsEnv().run_episode(task, 0, Replies(["first", cut("ANSWER: Par")]))
+    assert score.judge_error is None and not score.success and score.reward == 0.0
+    assert score.info["judge_error"] == "unparseable verdict after 4 tries" and "truncated" in score.info
