@@ -51,6 +51,7 @@ class RankRollout:
     updated_at: float  # the writer's clock: an identity of the snapshot, never compared with ours
     cells: list[dict[str, Any]] = field(default_factory=list)
     policy_down: str | None = None  # the rollout stopped: the policy server stopped answering
+    truncated_turns: int = 0  # replies of the finished episodes cut at the token limit (finish_reason length)
 
     @property
     def todo(self) -> int:
@@ -91,6 +92,7 @@ class RankRollout:
             updated_at=float(snap.get("updated_at", 0.0)),
             cells=list(snap.get("cells", [])),
             policy_down=snap.get("policy_down"),
+            truncated_turns=int(snap.get("truncated_turns", 0)),
         )
 
 

@@ -3,7 +3,8 @@
     python -m coordinator watch --log-path L --phase rollout-train --iteration 3   # until SIGTERM
 
 On a terminal: a live block, one line per rank of the rollout (episodes done /
-planned, successes, tokens/s, elapsed, ETA) or the training (step / total,
+planned, successes, failures and replies cut at the token limit when there are
+any, tokens/s, elapsed, ETA) or the training (step / total,
 loss, elapsed, ETA), and any trouble in red with what to do; when the phase
 ends, its final numbers stay as plain lines. Otherwise (CI,
 a log file): the same lines at most every `--every` seconds (30), only when
@@ -44,9 +45,10 @@ def rollout_line(r: RankRollout) -> str:
     rate = 100.0 * r.successes / r.finished if r.finished else 0.0
     resumed = f" (+{r.resumed} resumed)" if r.resumed else ""
     failed = sum(r.failures.values())
+    cut = f", {r.truncated_turns} replies cut" if r.truncated_turns else ""
     return (
         f"{r.split} rollout{who}: {r.finished}/{r.todo} episodes{resumed}, {r.successes} successes ({rate:.1f} %)"
-        f"{f', {failed} failed' if failed else ''}, {r.tokens_per_s:.1f} tok/s, "
+        f"{f', {failed} failed' if failed else ''}{cut}, {r.tokens_per_s:.1f} tok/s, "
         f"{duration(r.elapsed_s)} {'in all' if r.done else f'elapsed, ETA {duration(r.eta_s)}'}"
     )
 

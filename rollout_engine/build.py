@@ -30,6 +30,7 @@ def build_context(cfg: RolloutConfig) -> RunContext:
         step_budget=cfg.env_config.step_budget(cfg.split),
         judge=cfg.openai_config,
         policy=cfg.policy_config,
+        model=cfg.model_config,
     )
 
 

@@ -3,7 +3,9 @@
 The engine builds environments as `factory(context=RunContext(...))` (see
 `rollout_engine.config`); the context gives the split, iteration, rank and
 seed, where to write files (screenshots go under `images_dir(episode_id)`),
-the difficulty-to-step-budget mapping of this split, and the judge settings.
+the difficulty-to-step-budget mapping of this split, the judge settings and
+the policy's model (`model`: its reasoning and chat template arguments, which
+a judge that is the policy server uses too).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollout_engine.config import OpenAIConfig, PolicyConfig, StepBudget
+from rollout_engine.config import ModelConfig, OpenAIConfig, PolicyConfig, StepBudget
 from rollout_engine.types import Task
 
 
@@ -29,6 +31,7 @@ class RunContext:
     step_budget: StepBudget = field(default_factory=StepBudget)
     judge: OpenAIConfig = field(default_factory=OpenAIConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
 
     def images_dir(self, episode_id: str) -> Path:
         """Directory for one episode's screenshots (created by the caller when it writes one)."""

@@ -21,6 +21,12 @@ is the policy server, our vLLM) the request carries vLLM's structured-outputs
 regex (`verdict_regex`): at most a short reason on one line, then the verdict
 line, sized so that the whole reply fits in `max_tokens`. Even a 135M model
 then always gives a verdict (a reply cut by `max_tokens` is impossible).
+
+A thinking judge: the verdict is read from the reply after its reasoning
+(`rollout_engine.reasoning`), split by `model_config.reasoning` when the judge
+is the policy server and always (`auto`) for another endpoint, so a verdict
+weighed inside `<think>` never counts. A judge that is the policy server also
+gets `model_config.chat_template_kwargs` with each request, as the policy does.
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
-from rollout_engine.config import OpenAIConfig, PolicyConfig
+from rollout_engine.config import ModelConfig, OpenAIConfig, PolicyConfig
 from rollout_engine.errors import ConfigError, JudgeError, ModelError
+from rollout_engine.reasoning import split_reply
 from rollout_engine.retries import Backoff, build_openai_client, call_with_retries, is_retryable
 from rollout_engine.types import Message
 
@@ -64,18 +72,21 @@ class JudgeEndpoint:
     api_key_env: str
     #: send vLLM's structured-outputs regex (only a vLLM understands it)
     constrained: bool = False
+    #: the judge is the policy server (our vLLM, serving the policy's model)
+    policy_server: bool = False
 
 
 def resolve_endpoint(cfg: OpenAIConfig, policy: PolicyConfig, purpose: str) -> JudgeEndpoint:
     """Override for `purpose`, else openai_config, else the policy server; checks the key variable."""
     override = getattr(cfg, purpose)
     base_url = override.base_url or cfg.base_url or policy.base_url
+    policy_server = base_url.rstrip("/") == policy.base_url.rstrip("/")
     endpoint = JudgeEndpoint(
         base_url=base_url,
         model=override.model or cfg.model or policy.model,
         api_key_env=override.api_key_env if override.api_key_env is not None else cfg.api_key_env,
-        constrained=cfg.constrain_verdict == "regex"
-        or (cfg.constrain_verdict == "auto" and base_url.rstrip("/") == policy.base_url.rstrip("/")),
+        constrained=cfg.constrain_verdict == "regex" or (cfg.constrain_verdict == "auto" and policy_server),
+        policy_server=policy_server,
     )
     if endpoint.api_key_env and not os.environ.get(endpoint.api_key_env):
         raise ConfigError(
@@ -108,12 +119,17 @@ class Judge:
         purpose: str = "evaluation",
         client=None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        model: ModelConfig | None = None,
     ) -> None:
         self.cfg = cfg
         self.endpoint = resolve_endpoint(cfg, policy, purpose)
         self.client = client
         self.backoff = Backoff(cfg.retry_backoff_s, max(cfg.retry_backoff_s, 8.0))
         self.sleep = sleep
+        model = model or ModelConfig()
+        # another endpoint's model is not ours: split off whatever reasoning it writes
+        self.reasoning = model.reasoning if self.endpoint.policy_server else "auto"
+        self.chat_template_kwargs = dict(model.chat_template_kwargs) if self.endpoint.policy_server else {}
 
     async def verdict(self, messages: list[Message]) -> tuple[bool, str]:
         """(passed, judge reply); raises JudgeError when `max_retries + 1` requests gave no verdict."""
@@ -125,7 +141,7 @@ class Judge:
         async def ask() -> tuple[bool, str]:
             resp = await self._create(messages)
             reply = (resp.choices[0].message.content or "") if resp.choices else ""
-            passed = parse_verdict(reply)
+            passed = parse_verdict(split_reply(reply, self.reasoning).answer)
             if passed is None:
                 raise UnparseableVerdict(reply)
             return passed, reply
@@ -146,9 +162,11 @@ class Judge:
             raise JudgeError(str(exc)) from exc
 
     async def _create(self, messages: list[Message]):
-        extra = (
-            {"structured_outputs": {"regex": verdict_regex(self.cfg.max_tokens)}} if self.endpoint.constrained else {}
-        )
+        extra: dict[str, Any] = {}
+        if self.endpoint.constrained:
+            extra["structured_outputs"] = {"regex": verdict_regex(self.cfg.max_tokens)}
+        if self.chat_template_kwargs:
+            extra["chat_template_kwargs"] = self.chat_template_kwargs
         return await self.client.chat.completions.create(
             model=self.endpoint.model,
             messages=messages,

@@ -8,6 +8,8 @@ view chosen by `env_config.live_view`:
   `g` generating, `e` in the environment, `j` scoring, green `+` success,
   white `-` done without success, red `x` failed) and counters;
 - `plain`: one progress line on stderr per refresh when something changed;
+  both views' counters line ends with `N replies cut` once a finished episode
+  has a reply cut at the token limit (`finish_reason` length);
 - `off`: nothing; `auto`: rich on a TTY, else plain.
 """
 
@@ -51,10 +53,11 @@ def progress_line(snap: dict[str, Any]) -> str:
     counts = snap["counts"]
     running = sum(counts[s] for s in ("setup", "generating", "env", "scoring"))
     failed = ", ".join(f"{k} {v}" for k, v in sorted(snap["failures"].items())) or "none"
+    cut = snap.get("truncated_turns", 0)
     return (
         f"[rollout] {snap['finished']}/{snap['planned'] - snap['skipped_resumed']} finished, "
         f"{running} running, {counts['waiting']} waiting, {snap['successes']} successes, "
-        f"failures: {failed}, {snap['elapsed_s']:.0f}s"
+        f"failures: {failed}, {f'{cut} replies cut, ' if cut else ''}{snap['elapsed_s']:.0f}s"
     )
 
 

@@ -11,6 +11,9 @@ failure kinds are excluded, never turned into 0 or 1). Keys of the
   kind), `failure_rate_by_kind` (per kind / episodes);
 - `mean_steps`, `mean_response_tokens` (completion tokens per turn),
   `invalid_action_rate` (invalid turns / turns);
+- `truncated_turns` (replies cut at the token limit, finish_reason length),
+  `truncated_turn_rate` (those / turns), `truncated_episodes` (ok episodes
+  whose last reply was cut: each scored no success, rollout_engine.envs.base);
 - `wall_s`, `episodes_per_s`, `tokens_per_s` (completion tokens / wall time);
 - `split`, `iteration`, `rank`, `policy_model`, `policy_version`, `time`.
 """
@@ -43,6 +46,7 @@ def compute_metrics(trajectories: list[Trajectory], wall_s: float, planned: int,
     ok = [t for t in trajectories if t.status is Failure.OK]
     turns = [turn for t in trajectories for turn in t.turns]
     tokens = sum(turn.completion_tokens for turn in turns)
+    cut = sum(turn.truncated for turn in turns)
     failures = collections.Counter(t.status.value for t in trajectories if t.status is not Failure.OK)
     solved: dict[str, bool] = {}
     for t in ok:
@@ -64,6 +68,9 @@ def compute_metrics(trajectories: list[Trajectory], wall_s: float, planned: int,
         "mean_steps": round(sum(len(t.turns) for t in trajectories) / len(trajectories), 3) if trajectories else None,
         "mean_response_tokens": round(tokens / len(turns), 2) if turns else None,
         "invalid_action_rate": _rate(sum(turn.invalid_action for turn in turns), len(turns)),
+        "truncated_turns": cut,
+        "truncated_turn_rate": _rate(cut, len(turns)),
+        "truncated_episodes": sum(bool(t.turns) and t.turns[-1].truncated for t in ok),
         "wall_s": round(wall_s, 3),
         "episodes_per_s": round(len(trajectories) / wall, 4),
         "tokens_per_s": round(tokens / wall, 2),
@@ -96,6 +103,8 @@ def print_summary(metrics: dict[str, Any]) -> None:
         "mean_steps",
         "mean_response_tokens",
         "invalid_action_rate",
+        "truncated_turn_rate",
+        "truncated_episodes",
         "wall_s",
         "episodes_per_s",
         "tokens_per_s",

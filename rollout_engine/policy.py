@@ -4,7 +4,8 @@
 settings of `policy_config`, at most `max_vllm_sessions` at a time (one
 semaphore), and returns a `Completion` with the reply, token counts and, when
 the server returns them (vLLM with `return_token_ids`), the prompt and
-completion token ids.
+completion token ids. `model_config.chat_template_kwargs` (enable_thinking:
+false), when set, goes with every request as vLLM's `chat_template_kwargs`.
 
 Retries (`rollout_engine.retries`, the one retry layer): connection errors,
 timeouts, 429 and 5xx are retried `max_retries` times with exponential backoff
@@ -58,8 +59,10 @@ class PolicyClient:
         max_sessions: int,
         client: Any | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.client = client or build_openai_client(cfg.base_url, cfg.api_key_env, cfg.request_timeout_s)
         self.sessions = asyncio.Semaphore(max_sessions)
         self.backoff = Backoff(cfg.retry_backoff_s, cfg.retry_backoff_max_s)
@@ -72,6 +75,8 @@ class PolicyClient:
             extra["return_token_ids"] = True
         if self.cfg.top_k > 0:
             extra["top_k"] = self.cfg.top_k
+        if self.chat_template_kwargs:
+            extra["chat_template_kwargs"] = self.chat_template_kwargs
         return {
             "model": self.cfg.model,
             "messages": messages,

@@ -3,8 +3,8 @@
 The scheduler calls `start`, `attach` (the live `EpisodeState`, whose `phase`
 the episode loop keeps current) and `finish`; `snapshot()` gives a JSON-ready
 picture: one cell per episode (waiting, setup, generating, env, scoring, done,
-failed), counters per state, successes, failures by kind, tokens so far, and
-which rollout it is (split, iteration, rank).
+failed), counters per state, successes, failures by kind, tokens so far, replies
+cut at the token limit, and which rollout it is (split, iteration, rank).
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ class Progress:
     failures: collections.Counter = field(default_factory=collections.Counter)
     successes: int = 0
     completion_tokens: int = 0
+    #: replies of the finished episodes cut at the token limit, and ok episodes whose last reply was (no success)
+    truncated_turns: int = 0
+    truncated_episodes: int = 0
     #: why the rollout stopped early because the policy server stopped answering (None while it answers)
     policy_down: str | None = None
 
@@ -68,6 +71,9 @@ class Progress:
         cell.reward = trajectory.reward
         self.successes += int(trajectory.success)
         self.completion_tokens += sum(t.completion_tokens for t in trajectory.turns)
+        self.truncated_turns += sum(t.truncated for t in trajectory.turns)
+        ok = trajectory.status is Failure.OK
+        self.truncated_episodes += int(ok and bool(trajectory.turns) and trajectory.turns[-1].truncated)
         if trajectory.status is not Failure.OK:
             self.failures[trajectory.status.value] += 1
 
@@ -99,6 +105,8 @@ class Progress:
             "failures": dict(self.failures),
             "elapsed_s": round(elapsed, 2),
             "completion_tokens": self.completion_tokens,
+            "truncated_turns": self.truncated_turns,
+            "truncated_episodes": self.truncated_episodes,
             "policy_down": self.policy_down,
             "updated_at": time.time(),
             "cells": cells,

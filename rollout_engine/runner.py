@@ -108,7 +108,7 @@ async def prepare(cfg: RolloutConfig) -> Prepared:
     check_tasks(env, tasks, path)
     work = plan_work(cfg, tasks)
     sessions, slots = rank_limits(cfg)
-    policy = PolicyClient(sampling_config(cfg), sessions)
+    policy = PolicyClient(sampling_config(cfg), sessions, chat_template_kwargs=cfg.model_config.chat_template_kwargs)
     try:
         await policy.check_server()
     except ConfigError:
@@ -124,6 +124,7 @@ async def prepare(cfg: RolloutConfig) -> Prepared:
         rank=cfg.rank,
         policy_model=cfg.policy_config.model,
         policy_version=cfg.policy_version,
+        reasoning=cfg.model_config.reasoning,
     )
     return Prepared(env, policy, work, settings)
 

@@ -49,6 +49,8 @@ class SchedulerSettings:
     rank: int
     policy_model: str
     policy_version: int | None = None
+    #: model_config.reasoning: how each reply is split before the environment sees it (rollout_engine.reasoning)
+    reasoning: str = "auto"
 
 
 class Scheduler:
@@ -124,7 +126,14 @@ class Scheduler:
         score: Score | None = None
         status, error = Failure.OK, None
         try:
-            episode = self.env.run_episode(spec.task, slot, self.policy, on_state=keep, episode_id=spec.episode_id)
+            episode = self.env.run_episode(
+                spec.task,
+                slot,
+                self.policy,
+                on_state=keep,
+                episode_id=spec.episode_id,
+                reasoning=self.settings.reasoning,
+            )
             _, score = await asyncio.wait_for(episode, self.settings.episode_timeout_s)
             if score.judge_error:
                 status, error = Failure.JUDGE_ERROR, score.judge_error

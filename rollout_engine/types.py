@@ -82,12 +82,17 @@ class Completion:
     completion_token_ids: list[int] | None = None
 
 
+#: the finish_reason of a reply cut at the token limit (policy_config.max_new_tokens)
+CUT = "length"
+
+
 @dataclass
 class Turn:
     """One policy step: exactly what was sent, what came back, what it did."""
 
     index: int
     messages: list[Message]
+    #: the reply exactly as sampled, reasoning included (what the update trains)
     response: str
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
@@ -101,6 +106,19 @@ class Turn:
     state_changed: bool = True
     images: list[str] = field(default_factory=list)
     latency_s: float = 0.0
+    #: what the environment was given when it differs from `response`: the answer after a thinking model's
+    #: reasoning ("" when the reasoning never ended); None: it was given `response` whole (rollout_engine.reasoning)
+    env_reply: str | None = None
+
+    @property
+    def env_text(self) -> str:
+        """The text the environment was given."""
+        return self.response if self.env_reply is None else self.env_reply
+
+    @property
+    def truncated(self) -> bool:
+        """The reply was cut at the token limit."""
+        return self.finish_reason == CUT
 
 
 @dataclass

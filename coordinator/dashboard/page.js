@@ -45,13 +45,13 @@ function renderTroubles(s) {
 }
 
 function renderRollouts(s) {
-  const head = ['rank', 'split', 'iter', 'finished', 'planned', 'successes', 'running', 'failed', 'tokens/s', 'elapsed', 'ETA'];
+  const head = ['rank', 'split', 'iter', 'finished', 'planned', 'successes', 'running', 'failed', 'replies cut', 'tokens/s', 'elapsed', 'ETA'];
   const rows = s.rollouts.map(r => el('tr', {},
     el('td', {text: r.rank ?? 0}), el('td', {text: r.split ?? '?'}), el('td', {text: r.iteration ?? '?'}),
     el('td', {class: 'finished', text: r.finished}), el('td', {class: 'planned', text: r.todo + (r.resumed ? ' (+' + r.resumed + ' resumed)' : '')}),
     el('td', {text: r.successes + (r.finished ? ' (' + (100 * r.successes / r.finished).toFixed(1) + ' %)' : '')}),
     el('td', {text: r.running}), el('td', {text: Object.values(r.failures).reduce((a, b) => a + b, 0)}),
-    el('td', {text: num(r.tokens_per_s, 1)}), el('td', {text: dur(r.elapsed_s)}), el('td', {text: r.done ? 'done' : dur(r.eta_s)})));
+    el('td', {class: 'truncated', text: r.truncated_turns ?? 0}), el('td', {text: num(r.tokens_per_s, 1)}), el('td', {text: dur(r.elapsed_s)}), el('td', {text: r.done ? 'done' : dur(r.eta_s)})));
   const planned = s.rollouts.reduce((a, r) => a + r.todo, 0), finished = s.rollouts.reduce((a, r) => a + r.finished, 0);
   const t = s.training;
   const train = t ? el('p', {}, el('span', {class: 'k', text: 'update (iteration ' + t.iteration + '): '}),
@@ -123,13 +123,15 @@ async function showEpisode(split, iteration, id) {
   const t = await reply.json();
   const turns = t.turns.map(turn => el('div', {class: 'turn'},
     el('b', {text: 'turn ' + turn.index + (turn.reward === null || turn.reward === undefined ? '' : ', reward ' + turn.reward) +
-      (turn.invalid_action ? ', invalid action' : '')}),
+      (turn.invalid_action ? ', invalid action' : '') + (turn.finish_reason === 'length' ? ', reply cut at the token limit' : '')}),
     block('messages', turn.messages.map(m => m.role + ': ' + (typeof m.content === 'string' ? m.content : JSON.stringify(m.content))).join('\n\n')),
-    block('response', turn.response), block('action', turn.action), block('observation', turn.observation),
+    block('response', turn.response), block('the environment saw (the reply after its reasoning)', turn.env_reply === '' ? '(nothing: the reasoning never ended)' : turn.env_reply),
+    block('action', turn.action), block('observation', turn.observation),
     el('div', {}, ...(turn.images || []).map(p => el('img', {src: '/files/' + p.split('/').map(encodeURIComponent).join('/'), alt: p})))));
   fill('episode', el('h2', {text: 'Episode ' + t.episode_id}),
     el('p', {}, 'task ' + t.task_id + ' (' + (t.env || '?') + (t.family ? ', ' + t.family : '') + '), status ' + t.status +
-      ', reward ' + t.reward + ', success ' + t.success + (t.error ? ', error: ' + t.error : '') + ' — ' + t.journal),
+      ', reward ' + t.reward + ', success ' + t.success + (t.error ? ', error: ' + t.error : '') +
+      (t.info && t.info.truncated ? ' (' + t.info.truncated + ')' : '') + ' — ' + t.journal),
     ...turns);
   document.getElementById('episode').scrollIntoView({block: 'nearest'});
 }

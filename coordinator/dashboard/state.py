@@ -63,6 +63,7 @@ def rollout_dict(r: RankRollout) -> dict[str, Any]:
         "successes": r.successes,
         "running": r.running,
         "failures": r.failures,
+        "truncated_turns": r.truncated_turns,
         "tokens_per_s": round(r.tokens_per_s, 2),
         "elapsed_s": round(r.elapsed_s, 1),
         "eta_s": None if r.eta_s is None else round(r.eta_s, 1),
@@ -136,7 +137,7 @@ def _points(rows: list[dict[str, Any]], key: str, scale: float = 1.0) -> list[tu
 
 
 def build_charts(log: Path, training_losses: list[tuple[int, float]], training_iteration: int | None) -> list[Chart]:
-    """The curves: success, loss, reply length, tokens/s per rank, time per phase."""
+    """The curves: success, loss, reply length, replies cut, tokens/s per rank, time per phase."""
     rollouts = last_rollout_records(log)
     train = [r for r in rollouts if r.get("split") == "train"]
     test = [r for r in rollouts if r.get("split") == "test"]
@@ -167,6 +168,17 @@ def build_charts(log: Path, training_losses: list[tuple[int, float]], training_i
             y_min=0,
         )
     )
+    if any("truncated_turn_rate" in r for r in rollouts):  # records written before it was counted have none
+        charts.append(
+            Chart(
+                "replies cut at the token limit (% of turns)",
+                [
+                    Series("train", _points(train, "truncated_turn_rate", 100)),
+                    Series("held-out", _points(test, "truncated_turn_rate", 100)),
+                ],
+                y_min=0,
+            )
+        )
     charts.append(Chart("train rollout tokens/s per rank", tokens_per_rank(train), y_min=0))
     phases = sorted({name for r in records for name in r.get("phase_s") or {}})
     charts.append(

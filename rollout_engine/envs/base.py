@@ -16,6 +16,15 @@ It keeps `state.phase` current (setup, generating, env, scoring, done) for the
 live view, and hands the state to `on_state` as soon as it exists, so the
 engine keeps the turns of an episode that later fails or times out.
 
+Thinking models: the loop splits each reply once (`rollout_engine.reasoning`,
+by `model_config.reasoning`) and hands `env_response` only the answer after the
+reasoning; the turn keeps the reply as sampled (`Turn.response`, with
+`Turn.env_reply` when the environment saw less), and the next turn's history
+carries the full reply (the model's chat template drops old reasoning itself).
+A reply cut at the token limit (`finish_reason` length) is played like any
+other, but when it is the episode's last the episode is no success: reward 0,
+and `info.truncated` says why (`info.env_reward` keeps the environment's).
+
 Constructors take their YAML parameters plus `context: RunContext` (see
 `rollout_engine.config`); `envs/reasoning_gym.py` is the worked example.
 """
@@ -28,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rollout_engine.reasoning import SplitReply, split_reply
 from rollout_engine.types import Completion, Message, Task, Turn
 
 
@@ -131,8 +141,9 @@ class Env(abc.ABC):
         policy: ChatPolicy,
         on_state: Callable[[EpisodeState], None] | None = None,
         episode_id: str = "",
+        reasoning: str = "auto",
     ) -> tuple[EpisodeState, Score]:
-        """Play one episode to the end and score it."""
+        """Play one episode to the end and score it; `reasoning` is `model_config.reasoning` (auto, think, none)."""
         state = await self.setup_state(task, slot)
         state.episode_id = episode_id or state.episode_id or task.task_id
         if on_state is not None:
@@ -144,8 +155,9 @@ class Env(abc.ABC):
                 state.phase = "generating"
                 reply = await policy.chat(messages)
                 state.phase = "env"
-                result = await self.env_response(state, reply.text)
-                state.turns.append(_turn(index, messages, reply, result, time.monotonic() - started))
+                split = split_reply(reply.text, reasoning)
+                result = await self.env_response(state, split.answer)
+                state.turns.append(_turn(index, messages, reply, split, result, time.monotonic() - started))
                 state.invalid_actions += int(result.invalid_action)
                 if result.done or (result.invalid_action and self.stop_on_invalid):
                     break
@@ -155,17 +167,32 @@ class Env(abc.ABC):
             state.done = True
             state.phase = "scoring"
             score = await self.score(state)
+            if state.turns and state.turns[-1].truncated:
+                score = _cut_score(score)
             state.phase = "done"
             return state, score
         finally:
             await self.teardown_state(state)
 
 
-def _turn(index: int, messages: list[Message], reply: Completion, result: StepResult, latency: float) -> Turn:
+def _cut_score(score: Score) -> Score:
+    """The score of an episode whose last reply was cut at the token limit: never a success, whatever the
+    environment made of the partial reply (a verdict on it, judge error included, is moot)."""
+    why = "the last reply was cut at the token limit (finish_reason length), so the episode is no success"
+    info = {**score.info, "truncated": why, "env_reward": score.reward}
+    if score.judge_error:
+        info["judge_error"] = score.judge_error
+    return Score(reward=0.0, success=False, info=info)
+
+
+def _turn(
+    index: int, messages: list[Message], reply: Completion, split: SplitReply, result: StepResult, latency: float
+) -> Turn:
     return Turn(
         index=index,
         messages=list(messages),
         response=reply.text,
+        env_reply=split.answer if split.has_reasoning else None,
         prompt_token_ids=reply.prompt_token_ids,
         completion_token_ids=reply.completion_token_ids,
         prompt_tokens=reply.prompt_tokens,

@@ -77,7 +77,7 @@ class JudgedEnv(Env):
         self.last_reply_as_answer = last_reply_as_answer
         self.agent_prompt = agent_prompt
         self.judge_prompt = judge_prompt
-        self.judge = Judge(context.judge, context.policy, "evaluation")
+        self.judge = Judge(context.judge, context.policy, "evaluation", model=context.model)
 
     async def close(self) -> None:
         await self.judge.close()
@@ -105,7 +105,7 @@ class JudgedEnv(Env):
     async def score(self, state: EpisodeState) -> Score:
         answer = state.data.get("answer")
         if answer is None and self.last_reply_as_answer and state.turns:
-            answer = state.turns[-1].response.strip() or None
+            answer = state.turns[-1].env_text.strip() or None  # the reply after any reasoning
         if answer is None:
             return Score(reward=0.0, success=False, info={"answer": None})
         facts = flatten_reference(state.task.metadata.get("evaluator_reference"))

@@ -87,6 +87,7 @@ def fake_run(log: Path) -> Path:
         "failures": {},
         "elapsed_s": 10.0,
         "completion_tokens": 50,
+        "truncated_turns": 1,
         "updated_at": 5.0,
         "cells": cells,
     }
@@ -100,6 +101,7 @@ def fake_run(log: Path) -> Path:
             "success_rate": 0.25,
             "tokens_per_s": 12.0,
             "mean_response_tokens": 30.5,
+            "truncated_turn_rate": 0.05,
         },
         {
             "kind": "rollout",
@@ -144,6 +146,7 @@ def test_the_snapshot_shows_the_live_rollout_its_grid_the_table_curves_and_troub
     assert snap["run"]["phases"] == [{"rank": 0, "phase": "rollout-train"}]  # helpers (vllm, watch) are no phase
     (rollout,) = snap["rollouts"]
     assert (rollout["planned"], rollout["finished"], rollout["tokens_per_s"], rollout["eta_s"]) == (4, 2, 5.0, 10.0)
+    assert rollout["truncated_turns"] == 1
     grid = snap["grid"]
     assert (grid["split"], grid["iteration"]) == ("train", 1)
     assert grid["choices"] == [{"split": "train", "iteration": 0}, {"split": "train", "iteration": 1}]
@@ -153,6 +156,7 @@ def test_the_snapshot_shows_the_live_rollout_its_grid_the_table_curves_and_troub
     assert [r["iteration"] for r in snap["iterations"]] == [0]
     titles = [c["title"] for c in snap["charts"]]
     assert titles[0] == "success rate (%)" and "seconds per phase" in titles
+    assert "replies cut at the token limit (% of turns)" in titles
     # one iteration so far: each split's success rate is one point, drawn as a dot (svg.py) with its value
     dots = re.findall(r"<title>([^<]*)</title></circle>", snap["charts"][0]["svg"])
     assert dots == ["train: 0, 25", "held-out: 0, 10"]

@@ -52,6 +52,16 @@ def test_a_rank_line_counts_this_rollouts_episodes_rate_and_eta(tmp_path: Path) 
     )
 
 
+def test_a_rank_line_counts_replies_cut_at_the_token_limit_once_there_are_any(tmp_path: Path) -> None:
+    status(tmp_path, None, truncated_turns=3, failures={})
+    (rollout,) = RunView(tmp_path).rollouts()
+    assert rollout.truncated_turns == 3
+    assert rollout_line(rollout) == (
+        "train rollout: 4/8 episodes (+2 resumed), 1 successes (25.0 %), 3 replies cut, 15.0 tok/s, "
+        "20s elapsed, ETA 20s"
+    )
+
+
 def test_every_ranks_status_file_is_read_and_only_the_phases_rollouts_are_shown(tmp_path: Path) -> None:
     status(tmp_path, 0)
     status(tmp_path, 1, finished=0, successes=0, failures={})

@@ -48,8 +48,9 @@ class EchoEnv(Env):
 class FakePolicy:
     """Stands in for rollout_engine.policy.PolicyClient: the server answers, every reply is 'ok'."""
 
-    def __init__(self, config: Any, sessions: int) -> None:
+    def __init__(self, config: Any, sessions: int, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.config = config
+        self.chat_template_kwargs = chat_template_kwargs
 
     async def check_server(self) -> None:
         return None

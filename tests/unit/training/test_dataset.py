@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from rollout_engine.envs.base import Env, EpisodeState, Score, StepResult
 from rollout_engine.errors import ConfigError
+from rollout_engine.journal import Journal, read_journal
+from rollout_engine.progress import Progress
+from rollout_engine.scheduler import Scheduler, SchedulerSettings
+from rollout_engine.types import Completion, EpisodeSpec, Message, Task
 from tests.unit.training.trajectories import traj, turn
-from training.dataset import convert_messages, dataset_digest, drop_rows, save_dataset, to_row
+from training.dataset import convert_messages, dataset_digest, drop_rows, save_dataset, to_row, token_ids
 from training.selection import DPOSelector, KTOSelector, RFTSelector
 from training.update import RunPaths, TrainingError, wait_for_dataset
 
@@ -139,3 +144,40 @@ def test_a_node_trains_only_on_the_dataset_the_master_published(
     monkeypatch.setattr("training.update.time", shows_up)
     wait_for_dataset(paths, wanted, wait_s=5, every_s=1)
     assert shows_up.now == 2
+
+
+class _OneTurn(Env):
+    """One reply, then success: what the episode loop records is all this test looks at."""
+
+    name = "one-turn"
+
+    async def setup_state(self, task: Task, slot: int) -> EpisodeState:
+        return EpisodeState(task=task, slot=slot, max_steps=1)
+
+    def initial_messages(self, state: EpisodeState) -> list[Message]:
+        return [{"role": "user", "content": "2+5?"}]
+
+    async def env_response(self, state: EpisodeState, reply: str) -> StepResult:
+        return StepResult(observation=None, done=True, action={"answer": reply})
+
+    async def score(self, state: EpisodeState) -> Score:
+        return Score(reward=1.0, success=True)
+
+
+class _Thinking:
+    async def chat(self, messages: list[Message]) -> Completion:
+        return Completion("<think>\n2+5 is 7\n</think>\n\n7", "stop", 4, 9, [1, 2, 3, 4], list(range(9)))
+
+
+async def test_a_thinking_reply_is_trained_whole_reasoning_and_ids_included(tmp_path: Path) -> None:
+    """The environment saw `7`; the journal and the training row keep what the model sampled."""
+    settings = SchedulerSettings(1, 5.0, 0, 0, "train", 0, 0, "p", reasoning="think")
+    journal = Journal(tmp_path / "rank_0.jsonl", resume=False)
+    await Scheduler(_OneTurn(), _Thinking(), journal, settings, Progress()).run([EpisodeSpec(Task("t", "t"), 0)])
+    (trajectory,) = read_journal(tmp_path / "rank_0.jsonl")
+    (step,) = trajectory.turns
+    assert step.action == {"answer": "7"} and step.env_reply == "7"
+    (sample,) = RFTSelector().select([trajectory], 0, 2048).samples
+    row, ids = to_row(sample, "sft"), token_ids(sample)
+    assert row["conversations"][-1] == {"from": "gpt", "value": "<think>\n2+5 is 7\n</think>\n\n7"}
+    assert ids["completion_token_ids"] == list(range(9))
