@@ -181,8 +181,8 @@ def model_problems(model: Path, key: str = "model_config.model") -> list[str]:
         )
     if not any((model / name).is_file() for name in TOKENIZER_FILES) and not list(model.glob("*.tiktoken")):
         problems.append(
-            f"{key}: {model} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); copy the model's "
-            "tokenizer into the folder"
+            f"{key}: {model} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); give {key} a folder "
+            "with the model's tokenizer files (copy them in from where the model came from)"
         )
     elif chat_template_text(model) is None:
         problems.append(

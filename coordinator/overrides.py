@@ -177,7 +177,7 @@ def closed_parent(plain: dict[str, DictConfig], key: str) -> str | None:
     where = f"{parent!r}" if parent else "the top level"
     return (
         f"override '+{key}=...': {where} has no key {missing!r} and takes no new ones (nothing would read it); "
-        f"{hint}check the spelling (docs/rollout.md and docs/update.md list every key)"
+        f"{hint}check the spelling, or drop the override (docs/rollout.md and docs/update.md list every key)"
     )
 
 

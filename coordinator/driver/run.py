@@ -95,7 +95,7 @@ def find(args: cli.Args, pythons: Pythons) -> tuple[Found, ModelConfig]:
     except (ConfigError, ModelNotFound) as exc:
         raise Die(2, "\n[baton] error: ".join(getattr(exc, "problems", None) or [str(exc)])) from exc
     if found.source != "shipped" or (found.path / "config.json").is_file():
-        key = "model_config.model" if settings.model else "model_config.model_type"
+        key = "model_config.model_type" if settings.model_type and not settings.model else "model_config.model"
         if problems := model_problems(found.path, key):
             raise Die(2, "\n[baton] error: ".join(problems))
     return found, settings

@@ -55,6 +55,7 @@ WORDS = 2000
 VOCAB = 151936  # Qwen3's embedding rows (the tokenizer's 151,669 padded)
 #: the ids of "0".."9" (Qwen's pre-tokenizer keeps every digit a token of its own)
 DIGITS = list(range(15, 25))
+SPACE = 220  # "Ġ", a lone space
 
 
 def fetch_tiktoken(cache: Path) -> Path:
@@ -167,6 +168,7 @@ def save_model(out: Path) -> None:
         head[speak] = torch.randn(len(speak), head.shape[1])
         # digits often: a guess or an answer by chance, so that some episodes succeed and RFT has rows
         head[DIGITS] = torch.randn(len(DIGITS), head.shape[1]) * 1.6
+        head[SPACE] = torch.randn(head.shape[1]) * 2.0  # " " before a digit: a number standing on its own
         head[151645] = torch.randn(head.shape[1]) * 2.5  # <|im_end|>: ends a reply after a few words
     model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643)

@@ -124,3 +124,43 @@ model() {
   [ "$(grep -c '^\[baton\] error: ' <<<"$stderr")" = 1 ] && [ -z "$output" ]
   [ "$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)" = "$before" ]
 }
+# the model model_config names (coordinator/model.py; docs/models.md)
+@test "run.sh: model_config.model naming no folder and no Hub id" {
+  bad model_config.model /no/such/model --rl-phase update --dry-run model_config.model=/no/such/model
+}
+@test "run.sh: model_config.model and model_config.model_type both set" {
+  model
+  bad model_config.model_type qwen3-think --rl-phase update --dry-run model_config.model=models/SmolLM2-135M-Instruct \
+    model_config.model_type=qwen3-think
+}
+@test "run.sh: a model folder without tokenizer files, and one without a chat template" {
+  model
+  rm "$DATA/models/SmolLM2-135M-Instruct/tokenizer.json"
+  bad model_config.model "no tokenizer files" --rl-phase update --dry-run
+  model
+  printf '{}\n' >"$DATA/models/SmolLM2-135M-Instruct/tokenizer_config.json"
+  bad model_config.model "no chat template" --rl-phase update --dry-run
+}
+@test "run.sh: a vision-language model folder" {
+  model
+  printf '{"model_type": "qwen3_vl", "vision_config": {"depth": 2}}\n' >"$DATA/models/SmolLM2-135M-Instruct/config.json"
+  bad qwen3_vl "vision-language model" --rl-phase rollout --rollout-split eval-only --dry-run
+}
+@test "run.sh: +policy_config.chat_template_kwargs.enable_thinking=false, a key nothing reads, names the one that is read" {
+  model
+  bad policy_config.chat_template_kwargs "+model_config.chat_template_kwargs.enable_thinking" --rl-phase update \
+    --dry-run +policy_config.chat_template_kwargs.enable_thinking=false
+}
+@test "run.sh: a start whose model differs from the one the log path recorded exits 2 naming both, nothing written" {
+  model
+  mkdir -p "$LOG"
+  printf '{"wanted": "Qwen/Qwen3-8B", "path": "/hub/Qwen3-8B", "identity": "0123", "chat_template_kwargs": {}, "reasoning": "think", "max_model_len": 2048}\n' \
+    >"$LOG/model.json"
+  local before
+  before=$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --resume --dry-run
+  [[ $stderr == *"[baton] error: this node would serve and train (the shipped model) ($DATA/models/SmolLM2-135M-Instruct), reasoning none,"* ]]
+  [[ $stderr == *"but this log path's model is Qwen/Qwen3-8B (/hub/Qwen3-8B), reasoning think ($LOG/model.json)"* ]]
+  [ "$(grep -c '^\[baton\] error: ' <<<"$stderr")" = 1 ] && [ -z "$output" ]
+  [ "$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)" = "$before" ]
+}
