@@ -52,7 +52,7 @@ def dry_run(run: Run) -> None:
     a = run.args
     n = runstate.next_iteration(a.log)
     check(run, n)
-    env = ["env", f"PYTHONPATH={run.root}"]
+    env = ["env", f"PYTHONPATH={run.env()['PYTHONPATH']}"]
     out = [f"# iteration {n}, --rl-phase {a.phase} (dry run: nothing started or written)"]
     if cli.slurm_describe(a):
         out.append(f"# {cli.slurm_describe(a)}")
