@@ -17,6 +17,7 @@ import inspect
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 
 from omegaconf import OmegaConf
 
@@ -84,23 +85,7 @@ def load_env_class(target: str) -> type[Env]:
             f"env._target_ must be a dotted path module.Class (got {target!r}); "
             "e.g. env._target_=my_envs.guess.GuessNumberEnv, or choose a file of configs/env/ (env=reasoning_gym)"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        top = module_name.partition(".")[0]
-        if exc.name and exc.name != top and module_name.startswith(exc.name) and top in sys.modules:
-            folder = next(iter(getattr(sys.modules[top], "__path__", [])), "?")
-            raise ConfigError(
-                f"env._target_ cannot be imported (got {target!r}: no module named {exc.name!r}, though the "
-                f"package {top!r} is at {folder}); fix the spelling"
-            ) from None
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise ConfigError(
-                f"env._target_ cannot be imported (got {target!r}: no module named {exc.name!r}); {IMPORT_FIX}"
-            ) from None
-        raise ConfigError(_import_failed(target, module_name, exc, "install it into the app environment")) from None
-    except Exception as exc:  # the user's module raised while it was imported (a syntax error, a bug)
-        raise ConfigError(_import_failed(target, module_name, exc, "fix the module")) from None
+    module = _import_module(target, module_name)
     found = getattr(module, name, None)
     if found is None:
         envs = sorted(k for k, v in vars(module).items() if inspect.isclass(v) and issubclass(v, Env) and v is not Env)
@@ -121,6 +106,28 @@ def load_env_class(target: str) -> type[Env]:
             "add them to the class (Env's hooks: setup_state, initial_messages, env_response, score)"
         )
     return found
+
+
+def _import_module(target: str, module_name: str) -> ModuleType:
+    """The module of env._target_, imported; a ConfigError saying why it cannot be (not found: where to put it;
+    a module it imports is missing, or it raised: what and where)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing, top = exc.name or "", module_name.partition(".")[0]
+        if not (module_name == missing or module_name.startswith(missing + ".")):  # something the module imports
+            raise ConfigError(_import_failed(target, module_name, exc, "install it into the app environment")) from None
+        if missing != top and top in sys.modules:  # the package is there, not the module
+            folder = next(iter(getattr(sys.modules[top], "__path__", [])), "?")
+            raise ConfigError(
+                f"env._target_ cannot be imported (got {target!r}: no module named {missing!r}, though the "
+                f"package {top!r} is at {folder}); fix the spelling"
+            ) from None
+        raise ConfigError(
+            f"env._target_ cannot be imported (got {target!r}: no module named {missing!r}); {IMPORT_FIX}"
+        ) from None
+    except Exception as exc:  # the user's module raised while it was imported (a syntax error, a bug)
+        raise ConfigError(_import_failed(target, module_name, exc, "fix the module")) from None
 
 
 def _import_failed(target: str, module_name: str, exc: Exception, fix: str) -> str:
