@@ -136,6 +136,24 @@ def test_the_example_s_own_tests_pass_from_the_copy(outside: Path) -> None:
     assert "5 passed" in done.stdout
 
 
+def test_its_expert_writes_demonstrations_with_env_custom(outside: Path, tmp_path: Path) -> None:
+    """A warm start for a model that never wins: `python -m rollout_engine.demonstrations --env custom`."""
+    data = tmp_path / "data"
+    write_tasks(outside, data)
+    argv = ["--env", "custom", "--tasks", str(data / "guess" / "train.jsonl"), "--out", str(tmp_path / "demos")]
+    argv += [TARGET, f"env_config.python_path=[{outside}]"]
+    done = subprocess.run(
+        [sys.executable, "-m", "rollout_engine.demonstrations", *argv],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "demos" / "demonstrations.json").read_text())
+    assert (summary["episodes"], summary["kept"]) == (12, 12), summary
+
+
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
