@@ -5,7 +5,8 @@
     routed.resolved                    # {"rollout_train": ..., "rollout_test": ..., "update": ...}
 
 An override goes to every config that has its key (`env_config.*` to the
-rollouts, `algorithm.*` to the update, a key both have to both); a key neither
+rollouts, `algorithm.*` to the update, a key both have to both); a key added
+under a node (`+env.max_guesses=6`) goes where that node is; any other key neither
 has is tried on each (with the group choices given, so that `tracker=wandb
 tracker.wandb.mode=online` routes) and must be accepted by one. A choice a config
 group (a folder under configs/) lacks is refused naming the group's options. Keys that run.sh sets itself
@@ -232,6 +233,9 @@ def route(req: Request) -> tuple[Routed, list[str]]:
             continue
         if not targets:  # a key a group choice adds (tracker.wandb.mode with tracker=wandb), whatever its value
             targets = [t for t in plain if chosen[t] and _has_key(_compose(names[t], [*base[t], *chosen[t]]), key)]
+        if not targets and override.startswith("+") and "." in key:  # added under a node (+env.max_guesses)
+            parent = key.rsplit(".", 1)[0]
+            targets = [t for t, cfg in plain.items() if _has_key(cfg, parent)]
         if not targets:
             targets = [t for t in plain if _accepts(names[t], [*base[t], *chosen[t]], override)]
         if not targets:

@@ -208,6 +208,11 @@ class EnvConfig:
     #: task files, relative to data_path unless absolute
     train_tasks: str = "tasks/train.jsonl"
     test_tasks: str = "tasks/test.jsonl"
+    #: folders that hold the package of an environment of your own (env._target_=my_envs.guess.GuessNumberEnv:
+    #: the folder with my_envs/ in it), put on the import path of the driver's checks and of every rollout
+    #: before the environment is built (after the repository, before the installed packages); relative to
+    #: data_path unless absolute. [] = the repository, PYTHONPATH and the app environment's packages only
+    python_path: list[str] = field(default_factory=list)
     train_tasks_rollout_size: int = setting(64, Range(low=0, note="0 = every task"))
     #: -1 or 0: every test task
     test_tasks_rollout_size: int = setting(-1, Range(low=0, special={-1: "all"}))
@@ -236,6 +241,13 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         p: list[str] = []
+        for index, folder in enumerate(self.python_path):
+            _check(
+                p,
+                bool(folder.strip()),
+                f"env_config.python_path[{index}] must name a folder (got {folder!r}); remove it or give the "
+                "folder that holds your environment's package",
+            )
         for name, bucket in self.difficulty_ratio.items():
             _check(
                 p,
@@ -347,9 +359,14 @@ def validate(cfg: DictConfig) -> RolloutConfig:
     for key in ("data_path", "log_path"):
         if OmegaConf.is_missing(cfg, key) or not cfg[key]:
             problems.append(f"{key} is required (got nothing); pass {key}=/path/to/dir")
-    if OmegaConf.is_missing(cfg, "env") or not isinstance(cfg.env, DictConfig) or "_target_" not in cfg.env:
+    if OmegaConf.is_missing(cfg, "env") or not isinstance(cfg.env, DictConfig):
         problems.append(
             "env must name an environment (got nothing); pass env=reasoning_gym or another file of configs/env/"
+        )
+    elif "_target_" not in cfg.env or not cfg.env._target_:
+        problems.append(
+            "env._target_ must name the environment's class (got nothing); pass env._target_=my_envs.guess."
+            "GuessNumberEnv (with env=custom: your own class, docs/environments.md) or env=reasoning_gym"
         )
     sections: dict[str, Any] = {}
     for key, schema in (

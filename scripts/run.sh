@@ -17,4 +17,5 @@ source "$ROOT/scripts/lib/common.sh"
 source "$ROOT/scripts/lib/envs.sh"
 
 envs_export
-PYTHONPATH="$ROOT" exec "$BATON_APP_PY" -m coordinator.driver "$@"
+# the repository first, then the user's own folders (an environment in their own package: docs/environments.md)
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$BATON_APP_PY" -m coordinator.driver "$@"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from coordinator.driver.cli import Args
 from coordinator.driver.nodes import Node
-from coordinator.driver.procs import Groups
+from coordinator.driver.procs import Groups, child_env
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.trainer import WarmTrainer
 from coordinator.driver.vllm import PolicyServer
@@ -119,8 +119,8 @@ class Run:
         return self.layout.rank_dir(self.args.rank)
 
     def env(self) -> dict[str, str]:
-        """The environment of a Baton child: ours, with the repository importable."""
-        return {**os.environ, "PYTHONPATH": self.root}
+        """The environment of a Baton child: ours, with the repository first on PYTHONPATH, then the user's."""
+        return child_env(self.root)
 
     def policy_version(self) -> str:
         """The version to serve and fine-tune: the pinned one, else policy/current's ("" for the base model)."""

@@ -53,7 +53,7 @@ def dry_run(run: Run) -> None:
     a = run.args
     n = runstate.next_iteration(a.log)
     chosen = check(run, n)
-    env = ["env", f"PYTHONPATH={run.root}"]
+    env = ["env", f"PYTHONPATH={run.env()['PYTHONPATH']}"]
     out = [f"# iteration {n}, --rl-phase {a.phase} (dry run: nothing started or written)"]
     record = run.model_record
     out.append(f"# model: {record['wanted']} ({record['path']}, {record['source']}; reasoning {record['reasoning']})")

@@ -48,6 +48,7 @@ from coordinator.cluster import (
     StopRequest,
 )
 from coordinator.driver import say
+from coordinator.driver.procs import child_env
 from coordinator.driver.startcheck import StartCheck
 from coordinator.heartbeat import LivenessWatcher, PeerWatch
 from coordinator.membership import default_addr, join_run, pid_started, start_run
@@ -284,7 +285,7 @@ class Node:
         cmd = [self.app_py, "-m", "coordinator", "heartbeat", "--log-path", self.args.log, *group]
         cmd += ["--run-id", self.run_id, "--rank", str(self.args.rank), "--node-pid", str(os.getpid())]
         cmd += ["--stop-node", "--reason-file", str(self.ended_file)]
-        self._beat = self.groups.start(self.beat_name, cmd, self.beat_log, {**os.environ, "PYTHONPATH": self.root})
+        self._beat = self.groups.start(self.beat_name, cmd, self.beat_log, child_env(self.root))
 
     def beat_check(self) -> None:
         """A supervisor watch: when this node's heartbeat exited (killed, crashed) while the node runs, start it

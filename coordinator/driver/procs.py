@@ -40,6 +40,13 @@ REAP_S = 10.0
 LOCK_POLL_S = 0.05
 
 
+def child_env(root: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment of a Baton child: `environ` with the repository first on PYTHONPATH, then the user's
+    folders (their own environment's package: docs/environments.md), in their order, each once."""
+    theirs = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return {**environ, "PYTHONPATH": os.pathsep.join([root, *dict.fromkeys(theirs)])}
+
+
 def _stat_fields(pid: int | str) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name (which may hold spaces and parens):
     [0] is field 3 (state), [2] field 5 (pgrp), [19] field 22 (start time); None without the process."""

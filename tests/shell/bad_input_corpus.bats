@@ -44,6 +44,17 @@ model() {
     >"$DATA/models/SmolLM2-135M-Instruct/tokenizer_config.json"
 }
 
+# mine: docs/examples/my_envs copied outside the repository ($MINE, the folder env_config.python_path names), a
+# model folder, and a train task file of its tasks where run.sh looks for it
+mine() {
+  model
+  MINE="$BATS_TEST_TMPDIR/elsewhere/my_envs"
+  mkdir -p "${MINE%/*}" "$DATA/tasks"
+  cp -r "$ROOT/docs/examples/my_envs" "$MINE"
+  printf '{"task_id": "g1", "task_name": "Guess", "metadata": {"low": 1, "high": 8, "secret": 3}}\n' \
+    >"$DATA/tasks/train.jsonl"
+}
+
 @test "cli: --rl-phase in capitals" { bad --rl-phase ROLLOUT --rl-phase ROLLOUT; }
 @test "cli: --rollout-split train (not train-only)" { bad --rollout-split train --rl-phase rollout --rollout-split train; }
 @test "cli: --eval-interval a fraction" { bad --eval-interval 1.5 --rl-phase both --eval-interval 1.5; }
@@ -163,4 +174,22 @@ model() {
   [[ $stderr == *"but this log path's model is Qwen/Qwen3-8B (/hub/Qwen3-8B), reasoning think ($LOG/model.json)"* ]]
   [ "$(grep -c '^\[baton\] error: ' <<<"$stderr")" = 1 ] && [ -z "$output" ]
   [ "$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)" = "$before" ]
+@test "run.sh: --dry-run of an env._target_ that cannot be imported (its folder not given) exits 2" {
+  mine
+  bad env._target_ "no module named 'my_envs'" --rl-phase rollout --rollout-split train-only --dry-run env=custom \
+    env._target_=my_envs.guess.GuessNumberEnv
+}
+@test "run.sh: --dry-run of an env._target_ that is no Env subclass exits 2" {
+  mine
+  bad env._target_ "'my_envs.guess.GuessState', a class that does not" --rl-phase rollout --rollout-split train-only \
+    --dry-run env=custom env._target_=my_envs.guess.GuessState "env_config.python_path=[$MINE]"
+}
+@test "run.sh: --dry-run with env_config.python_path naming no folder exits 2" {
+  mine
+  bad "env_config.python_path[0]" "$BATS_TEST_TMPDIR/nowhere" --rl-phase rollout --rollout-split train-only --dry-run \
+    env=custom env._target_=my_envs.guess.GuessNumberEnv "env_config.python_path=[$BATS_TEST_TMPDIR/nowhere]"
+}
+@test "run.sh: env=custom without env._target_ exits 2" {
+  mine
+  bad env._target_ "(got nothing)" --rl-phase rollout --rollout-split train-only --dry-run env=custom
 }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ def _traj(**change: object) -> str:
 
 
 _DROP = object()
+#: the example environment of docs/examples/my_envs (env=custom), and the folder that makes it importable
+_GUESS = "env._target_=my_envs.guess.GuessNumberEnv"
+_MINE = "env_config.python_path=[{mine}]"
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "my_envs"
 #: a line over the 16 MiB an input line may hold
 HUGE = 17 * 2**20
 _GOOD_TRAJ = json.dumps(traj("t0", 0, True).to_json())
@@ -150,6 +155,31 @@ CASES = [
         "-5",
     ),
     Case("override-malformed-syntax", "override", ["env_config.server_size=[1"], "env_config.server_size", "[1"),
+    # an environment of the user's own (docs/environments.md): run.sh's compose builds it and checks its tasks
+    # before anything starts; {mine}: docs/examples/my_envs copied outside the repository, {t}: the test's folder
+    Case("env-target-unimportable", "env", [_GUESS], "env._target_", "no module named 'my_envs'"),
+    Case("env-target-not-dotted", "env", ["env._target_=GuessNumberEnv"], "env._target_", "'GuessNumberEnv'"),
+    Case("env-target-module-misspelt", "env", [_GUESS.replace("guess.", "gues."), _MINE], "env._target_", "gues"),
+    Case("env-target-class-misspelt", "env", ["env._target_=my_envs.guess.Guess", _MINE], "env._target_", "Guess'"),
+    Case("env-target-a-function", "env", ["env._target_=my_envs.tasks.main", _MINE], "env._target_", "a function"),
+    Case("env-target-not-an-env", "env", ["env._target_=pathlib.Path", _MINE], "env._target_", "pathlib.Path"),
+    Case("env-target-abstract", "env", ["env._target_=rollout_engine.envs.base.Env"], "env._target_", "abstract"),
+    Case("env-target-raises-on-import", "env", ["env._target_=my_envs.broken.X", _MINE], "env._target_", "NameError"),
+    Case("env-custom-without-target", "env", [], "env._target_", "got nothing"),
+    Case(
+        "env-python_path-missing", "env", [_GUESS, "env_config.python_path=[{t}/nowhere]"], "python_path[0]", "nowhere"
+    ),
+    Case("env-python_path-relative-missing", "env", [_GUESS, "env_config.python_path=[envs]"], "python_path", "envs"),
+    Case(
+        "env-python_path-a-file",
+        "env",
+        [_GUESS, "env_config.python_path=[{mine}/pyproject.toml]"],
+        "env_config.python_path[0]",
+        "pyproject.toml",
+    ),
+    Case("env-python_path-empty-entry", "env", [_GUESS, "env_config.python_path=['']"], "python_path[0]", "''"),
+    Case("env-parameter-unknown", "env", [_GUESS, _MINE, "+env.max_gueses=6"], "max_gueses", "max_gueses"),
+    Case("env-parameter-out-of-range", "env", [_GUESS, _MINE, "+env.max_guesses=0"], "env.max_guesses", "0"),
     # model folders: the base model run.sh composes with (model_config.model), and its config.json (serving)
     Case("model-folder-missing", "model", None, "model_path", "nomodel"),
     Case("model-folder-without-config.json", "model", {}, "model_path", "model"),
@@ -342,6 +372,24 @@ def _driver_cli(argv: list[str]) -> int:
     return 0
 
 
+def _driver_compose(argv: list[str], base_model: Path) -> int:
+    """run.sh's compose as its driver runs it before anything starts (coordinator.driver.run.compose: with the
+    splits it rolls out, their task files and environment); the import path and modules as they were after."""
+    from coordinator.driver.run import compose
+
+    path, modules = list(sys.path), set(sys.modules)
+    try:
+        compose(cli.parse(argv), str(base_model), None)
+    except say.Ended as exc:
+        print("\n".join(say.error_lines(exc)), file=sys.stderr)
+        return exc.code
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            del sys.modules[name]
+    return 0
+
+
 def _resume_check(log: Path) -> int:
     """What run.sh's driver reads before anything starts on --resume (coordinator.driver.resume)."""
     from coordinator.driver.resume import check_resume
@@ -384,6 +432,17 @@ def _run(case: Case, tmp: Path) -> tuple[Path, Callable[[], int]]:
     if case.surface == "override":
         _model(data / "model", json.dumps(MODEL_CONFIG))
         return tmp, lambda: _cli([*compose, "--base-model", str(data / "model"), "--", *case.bad])
+    if case.surface == "env":
+        _model(data / "model", json.dumps(MODEL_CONFIG))
+        mine = tmp / "elsewhere" / "my_envs"
+        shutil.copytree(EXAMPLE, mine)
+        (mine / "my_envs" / "broken.py").write_text("undefined_name()\n")
+        (data / "tasks").mkdir()
+        (data / "tasks" / "train.jsonl").write_text(_task(metadata={"low": 1, "high": 8, "secret": 3}) + "\n")
+        overrides = [o.format(mine=mine, t=tmp) for o in ["env=custom", *case.bad]]
+        argv = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--dry-run"]
+        argv += ["--data-path", str(data), "--log-path", str(log), *overrides]
+        return tmp, lambda: _driver_compose(argv, data / "model")
     if case.surface == "model":
         folder = data / ("nomodel" if case.bad is None else "model")
         if case.bad is not None:

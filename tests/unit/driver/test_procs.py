@@ -23,6 +23,7 @@ from coordinator.driver.procs import (
     Claimed,
     Groups,
     LockBusy,
+    child_env,
     claim,
     group_alive,
     group_listens,
@@ -329,3 +330,11 @@ def test_release_forgets_only_this_processes_claim(run_dir: Path, outsiders) -> 
     release(run_dir, "update")
     assert not record.exists()
     release(run_dir, "update")  # nothing to release: fine
+
+
+def test_a_child_s_pythonpath_is_the_repository_then_the_user_s_folders_each_once() -> None:
+    """The user's own packages (an environment of theirs) stay importable in every child; the repository
+    comes first, so nothing of theirs shadows Baton."""
+    assert child_env("/repo", {"HOME": "/h"}) == {"HOME": "/h", "PYTHONPATH": "/repo"}
+    theirs = {"PYTHONPATH": "/mine:/repo::/other:/mine"}
+    assert child_env("/repo", theirs)["PYTHONPATH"] == "/repo:/mine:/other"

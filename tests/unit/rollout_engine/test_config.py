@@ -63,14 +63,23 @@ def test_limits_scope_is_node_or_cluster_and_a_cluster_limit_covers_every_rank()
 @pytest.mark.parametrize("name", ["rollout_train", "rollout_test"])
 @pytest.mark.parametrize("env", sorted(p.stem for p in (CONFIGS / "env").glob("*.yaml")))
 def test_every_env_yaml_composes_and_instantiates(name: str, env: str) -> None:
-    built = build_env(validate(composed(name, [*BASE, f"env={env}"])))
-    assert built.name == env
+    # custom is for a class of the user's own: its _target_ is theirs to give (here: the engine tests' echo)
+    own = ["env._target_=tests.unit.rollout_engine.engine_fakes.EchoEnv"] if env == "custom" else []
+    built = build_env(validate(composed(name, [*BASE, f"env={env}", *own])))
+    assert built.name == ("echo" if env == "custom" else env)
+
+
+def test_env_custom_needs_a_target_and_passes_no_other_env_s_parameters() -> None:
+    with pytest.raises(ConfigError, match=r"env\._target_ must name the environment's class \(got nothing\)"):
+        validate(composed("rollout_train", [*BASE, "env=custom"]))
+    cfg = composed("rollout_train", [*BASE, "env=custom", "env._target_=my.Env", "+env.level=3"])
+    assert dict(cfg.env) == {"_target_": "my.Env", "level": 3}
 
 
 def test_unknown_env_parameter_and_target_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="unexpected keyword argument 'answer_rul'"):
         build_env(validate(composed("rollout_test", [*BASE, "+env.answer_rul=tag"])))
-    with pytest.raises(ConfigError, match=r"env\._target_ cannot be loaded \(got 'nowhere\.Env'"):
+    with pytest.raises(ConfigError, match=r"env\._target_ cannot be imported \(got 'nowhere\.Env'"):
         build_env(validate(composed("rollout_test", [*BASE, "env._target_=nowhere.Env"])))
     with pytest.raises(ConfigError, match=r"env\.answer_rule must be one of .* \(got 'middle'\)"):
         build_env(validate(composed("rollout_test", [*BASE, "env.answer_rule=middle"])))
