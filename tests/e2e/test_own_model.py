@@ -1,0 +1,166 @@
+"""A model of another family and an environment of the user's own, end to end through run.sh (docs/models.md,
+docs/environments.md): real vLLM, the rollout engine, LLaMA-Factory.
+
+The model is a toy-size Qwen3 (tests/e2e/toy_model.py: Qwen3's architecture with random weights, the real Qwen
+vocabulary, Qwen3's own chat template, which differs from SmolLM2's: no default system prompt, `<think>` blocks,
+`enable_thinking`), named by a Hub id that the data path's Hugging Face cache holds. The environment is
+docs/examples/my_envs (guess the number, several turns) copied to a folder outside the repository and loaded by
+`env_config.python_path`. Two iterations of `--rl-phase both`: the training template is found from the model
+(qwen3), `enable_thinking: false` reaches vLLM's prompts and the training rows alike, the token-fidelity check
+passes on multi-turn rows, replies cut at max_new_tokens are counted and none of those episodes succeeds, two
+policies are promoted and served. Then a --resume with another model and a worker with another model are refused
+(exit 2, naming both models) before anything starts, the log path's record untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rollout_engine.layout import Layout
+from tests.conftest import REPO, env_python
+from tests.e2e.conftest import free_port
+from tests.waits import VLLM_START_S, run_waiting
+
+pytestmark = pytest.mark.e2e
+
+HUB_ID = "baton-toys/qwen3-toy"
+#: the ids of what Qwen3's template ends a prompt with when enable_thinking is false, an empty reasoning block:
+#: "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+NO_THINKING = [151644, 77091, 198, 151667, 271, 151668, 271]
+#: the whole run: two vLLM starts at most (a restart for a reload vLLM refuses), four short rollouts, two updates
+RUN_S = 2 * VLLM_START_S + 900
+
+
+def hub_snapshot(cache: Path, repo_id: str, source: Path) -> Path:
+    """`source` as the main revision of `repo_id` in the Hugging Face hub cache `cache` (its layout)."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    shutil.copytree(source, repo / "snapshots" / "0123456789abcdef")
+    return repo / "snapshots" / "0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def toy_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("toy") / "qwen3"
+    cache = Path.home() / ".cache" / "baton" / "toy-models"
+    run_waiting(
+        [env_python("train"), str(REPO / "tests/e2e/toy_model.py"), "--out", str(out), "--cache", str(cache)],
+        waiting_for="the toy Qwen3 to be built",
+        timeout=300,
+        check=True,
+    )
+    return out
+
+
+@pytest.fixture
+def guess_data(tmp_path: Path, toy_qwen3: Path) -> tuple[Path, Path]:
+    """A data path holding the toy in its Hugging Face cache and guess-the-number tasks, and the example's copy
+    outside the repository."""
+    data, mine = tmp_path / "data", tmp_path / "elsewhere" / "my_envs"
+    hub_snapshot(data / ".cache" / "huggingface" / "hub", HUB_ID, toy_qwen3)
+    shutil.copytree(REPO / "docs" / "examples" / "my_envs", mine)
+    run_waiting(
+        [env_python("app"), "-m", "my_envs.tasks", str(data / "guess"), "--train", "48", "--test", "24"],
+        waiting_for="the guess tasks",
+        timeout=60,
+        cwd=mine,
+        check=True,
+    )
+    for split in ("train", "test"):  # the 1..8 ranges, which a toy that guesses digits finds now and then
+        path = data / "guess" / f"{split}.jsonl"
+        lines = path.read_text().splitlines()
+        path.write_text("".join(f"{line}\n" for line in lines if json.loads(line)["family"] == "guess-1-8"))
+    return data, mine
+
+
+def run_sh(data: Path, log: Path, *args: str, timeout: float, port: int | None = None) -> subprocess.CompletedProcess:
+    cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data), "--log-path", str(log), *args]
+    env = {**os.environ, "BATON_VLLM_PORT": str(port or free_port())}
+    env.pop("PYTHONPATH", None)
+    return run_waiting(cmd, waiting_for=f"run.sh {' '.join(args[:4])}", timeout=timeout, cwd=REPO, env=env)
+
+
+def journal(log: Path, split: str, iteration: int) -> list[dict]:
+    path = Layout(log).journal(split, iteration, 0)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_qwen3_with_its_own_template_trains_on_an_environment_from_outside_the_repository(
+    guess_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    data, mine = guess_data
+    log = tmp_path / "log"
+    settings = [
+        f"model_config.model={HUB_ID}",
+        "+model_config.chat_template_kwargs.enable_thinking=false",
+        "env=custom",
+        "env._target_=my_envs.guess.GuessNumberEnv",
+        f"env_config.python_path=[{mine}]",
+        "env_config.train_tasks=guess/train.jsonl",
+        "env_config.test_tasks=guess/test.jsonl",
+    ]
+    small = ["env_config.train_tasks_rollout_size=16", "env_config.n_samples_per_task=4", "env_config.live_view=plain"]
+    small += ["policy_config.max_new_tokens=8", "algorithm.per_device_train_batch_size=2"]
+    small += ["algorithm.gradient_accumulation_steps=1", "promotion.keep_last=2"]
+    both = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2"]
+    out = run_sh(data, log, *both, *settings, *small, timeout=RUN_S)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+
+    # the model: a Hub id from the data path's cache, recorded; the template found from its chat template
+    record = json.loads((log / "model.json").read_text())
+    assert (record["wanted"], record["source"], record["reasoning"]) == (HUB_ID, "hub cache", "think")
+    assert record["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat template: qwen3 (default_system none)" in text, text[-4000:]
+
+    for iteration in (1, 2):
+        recipe = (Layout(log).training_dir(iteration) / "train_config.yaml").read_text()
+        assert "template: qwen3" in recipe and "enable_thinking: false" in recipe, recipe
+        update_log = Layout(log).phase_log(0, iteration, "update").read_text()
+        checked = [line for line in update_log.splitlines() if "token fidelity (train, template qwen3)" in line]
+        assert checked and " 0 rows checked" not in checked[0], update_log[-3000:]
+        assert (Layout(log).policy_version(iteration) / "config.json").is_file()
+    assert os.path.realpath(Layout(log).policy_current) == str(Layout(log).policy_version(2))
+
+    # every prompt vLLM rendered ends in an empty reasoning block: enable_thinking false reached the server
+    episodes = [e for split in ("train", "test") for n in (1, 2) for e in journal(log, split, n)]
+    turns = [turn for episode in episodes for turn in episode["turns"]]
+    assert turns and all(turn["prompt_token_ids"][-len(NO_THINKING) :] == NO_THINKING for turn in turns)
+    assert any(len(episode["turns"]) > 1 for episode in episodes if episode["success"])  # multi-turn rows trained
+    # replies cut at max_new_tokens are counted, and an episode whose last reply was cut is no success
+    cut = [episode for episode in episodes if episode["turns"][-1]["finish_reason"] == "length"]
+    assert cut and not any(episode["success"] for episode in cut)
+    assert all(episode["info"]["truncated"] for episode in cut)
+    rollouts = [
+        row for row in map(json.loads, (log / "metrics.jsonl").read_text().splitlines()) if "truncated_turns" in row
+    ]
+    assert sum(row["truncated_turns"] for row in rollouts) == sum(t["finish_reason"] == "length" for t in turns)
+
+    # the log path keeps its model: a --resume with another model, and a worker with another, are refused
+    other = hub_snapshot(tmp_path / "other-cache", "baton-toys/other", Path(record["path"]))
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
+    before = (log / "model.json").read_bytes()
+    worker = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--num-nodes", "2", "--rank-weights", "1,1"]
+    for args in (["--resume", *both], [*worker, "--worker", "1", "--max-iterations", "3"]):
+        out = run_sh(
+            data,
+            log,
+            *args,
+            *[s for s in settings if "model_config.model" not in s],
+            f"model_config.model={other}",
+            timeout=120,
+        )
+        text = out.stdout + out.stderr
+        assert out.returncode == 2, text[-3000:]
+        assert f"this node would serve and train {other} ({other})" in text, text[-3000:]
+        assert f"but this log path's model is {HUB_ID} ({record['path']})" in text, text[-3000:]
+        assert "starting vLLM" not in text
+    assert (log / "model.json").read_bytes() == before
