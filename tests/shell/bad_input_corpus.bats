@@ -174,6 +174,7 @@ mine() {
   [[ $stderr == *"but this log path's model is Qwen/Qwen3-8B (/hub/Qwen3-8B), reasoning think ($LOG/model.json)"* ]]
   [ "$(grep -c '^\[baton\] error: ' <<<"$stderr")" = 1 ] && [ -z "$output" ]
   [ "$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)" = "$before" ]
+}
 @test "run.sh: --dry-run of an env._target_ that cannot be imported (its folder not given) exits 2" {
   mine
   bad env._target_ "no module named 'my_envs'" --rl-phase rollout --rollout-split train-only --dry-run env=custom \

@@ -66,7 +66,7 @@ class BinarySearchPolicy:
     """Stands in for rollout_engine.policy.PolicyClient: plays every episode by halving the range it reads
     from the chat (one client serves every episode, so it keeps no state of its own)."""
 
-    def __init__(self, config: object, sessions: int) -> None:
+    def __init__(self, config: object, sessions: int, **_: object) -> None:
         self.config = config
 
     async def check_server(self) -> None:
@@ -228,16 +228,19 @@ def test_refusals_name_the_setting_the_value_and_the_fix(
 
 
 def test_a_parameter_added_to_env_goes_to_the_rollouts_only() -> None:
-    """run.sh's routing: `+env.<key>` is a new key of the rollouts' env node, not of the update's config."""
+    """run.sh's routing: `+env.<key>` is a new key of the rollouts' env node, not of the update's config; a new
+    key under the update's open mapping goes to the update; one beside a schema's fields is refused."""
     from coordinator.overrides import Request, route
     from rollout_engine.config import register_configs as register_rollout
     from training.config import register_configs as register_update
 
     register_rollout()
     register_update()
-    given = ["env=custom", TARGET, "+env.max_guesses=6", "+algorithm.max_gueses=1"]
+    given = ["env=custom", TARGET, "+env.max_guesses=6", "+algorithm.llamafactory_overrides.seed=1"]
     routed, problems = route(Request("/data", "/log", "/model", given))
     assert not problems and routed.rollout == given[:3] and routed.update == given[3:]
+    routed, problems = route(Request("/data", "/log", "/model", [*given[:3], "+algorithm.max_gueses=1"]))
+    assert len(problems) == 1 and "'algorithm' has no key 'max_gueses' and takes no new ones" in problems[0]
 
 
 def test_a_task_the_example_refuses_names_the_task_and_the_fix(outside: Path, tmp_path: Path) -> None:
