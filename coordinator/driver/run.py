@@ -142,7 +142,7 @@ def build(args: cli.Args, save: Path | None = None) -> Run:
     reasoning = reasoning_of(found.path, settings.reasoning) if (found.path / "config.json").is_file() else "auto"
     # the rollouts split replies as this model writes them (model_config.reasoning auto, resolved here)
     args.overrides = [o for o in args.overrides if override_key(o) != "model_config.reasoning"]
-    args.overrides.append(f"model_config.reasoning={reasoning}")
+    args.overrides.insert(0, f"model_config.reasoning={reasoning}")
     composed = compose(args, base_model, save)
     record = model_record(found, settings, served_context())
     if why := mismatch(load_model_record(args.log), record, args.log):

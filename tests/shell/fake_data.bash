@@ -1,7 +1,8 @@
 # Sourced by the run.sh bats files (bats `load`): ROOT, LOG, and a data path
 # whose model folder has only config.json (the default model's shape: enough
-# for run.sh's checks and the KV-cache size; these tests start no real vLLM and
-# no training: fake_pythons_setup gives run.sh stand-ins for both).
+# for run.sh's checks and the KV-cache size), an empty tokenizer.json and a chat
+# template (what run.sh checks a model folder holds); these tests start no real
+# vLLM and no training: fake_pythons_setup gives run.sh stand-ins for both.
 # shellcheck shell=bash disable=SC2034 # ROOT, LOG, DATA, CALLS, VLLM_PID_FILE are for the test files
 
 fake_data_setup() {
@@ -14,6 +15,9 @@ fake_data_setup() {
   mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
   printf '{"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}\n' \
     >"$DATA/models/SmolLM2-135M-Instruct/config.json"
+  printf '{}\n' >"$DATA/models/SmolLM2-135M-Instruct/tokenizer.json"
+  printf '{"chat_template": "{%% for m in messages %%}{{ m.content }}{%% endfor %%}"}\n' \
+    >"$DATA/models/SmolLM2-135M-Instruct/tokenizer_config.json"
 }
 
 # fake_tasks: task files where run.sh looks for the default ones (tasks/train.jsonl, tasks/test.jsonl), two
