@@ -34,10 +34,13 @@ collects every problem of every section into one error. Bad input exits 2.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rollout_engine import schema as _schema
 from rollout_engine.errors import ConfigError
@@ -229,6 +232,28 @@ class VllmConfig:
             fix = f"{owner} sets it; drop it" if owner.startswith("run.sh") else f"set {owner} instead"
             _check(p, not owner, f"vllm_config.extra_args must not set {flag} (got {arg!r}): {fix}")
         _raise(p)
+
+
+def vllm_config_problems(values: Mapping[str, Any]) -> list[str]:
+    """What is wrong with `values` as vllm_config settings (a node file group's): a key that is no setting, a
+    value of the wrong type or outside its rule; [] when nothing is. Each problem names vllm_config.<key>."""
+    known = [f.name for f in dataclasses.fields(VllmConfig)]
+    unknown = sorted(str(k) for k in values if k not in known)
+    if unknown:
+        return [f"vllm_config has no settings {unknown}; known: {', '.join(known)}"]
+    problems, merged = [], OmegaConf.structured(VllmConfig)
+    for key, value in values.items():
+        try:
+            merged = OmegaConf.merge(merged, {key: value})
+        except OmegaConfBaseException as exc:
+            why = str(exc).splitlines()[0]
+            problems.append(f"vllm_config.{key} cannot be {value!r} ({why}); give it a value of its type")
+    problems += _schema.problems(merged, "vllm_config")
+    try:
+        OmegaConf.to_object(merged)
+    except ConfigError as exc:
+        problems += exc.problems
+    return problems
 
 
 #: the reference system's model names (model_config.model_type) and the Hub models they stand for
