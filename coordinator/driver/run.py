@@ -64,7 +64,10 @@ def main(argv: list[str]) -> int:
 
 
 def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
-    """Compose every config once with this rank's keys (the overrides' only validation); save the resolved one."""
+    """Compose every config once with this rank's keys and node-file vllm_config (the overrides' only
+    validation), resolve vllm_config for this node when this run serves the policy (vllm_settings.for_node:
+    the parallel sizes against the node, the context against max_new_tokens); save the resolved config."""
+    from coordinator.driver.vllm_settings import Machine, for_node
     from coordinator.overrides import Request, route_and_compose
     from rollout_engine.errors import ConfigError
 
@@ -76,8 +79,14 @@ def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
     request.rollout_splits = {"both": ("train", "test"), "update": ()}.get(
         args.phase, ("train",) if args.split == "train-only" else ("test",)
     )
+    request.vllm = dict(args.node_vllm)
+    vllm = None
     try:
         routed = route_and_compose(request)
+        if not args.debug and args.phase != "update":
+            machine = Machine.detect()
+            vllm = for_node(routed.vllm, Path(base_model), args.log, routed.max_new_tokens, machine)
+            log(vllm.describe(machine))
     except ConfigError as exc:
         raise Die(2, "\n[baton] error: ".join(exc.problems)) from exc
     if save is not None:
@@ -88,7 +97,7 @@ def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
         save_text(save, OmegaConf.to_yaml(OmegaConf.create(routed.resolved)))
     trackers = [name for name, on in routed.resolved["update"]["tracker"].items() if on]
     return Composed(
-        routed.rollout, routed.update, routed.policy_base_url, routed.policy_model, routed.max_sessions, trackers
+        routed.rollout, routed.update, routed.policy_base_url, routed.policy_model, routed.max_sessions, trackers, vllm
     )
 
 
@@ -107,7 +116,9 @@ def build(args: cli.Args, save: Path | None = None) -> Run:
     node = Node(args, run_dir, groups, supervisor, ROOT, pythons.app, port)
     server = None
     if not args.debug:
-        server = PolicyServer(run_dir, port, composed.model, groups, supervisor, pythons.serve, composed.max_sessions)
+        server = PolicyServer(
+            run_dir, port, composed.model, groups, supervisor, pythons.serve, composed.max_sessions, composed.vllm
+        )
     run = Run(args, ROOT, pythons, composed, groups, supervisor, node, server, base_model, port)
     run.rank_weights = list(args.weights)
     run.watch_name = "watch-update" if args.phase == "update" else "watch"
