@@ -600,3 +600,42 @@ def test_serve_new_restarts_on_a_tied_head_model_without_its_head_in_its_files(
     assert groups.recorded("vllm")[0] != pgid
     assert server.serve_new(v1) == "reload"
 
+
+# --- the dry run's check of the command line ---------------------------------------------------------------------
+
+
+def test_the_dry_run_has_vllm_s_parser_check_the_command_line_with_its_variables(
+    tmp_path: Path, run_dir: Path, groups: Groups, model: str
+) -> None:
+    """coordinator/vllm_argcheck.py runs in the serve environment (here a stand-in that answers as it would):
+    a refusal is exit 2 with vLLM's words and the setting behind the refused flag; a check that cannot run, 1."""
+    from coordinator.driver.dryrun import check_serve
+
+    seen = tmp_path / "seen"
+    serve_py = script(
+        tmp_path / "bin" / "serve-python",
+        f'printf "%s\\n" "$VLLM_SERVER_DEV_MODE" "$@" >{seen}; echo "INFO vLLM says hello"; '
+        'echo "refused: argument --limit-mm-per-prompt: Value {bad cannot be converted"; exit 2',
+    )
+    settings = resolve(VllmConfig(limit_mm_per_prompt={"video": 0}), Machine("cpu", 0, 1), SHAPE, "")
+    server = policy_server(run_dir, 8999, groups, serve_py, settings=settings)
+    server.choose(model, record=False)
+
+    with pytest.raises(say.Die) as refused:
+        check_serve(server, model)
+
+    assert (refused.value.code, refused.value.message) == (
+        2,
+        "vLLM's parser refuses the server's command line: argument --limit-mm-per-prompt: Value {bad cannot be "
+        "converted; set vllm_config.limit_mm_per_prompt to what vLLM takes (docs/serving.md)",
+    )
+    checked = seen.read_text().splitlines()
+    assert checked[:3] == ["1", "-I", str(Path(__file__).resolve().parents[3] / "coordinator" / "vllm_argcheck.py")]
+    assert checked[3:] == server.args(model)[2:]  # the server's arguments after `-m <module>`
+    broken = script(tmp_path / "bin" / "broken", 'echo "ModuleNotFoundError: No module named vllm" >&2; exit 1')
+    server.serve_py = broken
+    with pytest.raises(say.Die) as cannot:
+        check_serve(server, model)
+    assert cannot.value.code == 1 and "ModuleNotFoundError: No module named vllm" in cannot.value.message
+    server.serve_py = script(tmp_path / "bin" / "accepts", "exit 0")
+    check_serve(server, model)
