@@ -209,8 +209,9 @@ def identity(model: Path) -> str:
     return digest.hexdigest()
 
 
-def model_record(found: Found, cfg: ModelConfig, max_model_len: int) -> dict[str, Any]:
-    """What `<log>/model.json` holds for this node's model."""
+def model_record(found: Found, cfg: ModelConfig, max_model_len: int | None) -> dict[str, Any]:
+    """What `<log>/model.json` holds for this node's model (`max_model_len` None: this start serves nothing,
+    an update-only run or --debug-mode, so it has no context to compare)."""
     return {
         "wanted": found.wanted or "(the shipped model)",
         "path": str(found.path),
@@ -235,7 +236,8 @@ def mismatch(pinned: dict[str, Any] | None, mine: dict[str, Any], log_path: str 
     """Why this node may not serve and train its model on this log path ("" when it agrees)."""
     if pinned is None:
         return ""
-    differ = [key for key in PINNED if key in pinned and pinned[key] != mine[key]]
+    differ = [key for key in PINNED if pinned.get(key) is not None and mine.get(key) is not None]
+    differ = [key for key in differ if pinned[key] != mine[key]]
     if not differ:
         return ""
 
@@ -248,7 +250,7 @@ def mismatch(pinned: dict[str, Any] | None, mine: dict[str, Any], log_path: str 
     return (
         f"this node would serve and train {said(mine)}, but this log path's {what} is {said(pinned)} "
         f"({Layout(log_path).model}); start every node, and every --resume, with the same model_config "
-        "(and vllm.max_model_len), or use a new --log-path"
+        "(and vllm_config.max_model_len), or use a new --log-path"
     )
 
 

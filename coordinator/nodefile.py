@@ -15,9 +15,12 @@ A node file maps node ranks to what differs between machines:
           train: /opt/llamafactory/bin/python
         vllm_port: 8999              # this group's vLLM port (BATON_VLLM_PORT)
         node_addr: 10.0.0.5          # only for a group of one rank (BATON_NODE_ADDR)
+        vllm_config:                 # vLLM's settings on these ranks, over the run's (docs/serving.md)
+          tensor_parallel_size: 2
 
 A rank in no group keeps the defaults. Every problem is reported at once
-(ConfigError: field, value, fix), before anything starts.
+(ConfigError: field, value, fix), before anything starts: a vllm_config value is checked
+as the rollout config checks it (rollout_engine.config.vllm_config_problems).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollout_engine.config import removed_variable_problem, vllm_config_problems
 from rollout_engine.errors import ConfigError
 
-GROUP_KEYS = {"label", "node_ranks", "env_vars", "python", "vllm_port", "node_addr"}
+GROUP_KEYS = {"label", "node_ranks", "env_vars", "python", "vllm_port", "node_addr", "vllm_config"}
 PYTHONS = {"app": "BATON_APP_PY", "serve": "BATON_SERVE_PY", "train": "BATON_TRAIN_PY"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RANKS = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
@@ -44,6 +48,8 @@ class NodeGroup:
     python: dict[str, str] = field(default_factory=dict)
     vllm_port: int | None = None
     node_addr: str | None = None
+    #: vllm_config's values for these ranks (checked): they win over the run's
+    vllm_config: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_ranks(text: str) -> list[int]:
@@ -135,6 +141,7 @@ def _group(index: int, data: Any, num_nodes: int, problems: list[str]) -> NodeGr
     if not isinstance(env_vars, dict) or not all(ENV_NAME.fullmatch(str(k)) for k in env_vars):
         problems.append(f"{at}.env_vars must map variable names to values (got {env_vars!r})")
         env_vars = {}
+    problems += [f"{at}.env_vars: {p}" for p in map(removed_variable_problem, map(str, env_vars)) if p]
     python = data.get("python") or {}
     if not isinstance(python, dict) or set(python) - set(PYTHONS):
         problems.append(f"{at}.python must map {', '.join(PYTHONS)} to interpreter paths (got {python!r})")
@@ -145,7 +152,17 @@ def _group(index: int, data: Any, num_nodes: int, problems: list[str]) -> NodeGr
     addr = data.get("node_addr")
     if addr is not None and len(ranks) != 1:
         problems.append(f"{at}.node_addr names one node's address; give it in a group of one rank (got {ranks})")
-    return NodeGroup(label, ranks, {str(k): str(v) for k, v in env_vars.items()}, dict(python), port, addr)
+    vllm = data.get("vllm_config") or {}
+    if not isinstance(vllm, dict):
+        problems.append(
+            f"{at}.vllm_config must map vllm_config settings to values (got {vllm!r}); e.g. "
+            "vllm_config: {tensor_parallel_size: 2}"
+        )
+        vllm = {}
+    found = vllm_config_problems(vllm)
+    problems += [f"{at}.{p}" for p in found]
+    env = {str(k): str(v) for k, v in env_vars.items()}
+    return NodeGroup(label, ranks, env, dict(python), port, addr, {} if found else {str(k): v for k, v in vllm.items()})
 
 
 def node_env(groups: list[NodeGroup], rank: int) -> dict[str, str]:
@@ -169,6 +186,12 @@ def node_env(groups: list[NodeGroup], rank: int) -> dict[str, str]:
     if group.node_addr:
         env["BATON_NODE_ADDR"] = str(group.node_addr)
     return env
+
+
+def node_vllm(groups: list[NodeGroup], rank: int) -> dict[str, Any]:
+    """The vllm_config values of `rank`'s group (empty when it is in no group)."""
+    group = next((g for g in groups if rank in g.node_ranks), None)
+    return dict(group.vllm_config) if group is not None else {}
 
 
 def export_lines(env: dict[str, str]) -> str:

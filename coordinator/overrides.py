@@ -11,7 +11,9 @@ has is tried on each (with the group choices given, so that `tracker=wandb
 tracker.wandb.mode=online` routes) and must be accepted by one. A choice a config
 group (a folder under configs/) lacks is refused naming the group's options. Keys that run.sh sets itself
 are refused, as is an external `policy_config.base_url` without --debug-mode.
-Every problem is collected into one `ConfigError`. With `rollout_splits`, a config
+Every problem is collected into one `ConfigError`. A node file's `vllm_config` for this
+rank (`Request.vllm`) is merged into the rollout configs after the overrides: it wins over them
+on its ranks. With `rollout_splits`, a config
 that composes is then checked as its rollout checks it before it starts
 (rollout_engine.runner.prepare, less the policy server): the task file, the
 environment's parameters and its word on each task.
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rollout_engine.errors import ConfigError
 
@@ -68,6 +70,8 @@ class Request:
     num_nodes: int = 1
     #: the splits this run rolls out (train, test): their task files and environment are checked too
     rollout_splits: tuple[str, ...] = ()
+    #: this rank's node-file vllm_config (coordinator/nodefile.py), merged over the overrides
+    vllm: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,6 +85,10 @@ class Routed:
     policy_model: str = ""
     #: the most model requests a rollout of this rank keeps in flight (this node's KV cache is sized for them)
     max_sessions: int = 0
+    #: the rollouts' vllm_config (rollout_engine.config.VllmConfig; the same in both) and the longest reply
+    #: either asks for (policy_config.max_new_tokens)
+    vllm: Any = None
+    max_new_tokens: int = 0
 
 
 def override_key(override: str) -> str:
@@ -139,11 +147,16 @@ def unparsable(override: str) -> str | None:
 
 
 def hydra_problem(exc: Exception) -> str:
-    """One line for a Hydra/OmegaConf composition error: what Hydra says, its cause, and the fix."""
+    """One line for a Hydra/OmegaConf composition error: what Hydra says, its cause, and the fix (Hydra's own
+    when it gives one: a + to add keys to a dict, which an override without it cannot)."""
     cause = exc.__cause__ or exc.__context__
-    why = str(exc).splitlines()[0]
+    lines = str(exc).splitlines()
+    why = lines[0]
     if cause is not None and str(cause):
         why += f": {str(cause).splitlines()[0]}"
+    hint = next((line for line in lines[1:] if line.startswith("To append to your config use +")), "")
+    if hint:
+        return f"{why}; to add keys to it, use +{hint.removeprefix('To append to your config use +')}"
     return f"{why}; give that key a value of its type, or drop the override"
 
 
@@ -292,9 +305,12 @@ def route_and_compose(req: Request) -> Routed:
         try:
             cfg = _compose(name, [*base[target], *getattr(routed, target)])
             if target == "rollout":
+                cfg = with_node_vllm(cfg, req.vllm)
                 run = runs[name] = validate_rollout(cfg)
                 routed.policy_base_url, routed.policy_model = run.policy_config.base_url, run.policy_config.model
                 routed.max_sessions = max(routed.max_sessions, rank_limits(run)[0])
+                routed.vllm = run.vllm_config
+                routed.max_new_tokens = max(routed.max_new_tokens, run.policy_config.max_new_tokens)
             else:
                 validate_update(OmegaConf.to_object(cfg))
             routed.resolved[name] = OmegaConf.to_container(cfg, resolve=True)
@@ -311,6 +327,17 @@ def route_and_compose(req: Request) -> Routed:
     if problems:
         raise ConfigError(problems)
     return routed
+
+
+def with_node_vllm(cfg: DictConfig, vllm: dict[str, Any]) -> DictConfig:
+    """`cfg` (a composed rollout config) with the node file's vllm_config values over its own (dicts replaced
+    whole, not merged: the node file says all of limit_mm_per_prompt)."""
+    if not vllm:
+        return cfg
+    with open_dict(cfg):
+        for key, value in vllm.items():
+            cfg.vllm_config[key] = value
+    return cfg
 
 
 def rollout_inputs(run: Any) -> list[str]:

@@ -2,7 +2,8 @@
 
     choice = choose_dtype("cpu", Path("/proc/cpuinfo").read_text())      # Precision
     choice.dtype, choice.reason        # "float32", "this CPU has no native bf16 (...)"
-    kv_cache_gib(model_config, "float32", sessions=32, tokens_per_request=2048)   # 4
+    kv_cache_gib(model_config, "float32", sessions=32, tokens_per_request=2048)   # 4 (GiB per vLLM worker)
+    load_model_config(Path("models/m"))    # its config.json, checked: ValueError naming what it lacks
     plan = serving_plan("cpu", Path("models/m"), sessions=32, max_model_len=2048)  # all of it, for one model
     fingerprint("http://127.0.0.1:8999/v1", "policy")   # what the served weights answer a fixed probe
     reload_blocker(Path("policy/v0001"))               # why vLLM cannot reload it in place, or None
@@ -12,7 +13,10 @@ On a CPU, bfloat16 is fast only with native bf16 instructions (x86:
 emulate it and generate several times slower than in float32 (docs/setup.md,
 "Serving precision"). On an NVIDIA GPU, bfloat16 needs compute capability 8.0
 (Ampere) or newer; older GPUs serve float16. `BATON_VLLM_DTYPE` forces a
-dtype. Standard library only: run.sh calls it before anything else is up.
+dtype. A vision-language model's config.json (Qwen3-VL) keeps the language
+model's shape under `text_config`: it is read from there when the top level
+lacks it, as vLLM does. Standard library only: run.sh calls it before anything
+else is up.
 """
 
 from __future__ import annotations
@@ -116,12 +120,22 @@ SHAPE_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size")
 OPTIONAL_SHAPE_KEYS = ("num_key_value_heads", "head_dim")
 
 
+def text_config(model_config: dict) -> dict:
+    """The part of a config.json that holds the language model's shape: `text_config` when the top level has no
+    num_hidden_layers and it is a mapping (vision-language models: Qwen3-VL, LLaVA), else the config itself."""
+    inner = model_config.get("text_config")
+    if "num_hidden_layers" not in model_config and isinstance(inner, dict):
+        return inner
+    return model_config
+
+
 def model_config_problem(model_config: object) -> str | None:
     """What makes a config.json unusable for sizing the KV cache; None when it is usable."""
     if not isinstance(model_config, dict):
         return f"must be a JSON object (got {type(model_config).__name__})"
+    shape = text_config(model_config)
     for key in SHAPE_KEYS + OPTIONAL_SHAPE_KEYS:
-        value = model_config.get(key)
+        value = shape.get(key)
         if value is None and key in SHAPE_KEYS:
             return f"lacks {key} (missing)"
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -129,18 +143,48 @@ def model_config_problem(model_config: object) -> str | None:
     return None
 
 
-def kv_bytes_per_token(model_config: dict, dtype: str) -> int:
-    """Bytes of K and V one token takes over every layer of a Hugging Face decoder config."""
-    layers = int(model_config["num_hidden_layers"])
-    heads = int(model_config["num_attention_heads"])
-    kv_heads = int(model_config.get("num_key_value_heads") or heads)
-    head_dim = int(model_config.get("head_dim") or int(model_config["hidden_size"]) // heads)
-    return 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
+def load_model_config(model: Path) -> dict:
+    """The config.json of the model folder `model`, checked (model_config_problem). Raises ValueError with the
+    message for people: not readable JSON, or no shape to size the KV cache from (bad input)."""
+    path = Path(model) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        problem = f"is not readable JSON ({exc.msg if isinstance(exc, json.JSONDecodeError) else exc})"
+    else:
+        problem = model_config_problem(config)
+    if problem:
+        raise ValueError(
+            f"model config {path} {problem}; point model_config.model (or the policy) at a "
+            "Hugging Face model folder whose config.json has " + ", ".join(SHAPE_KEYS)
+        )
+    return config
 
 
-def kv_cache_gib(model_config: dict, dtype: str, sessions: int, tokens_per_request: int) -> int:
-    """Whole GiB of KV cache so that `sessions` requests of `tokens_per_request` tokens fit at once."""
-    need = kv_bytes_per_token(model_config, dtype) * sessions * tokens_per_request * KV_HEADROOM
+def kv_bytes_per_token(model_config: dict, dtype: str, tensor_parallel: int = 1) -> int:
+    """Bytes of K and V one token takes over every layer of a Hugging Face decoder config, on one of
+    `tensor_parallel` ranks (each holds its share of the KV heads, at least one: vLLM copies a head when there
+    are more ranks than heads)."""
+    shape = text_config(model_config)
+    layers = int(shape["num_hidden_layers"])
+    heads = int(shape["num_attention_heads"])
+    kv_heads = int(shape.get("num_key_value_heads") or heads)
+    head_dim = int(shape.get("head_dim") or int(shape["hidden_size"]) // heads)
+    return 2 * layers * math.ceil(kv_heads / tensor_parallel) * head_dim * DTYPE_BYTES[dtype]
+
+
+def kv_cache_gib(
+    model_config: dict,
+    dtype: str,
+    sessions: int,
+    tokens_per_request: int,
+    tensor_parallel: int = 1,
+    data_parallel: int = 1,
+) -> int:
+    """Whole GiB of KV cache per vLLM worker (VLLM_CPU_KVCACHE_SPACE is each worker's) so that `sessions`
+    requests of `tokens_per_request` tokens fit at once: a data-parallel copy serves its share of them."""
+    per_token = kv_bytes_per_token(model_config, dtype, tensor_parallel)
+    need = per_token * math.ceil(sessions / data_parallel) * tokens_per_request * KV_HEADROOM
     return max(1, math.ceil(need / 2**30))
 
 
@@ -189,26 +233,17 @@ def serving_plan(
     max_model_len: int,
     cpuinfo: Path = Path("/proc/cpuinfo"),
     forced: str = "",
+    tensor_parallel: int = 1,
+    data_parallel: int = 1,
 ) -> ServingPlan:
-    """The plan to serve the model folder `model` on `device` ("cpu" or "cuda"); `forced` is
-    BATON_VLLM_DTYPE. Raises ValueError with the message for people: a bad `forced`, or a config.json
-    that cannot size the KV cache (bad input, both)."""
+    """The plan to serve the model folder `model` on `device` ("cpu" or "cuda") with `tensor_parallel` x
+    `data_parallel` vLLM workers; `forced` is BATON_VLLM_DTYPE. Raises ValueError with the message for people: a
+    bad `forced`, or a config.json that cannot size the KV cache (bad input, both)."""
     text = cpuinfo.read_text() if cpuinfo.exists() else ""
     caps = gpu_compute_capabilities() if device == "cuda" else []
     precision = choose_dtype(device, text, caps, forced)
-    path = Path(model) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        problem = f"is not readable JSON ({exc.msg if isinstance(exc, json.JSONDecodeError) else exc})"
-    else:
-        problem = model_config_problem(config)
-    if problem:
-        raise ValueError(
-            f"model config {path} {problem}; point model_config.model (or the policy) at a "
-            "Hugging Face model folder whose config.json has " + ", ".join(SHAPE_KEYS)
-        )
-    kv = kv_cache_gib(config, precision.dtype, sessions, max_model_len)
+    config = load_model_config(model)
+    kv = kv_cache_gib(config, precision.dtype, sessions, max_model_len, tensor_parallel, data_parallel)
     return ServingPlan(device, precision, kv, sessions, max_model_len, parse_cpuinfo(text), tuple(caps))
 
 

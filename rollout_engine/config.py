@@ -8,7 +8,8 @@ environment from the config group `env` (`configs/env/<name>.yaml`).
 
 Sections: `model_config` (the policy's model; the update config holds it too),
 `policy_config` (the model server; `PolicyConfig` is reused by
-training), `env_config` (scheduling, tasks, sampling, budgets),
+training), `vllm_config` (how run.sh starts vLLM on each node: docs/serving.md),
+`env_config` (scheduling, tasks, sampling, budgets),
 `openai_config` (the LLM judge) and run-level keys (`data_path`, `log_path`,
 `split`, `iteration`, `rank`, `rank_weights`, `resume`, `seed`, ...).
 
@@ -33,10 +34,13 @@ collects every problem of every section into one error. Bad input exits 2.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rollout_engine import schema as _schema
 from rollout_engine.errors import ConfigError
@@ -51,6 +55,9 @@ LIMITS_SCOPES = ("node", "cluster")
 MAX_TOKENS = 1 << 20
 #: seeds are unsigned 32-bit (numpy's, and so the trainer's)
 MAX_SEED = (1 << 32) - 1
+#: tokens of vllm_config.max_model_len that policy_config.max_new_tokens must leave for the prompt (a chat
+#: template, a system prompt and a short task take a few hundred)
+PROMPT_ROOM = 256
 
 
 def cluster_limit_problem(name: str, total: int, weights: list[float]) -> str:
@@ -119,6 +126,134 @@ class PolicyConfig:
             f"(got {self.retry_backoff_s} and {self.retry_backoff_max_s})",
         )
         _raise(p)
+
+
+#: vLLM's flags that a setting or run.sh sets (vllm_config.extra_args may not): the flag as vLLM spells it (an
+#: underscore for a dash, `=value` or `.key` after it, are the same flag) -> what sets it
+VLLM_OWNED_FLAGS = {
+    "--max-model-len": "vllm_config.max_model_len",
+    "--tensor-parallel-size": "vllm_config.tensor_parallel_size",
+    "-tp": "vllm_config.tensor_parallel_size",
+    "--data-parallel-size": "vllm_config.data_parallel_size",
+    "-dp": "vllm_config.data_parallel_size",
+    "--gpu-memory-utilization": "vllm_config.gpu_memory_utilization",
+    "--device-memory-utilization": "vllm_config.gpu_memory_utilization",
+    "--limit-mm-per-prompt": "vllm_config.limit_mm_per_prompt",
+    "--allowed-local-media-path": "vllm_config.allowed_local_media_path",
+    "--model": "run.sh (the base model, then each promoted policy)",
+    "--served-model-name": "policy_config.model",
+    "--host": "run.sh (vLLM listens on 127.0.0.1 only)",
+    "--port": "BATON_VLLM_PORT",
+    "--dtype": "BATON_VLLM_DTYPE",
+    "--generation-config": "run.sh (vllm: policy_config's sampling settings are the ones used)",
+    "--enable-sleep-mode": "run.sh (on a GPU: vLLM sleeps while a colocated update trains)",
+    "--no-enable-sleep-mode": "run.sh (on a GPU: vLLM sleeps while a colocated update trains)",
+}
+#: the variables that set vLLM's context and memory share before vllm_config did: run.sh refuses them
+REMOVED_VARIABLES = {
+    "VLLM_MAX_MODEL_LEN": "vllm_config.max_model_len",
+    "VLLM_GPU_MEMORY_UTILIZATION": "vllm_config.gpu_memory_utilization",
+}
+
+
+def vllm_flag(arg: str) -> str:
+    """The flag an element of vllm_config.extra_args names, as vLLM spells it ("" for a value):
+    `--max_model_len=4096` -> `--max-model-len`, `--limit-mm-per-prompt.video` -> `--limit-mm-per-prompt`."""
+    if not arg.startswith("-") or arg.lstrip("-")[:1].isdigit():
+        return ""
+    dashes = "--" if arg.startswith("--") else "-"
+    name = arg[len(dashes) :].split("=", 1)[0].split(".", 1)[0]
+    return dashes + name.replace("_", "-")
+
+
+def removed_variable_problem(name: str) -> str:
+    """The error for a removed variable that is set ("" for any other name)."""
+    setting = REMOVED_VARIABLES.get(name)
+    if setting is None:
+        return ""
+    return (
+        f"{name} is no longer read: vLLM's settings are vllm_config's now; unset it and pass {setting}=VALUE "
+        "(or set it in a node group's vllm_config; docs/serving.md)"
+    )
+
+
+def prompt_room_problem(max_new_tokens: int, max_model_len: int, how: str = "") -> str:
+    """The error when policy_config.max_new_tokens leaves under PROMPT_ROOM tokens of the context for the
+    prompt ("" when it leaves enough); `how` says how an auto context was chosen."""
+    if max_new_tokens + PROMPT_ROOM <= max_model_len:
+        return ""
+    lower = max_model_len - PROMPT_ROOM
+    fix = f"lower policy_config.max_new_tokens to <= {lower}, or " if lower >= 1 else ""
+    return (
+        f"policy_config.max_new_tokens must leave at least {PROMPT_ROOM} tokens of vllm_config.max_model_len for "
+        f"the prompt (got {max_new_tokens} of {max_model_len}{how}); {fix}raise vllm_config.max_model_len to >= "
+        f"{max_new_tokens + PROMPT_ROOM}"
+    )
+
+
+@dataclass
+class VllmConfig:
+    """How run.sh starts vLLM, the policy server, on each node (docs/serving.md). The auto values are
+    resolved per node (coordinator/driver/vllm_settings.py); a node file's group overrides any of these
+    for its ranks (`vllm_config:` in docs/multinode.md, node groups)."""
+
+    #: the context in tokens (prompt and reply); 0 = auto: the model's own (max_position_embeddings of its
+    #: config.json), at most 2048 on a CPU (whose KV cache is sized for max_vllm_sessions requests of this
+    #: length) and 32768 on a GPU
+    max_model_len: int = setting(0, Range(low=1, high=MAX_TOKENS, special={0: "auto"}, unit="tokens"))
+    #: GPUs (CPU: NUMA nodes) that hold one copy of the model
+    tensor_parallel_size: int = setting(1, Range(low=1))
+    #: copies of the model on this node; 0 = auto: the node's GPUs / tensor_parallel_size (1 on a CPU)
+    data_parallel_size: int = setting(0, Range(low=1, special={0: "auto"}))
+    #: the share of each GPU's memory vLLM takes (unused on a CPU: its KV cache is VLLM_CPU_KVCACHE_SPACE)
+    gpu_memory_utilization: float = setting(0.85, Range(0, 1, low_open=True))
+    #: items of each modality one prompt may hold ({video: 0, image: 4}); {} = vLLM's defaults
+    limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
+    #: the folder whose files requests may name (file:// image URLs); auto = the run's --log-path, where the
+    #: environments keep their screenshots; "" = none
+    allowed_local_media_path: str = "auto"
+    #: any other argument of vLLM's server, verbatim, after Baton's ([--max-num-seqs, 512])
+    extra_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        for modality, limit in self.limit_mm_per_prompt.items():
+            _check(p, limit >= 0, f"vllm_config.limit_mm_per_prompt.{modality} must be >= 0 (got {limit})")
+        path = self.allowed_local_media_path
+        _check(
+            p,
+            path in ("auto", "") or path.startswith("/"),
+            f"vllm_config.allowed_local_media_path must be auto, '' or an absolute path (got {path!r}); "
+            "auto is the run's --log-path",
+        )
+        for arg in self.extra_args:
+            flag = vllm_flag(arg)
+            owner = VLLM_OWNED_FLAGS.get(flag, "")
+            fix = f"{owner} sets it; drop it" if owner.startswith("run.sh") else f"set {owner} instead"
+            _check(p, not owner, f"vllm_config.extra_args must not set {flag} (got {arg!r}): {fix}")
+        _raise(p)
+
+
+def vllm_config_problems(values: Mapping[str, Any]) -> list[str]:
+    """What is wrong with `values` as vllm_config settings (a node file group's): a key that is no setting, a
+    value of the wrong type or outside its rule; [] when nothing is. Each problem names vllm_config.<key>."""
+    known = [f.name for f in dataclasses.fields(VllmConfig)]
+    unknown = sorted(str(k) for k in values if k not in known)
+    if unknown:
+        return [f"vllm_config has no settings {unknown}; known: {', '.join(known)}"]
+    problems, merged = [], OmegaConf.structured(VllmConfig)
+    for key, value in values.items():
+        try:
+            merged = OmegaConf.merge(merged, {key: value})
+        except OmegaConfBaseException as exc:
+            why = str(exc).splitlines()[0]
+            problems.append(f"vllm_config.{key} cannot be {value!r} ({why}); give it a value of its type")
+    problems += _schema.problems(merged, "vllm_config")
+    try:
+        OmegaConf.to_object(merged)
+    except ConfigError as exc:
+        problems += exc.problems
+    return problems
 
 
 #: the reference system's model names (model_config.model_type) and the Hub models they stand for
@@ -332,6 +467,7 @@ class RolloutConfig:
     takeover_plan: str = ""
     model_config: ModelConfig = field(default_factory=ModelConfig)
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
+    vllm_config: VllmConfig = field(default_factory=VllmConfig)
     env_config: EnvConfig = field(default_factory=EnvConfig)
     openai_config: OpenAIConfig = field(default_factory=OpenAIConfig)
     env: Any = MISSING
@@ -372,6 +508,7 @@ def validate(cfg: DictConfig) -> RolloutConfig:
     for key, schema in (
         ("model_config", ModelConfig),
         ("policy_config", PolicyConfig),
+        ("vllm_config", VllmConfig),
         ("env_config", EnvConfig),
         ("openai_config", OpenAIConfig),
     ):
@@ -413,6 +550,9 @@ def validate(cfg: DictConfig) -> RolloutConfig:
         for name in ("server_size", "max_vllm_sessions"):
             problem = cluster_limit_problem(name, getattr(run.env_config, name), run.rank_weights)
             _check(problems, not problem, problem)
+    if run.vllm_config.max_model_len:
+        problem = prompt_room_problem(run.policy_config.max_new_tokens, run.vllm_config.max_model_len)
+        _check(problems, not problem, problem)
     size_key = f"{run.split}_tasks"
     _check(
         problems,

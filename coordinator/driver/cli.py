@@ -2,7 +2,7 @@
 
     args = parse(sys.argv[1:])    # the flags as given (unknown, repeated or valueless flags: say.BadInput)
     validate(args)                # every rule; the numbers, the node count, this node's rank and its source
-    apply_node_file(args)         # this rank's --node-file settings, exported into os.environ
+    apply_node_file(args)         # this rank's --node-file settings: os.environ, and args.node_vllm
     slurm_default_addr(args)      # rank 0 of a Slurm step: the first host of SLURM_JOB_NODELIST
 
 Bad input raises `say.BadInput` (exit 2) before anything is started or written. Every message is
@@ -24,8 +24,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from coordinator.driver import say
-from coordinator.nodefile import load_node_file, node_env
+from coordinator.nodefile import load_node_file, node_env, node_vllm
 from rollout_engine import defaults
+from rollout_engine.config import REMOVED_VARIABLES, removed_variable_problem
 from rollout_engine.errors import ConfigError
 
 USAGE = """\
@@ -153,6 +154,8 @@ class Args:
     worker: str = ""  # --worker's text as given ("" without it); `rank` holds the rank
     #: each valued flag's text as given on the command line (what `validate` reads)
     given: dict[str, str] = field(default_factory=dict)
+    #: this rank's vllm_config from the node file (apply_node_file): composed over the overrides
+    node_vllm: dict[str, object] = field(default_factory=dict)
 
     @property
     def weights(self) -> list[int]:
@@ -499,7 +502,11 @@ def _validate_keep_best(args: Args) -> None:
 
 def validate_env(env: Mapping[str, str] = os.environ) -> None:
     """The deadlines and counts set in the environment (docs/cli.md, Environment) are whole numbers, so that
-    `Setting.value` can read them later without a check."""
+    `Setting.value` can read them later without a check; a removed variable (VLLM_MAX_MODEL_LEN: vllm_config's
+    now) is not set."""
+    for name in REMOVED_VARIABLES:
+        if name in env:
+            raise say.BadInput(removed_variable_problem(name))
     for setting, low in ENV_MINIMUMS:
         text = env.get(setting.env, "")
         if text and not is_int(text, low):
@@ -511,13 +518,15 @@ def validate_env(env: Mapping[str, str] = os.environ) -> None:
 
 def apply_node_file(args: Args, env: MutableMapping[str, str] = os.environ) -> None:
     """Export this rank's settings from --node-file (else $BATON_NODE_FILE) into `env`: environment variables,
-    interpreters, vLLM port, address (which becomes the node's address when none was given). A bad file ends
-    the run with exit 2, each problem on its own error line, before anything starts."""
+    interpreters, vLLM port, address (which becomes the node's address when none was given); its vllm_config
+    goes to `args.node_vllm`. A bad file ends the run with exit 2, each problem on its own error line, before
+    anything starts."""
     path = args.node_file or env.get("BATON_NODE_FILE", "")
     if not path:
         return
     try:
-        exports = node_env(load_node_file(Path(path), args.num_nodes), args.rank)
+        groups = load_node_file(Path(path), args.num_nodes)
+        exports = node_env(groups, args.rank)
     except ConfigError as exc:
         *first, last = exc.problems or [str(exc)]
         for problem in first:
@@ -528,10 +537,12 @@ def apply_node_file(args: Args, env: MutableMapping[str, str] = os.environ) -> N
             2, f"--node-file {path} cannot be read ({exc}); give the path of a YAML node file (docs/multinode.md)"
         ) from None
     env.update(exports)
+    args.node_vllm = node_vllm(groups, args.rank)
     if env.get("BATON_NODE_ADDR") and not args.node_addr:
         args.node_addr = env["BATON_NODE_ADDR"]
-    if exports:
-        say.log(f"node file {path}: rank {args.rank} sets {' '.join(exports)}")
+    names = [*exports, *(f"vllm_config.{key}={value}" for key, value in args.node_vllm.items())]
+    if names:
+        say.log(f"node file {path}: rank {args.rank} sets {' '.join(names)}")
 
 
 def slurm_in_step(env: Mapping[str, str] = os.environ) -> bool:

@@ -17,6 +17,7 @@ from coordinator.driver.procs import Groups, child_env
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.trainer import WarmTrainer
 from coordinator.driver.vllm import PolicyServer
+from coordinator.driver.vllm_settings import ServerSettings
 from rollout_engine.defaults import VLLM_PORT
 from rollout_engine.layout import Layout
 
@@ -36,7 +37,9 @@ class Pythons:
 
 @dataclass
 class Composed:
-    """The configuration composed once (coordinator/overrides.py): each config's overrides, the policy."""
+    """The configuration composed once (coordinator/overrides.py): each config's overrides, the policy, and
+    vllm_config resolved for this node (`vllm.max_model_len`: the context this node's vLLM serves, a plain
+    int; None when this run serves no policy: --debug-mode, --rl-phase update)."""
 
     rollout: list[str]
     update: list[str]
@@ -44,6 +47,7 @@ class Composed:
     model: str
     max_sessions: int
     trackers: list[str]
+    vllm: ServerSettings | None = None
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """--dry-run: validate what a real run validates before it starts anything (the configuration, composed by
-run.main; the update's, checked in the train environment), then print the commands the next iteration's
-phases would run. Nothing is started but that check, nothing is written under the log path."""
+run.main; the update's, checked in the train environment; the policy server's command line, checked by vLLM's
+own parser in the serve environment), then print the commands the next iteration's phases would run. Nothing
+is started but those checks, nothing is written under the log path."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from coordinator.driver.rollout import rollout_cmd
 from coordinator.driver.say import Die
 from coordinator.driver.shellquote import line
 from coordinator.driver.update import check_key, check_verdict, update_cmd
+from coordinator.driver.vllm import PolicyServer
+from coordinator.driver.vllm_settings import blame
 from rollout_engine.defaults import CHECK_TIMEOUT_S
+
+#: seconds the serve environment may take to import vLLM's parser and check the server's command line
+ARGCHECK_S = 300
 
 
 def check(run: Run, n: int) -> str:
@@ -49,6 +55,34 @@ def check(run: Run, n: int) -> str:
     return chosen
 
 
+def check_serve(server: PolicyServer, model: str) -> None:
+    """Parse the server's command line (after `choose`) with vLLM's own parser and its checks, in the serve
+    environment with the command's variables (coordinator/vllm_argcheck.py), as a real start would: a refusal
+    exits 2 with vLLM's words and the setting to fix; a check that cannot run exits 1."""
+    cmd = server.command(model)
+    at = cmd.index("-m")
+    script = Path(__file__).resolve().parents[1] / "vllm_argcheck.py"
+    check = [*cmd[:at], "-I", str(script), *cmd[at + 2 :]]
+    try:
+        done = subprocess.run(check, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=ARGCHECK_S)
+    except subprocess.TimeoutExpired:
+        raise Die(1, f"vLLM's parser did not check the server's command line within {ARGCHECK_S}s") from None
+    marked = [line.removeprefix("refused: ") for line in done.stdout.splitlines() if line.startswith("refused: ")]
+    if done.returncode == 2 and marked and server.settings is not None:
+        raise Die(
+            2,
+            f"vLLM's parser refuses the server's command line: {marked[-1]}; set {blame(marked[-1], server.settings)}"
+            " to what vLLM takes (docs/serving.md)",
+        )
+    if done.returncode != 0:
+        tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+        raise Die(
+            1,
+            f"could not check the server's command line with vLLM's parser ({server.serve_py} exited "
+            f"{done.returncode}: {tail}); is the serve environment whole? (bash scripts/setup.sh)",
+        )
+
+
 def dry_run(run: Run) -> None:
     a = run.args
     n = runstate.next_iteration(a.log)
@@ -73,6 +107,7 @@ def dry_run(run: Run) -> None:
         )
     if a.phase != "update" and run.server is not None:
         run.server.choose(run.policy_path(), record=False)
+        check_serve(run.server, run.policy_path())
         out.append(line("serve", run.server.command(run.policy_path())))
     if a.phase == "both" or a.split == "train-only":
         out.append(line("train rollout", env + rollout_cmd(run, "train", n, a.resume)))

@@ -30,7 +30,10 @@ def rollout_cmd(run: Run, split: str, iteration: int, resume: bool) -> list[str]
             cmd.append(f"policy_version={run.policy_version()}")
     if resume:
         cmd.append("resume=true")
-    return cmd + run.composed.rollout
+    # this node's context, resolved (auto decided, the node file's value in): the rollout's config says what
+    # its server serves, and checks policy_config.max_new_tokens against it as run.sh did
+    node = [f"vllm_config.max_model_len={run.composed.vllm.max_model_len}"] if run.composed.vllm else []
+    return cmd + run.composed.rollout + node
 
 
 def progress(run: Run, split: str, iteration: int) -> list[tuple[str, int]]:

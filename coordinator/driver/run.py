@@ -102,7 +102,10 @@ def find(args: cli.Args, pythons: Pythons) -> tuple[Found, ModelConfig]:
 
 
 def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
-    """Compose every config once with this rank's keys (the overrides' only validation); save the resolved one."""
+    """Compose every config once with this rank's keys and node-file vllm_config (the overrides' only
+    validation), resolve vllm_config for this node when this run serves the policy (vllm_settings.for_node:
+    the parallel sizes against the node, the context against max_new_tokens); save the resolved config."""
+    from coordinator.driver.vllm_settings import Machine, for_node
     from coordinator.overrides import route_and_compose
     from rollout_engine.errors import ConfigError
 
@@ -111,8 +114,14 @@ def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
     request.rollout_splits = {"both": ("train", "test"), "update": ()}.get(
         args.phase, ("train",) if args.split == "train-only" else ("test",)
     )
+    request.vllm = dict(args.node_vllm)
+    vllm = None
     try:
         routed = route_and_compose(request)
+        if not args.debug and args.phase != "update":
+            machine = Machine.detect()
+            vllm = for_node(routed.vllm, Path(base_model), args.log, routed.max_new_tokens, machine)
+            log(vllm.describe(machine))
     except ConfigError as exc:
         raise Die(2, "\n[baton] error: ".join(exc.problems)) from exc
     if save is not None:
@@ -123,15 +132,8 @@ def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
         save_text(save, OmegaConf.to_yaml(OmegaConf.create(routed.resolved)))
     trackers = [name for name, on in routed.resolved["update"]["tracker"].items() if on]
     return Composed(
-        routed.rollout, routed.update, routed.policy_base_url, routed.policy_model, routed.max_sessions, trackers
+        routed.rollout, routed.update, routed.policy_base_url, routed.policy_model, routed.max_sessions, trackers, vllm
     )
-
-
-def served_context() -> int:
-    """The context length vLLM serves (pinned with the model: prompts and replies must fit it on every node)."""
-    from coordinator.driver.vllm import MAX_MODEL_LEN, _whole
-
-    return _whole("VLLM_MAX_MODEL_LEN", MAX_MODEL_LEN, "tokens")
 
 
 def build(args: cli.Args, save: Path | None = None) -> Run:
@@ -144,7 +146,7 @@ def build(args: cli.Args, save: Path | None = None) -> Run:
     args.overrides = [o for o in args.overrides if override_key(o) != "model_config.reasoning"]
     args.overrides.insert(0, f"model_config.reasoning={reasoning}")
     composed = compose(args, base_model, save)
-    record = model_record(found, settings, served_context())
+    record = model_record(found, settings, composed.vllm.max_model_len if composed.vllm else None)
     if why := mismatch(load_model_record(args.log), record, args.log):
         raise BadInput(why)
     if args.resume:
@@ -157,7 +159,9 @@ def build(args: cli.Args, save: Path | None = None) -> Run:
     node = Node(args, run_dir, groups, supervisor, ROOT, pythons.app, port)
     server = None
     if not args.debug:
-        server = PolicyServer(run_dir, port, composed.model, groups, supervisor, pythons.serve, composed.max_sessions)
+        server = PolicyServer(
+            run_dir, port, composed.model, groups, supervisor, pythons.serve, composed.max_sessions, composed.vllm
+        )
     run = Run(args, ROOT, pythons, composed, groups, supervisor, node, server, base_model, port)
     run.model_record = record
     run.rank_weights = list(args.weights)

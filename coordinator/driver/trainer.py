@@ -29,7 +29,7 @@ from pathlib import Path
 from coordinator.driver import procs
 from coordinator.driver.say import log, warn
 from coordinator.driver.supervise import EXPIRED
-from coordinator.driver.vllm import gpu_count
+from coordinator.driver.vllm_settings import gpu_count
 from rollout_engine.defaults import TRAINER_START_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json

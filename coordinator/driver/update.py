@@ -19,7 +19,7 @@ from coordinator.driver.phase import mark, run_group, tail, timed, watch_start, 
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.trainer import WarmTrainer, kill_listed, nproc_of
-from coordinator.driver.vllm import device, gpu_count
+from coordinator.driver.vllm_settings import device, gpu_count
 from rollout_engine.defaults import CHECK_TIMEOUT_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.metrics_log import load_metrics

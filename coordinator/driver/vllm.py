@@ -3,17 +3,18 @@ process group with a deadline, reuse of only the server this run directory start
 reloads, sleep/wake around a colocated training, and a stop of exactly that group.
 
     server = PolicyServer(run_dir, port=8999, name="policy", groups=groups, supervisor=supervisor,
-                          serve_py=os.environ["BATON_SERVE_PY"], max_sessions=32)
+                          serve_py=os.environ["BATON_SERVE_PY"], max_sessions=32, settings=composed.vllm)
     server.start(policy_dir)           # reuses the recorded server when it still serves policy_dir
     how = server.serve_new(new_dir)    # "reload" | "restart" | "unchanged"
     server.stop()
 
-Its files: `<run_dir>/serving.json`, `<run_dir>/vllm.weights`, `<run_dir>/logs/vllm.log` and the group
-record `<run_dir>/pids/vllm.pgid`; its variables: BATON_DEVICE, BATON_VLLM_DTYPE, VLLM_MAX_MODEL_LEN,
-VLLM_GPU_MEMORY_UTILIZATION, VLLM_CPU_KVCACHE_SPACE, BATON_VLLM_START_S, BATON_VLLM_RELOAD_S. device() and
-gpu_count() count as envs_device / envs_gpu_count of scripts/lib/envs.sh do (setup.sh's choice of the serve
-environment). A server on the port that this run directory did not start is never reused,
-reloaded or stopped.
+Its settings are vllm_config's, resolved for this node (`settings`: coordinator/driver/vllm_settings.py;
+without them, vllm_config's defaults are resolved at the first start, with no media path). Its files:
+`<run_dir>/serving.json`, `<run_dir>/vllm.weights`, `<run_dir>/logs/vllm.log` and the group record
+`<run_dir>/pids/vllm.pgid`; its variables: BATON_DEVICE, BATON_VLLM_DTYPE, VLLM_CPU_KVCACHE_SPACE,
+BATON_VLLM_START_S, BATON_VLLM_RELOAD_S. A server on the port that this run directory did not start is never
+reused, reloaded or stopped. A server that exits at its start because vLLM's argument parser refused its
+command line is bad input (exit 2 at once).
 """
 
 from __future__ import annotations
@@ -21,12 +22,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,63 +32,24 @@ from coordinator import serving
 from coordinator.driver import say
 from coordinator.driver.procs import Groups, group_alive
 from coordinator.driver.supervise import Supervisor
+from coordinator.driver.vllm_settings import ServerSettings, blame, device, for_node, refusal
+from rollout_engine.config import VllmConfig
 from rollout_engine.defaults import VLLM_RELOAD_S, VLLM_START_S
+from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
 
 #: the name of the server's process group under <run_dir>/pids
 GROUP = "vllm"
 #: start attempts before the run ends
 ATTEMPTS = 3
-#: vLLM's context length unless VLLM_MAX_MODEL_LEN says otherwise
-MAX_MODEL_LEN = 2048
-#: the share of each GPU's memory vLLM takes unless VLLM_GPU_MEMORY_UTILIZATION says otherwise
-GPU_MEMORY_UTILIZATION = "0.85"
 #: seconds a health or model-list request may take
 HTTP_S = 5.0
 #: seconds the health request to a server we did not start may take
 FOREIGN_HTTP_S = 2.0
 #: lines of vllm.log shown after a failed start
 LOG_TAIL = 15
-#: seconds nvidia-smi may take to list the GPUs
-NVIDIA_SMI_S = 60.0
 #: the server is always on loopback: a proxy from the environment (http_proxy) must not carry the requests
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _listed_gpus(env: Mapping[str, str]) -> int:
-    """How many GPUs `nvidia-smi -L` lists (its "GPU n: ..." lines); 0 without nvidia-smi."""
-    exe = shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
-    if exe is None:
-        return 0
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, check=False, timeout=NVIDIA_SMI_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def device(env: Mapping[str, str] = os.environ) -> str:
-    """ "cuda" when an NVIDIA GPU is usable, else "cpu"; BATON_DEVICE=cpu|cuda overrides the detection
-    (any other value is exit 2)."""
-    value = env.get("BATON_DEVICE", "")
-    if value in ("cpu", "cuda"):
-        return value
-    if value:
-        raise say.Die(2, f"BATON_DEVICE must be cpu or cuda (got '{value}'); unset it to auto-detect")
-    return "cuda" if _listed_gpus(env) > 0 else "cpu"
-
-
-def gpu_count(env: Mapping[str, str] = os.environ) -> int:
-    """The NVIDIA GPUs this process may use (0 without any): those `nvidia-smi -L` lists, or fewer when
-    CUDA_VISIBLE_DEVICES names fewer (torch, and so the trainer, counts the same way; Slurm sets it for
-    a job given part of a node, and nvidia-smi may still list them all)."""
-    if device(env) != "cuda":
-        return 0
-    listed = _listed_gpus(env)
-    if "CUDA_VISIBLE_DEVICES" in env:
-        visible = sum(1 for name in env["CUDA_VISIBLE_DEVICES"].split(",") if name.strip())
-        listed = min(listed, visible)
-    return listed
 
 
 def _whole(variable: str, default: int, unit: str, least: int = 1) -> int:
@@ -107,14 +66,26 @@ def _whole(variable: str, default: int, unit: str, least: int = 1) -> int:
     return value
 
 
-def _tail(log: Path, lines: int = LOG_TAIL) -> None:
-    """Print the last `lines` lines of `log` to stderr (as `tail -n` does; nothing when it is absent)."""
+def _read_from(log: Path, offset: int) -> str:
+    """The text of `log` from byte `offset` on (its last 256 KiB at most; "" when it is absent)."""
     try:
         with log.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 256 * 1024))
-            text = f.read().decode(errors="replace")
+            f.seek(max(offset, f.seek(0, os.SEEK_END) - 256 * 1024))
+            return f.read().decode(errors="replace")
     except OSError:
-        return
+        return ""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tail(log: Path, lines: int = LOG_TAIL) -> None:
+    """Print the last `lines` lines of `log` to stderr (as `tail -n` does; nothing when it is absent)."""
+    text = _read_from(log, 0)
     for line in text.splitlines()[-lines:]:
         print(line, file=sys.stderr)
     sys.stderr.flush()
@@ -133,6 +104,9 @@ class PolicyServer:
     serve_py: str
     #: VLLM_MAX_SESSIONS (the composed max_vllm_sessions): requests the CPU KV cache holds at full length
     max_sessions: int = 32
+    #: vllm_config resolved for this node (run.compose); None: vllm_config's defaults (no media path), resolved
+    #: by `choose`
+    settings: ServerSettings | None = None
     #: seconds between polls while the server starts (each poll ticks the supervisor's watches)
     poll_s: float = 1.0
     #: the serving dtype, and the CPU KV cache in GiB (set by choose)
@@ -178,55 +152,69 @@ class PolicyServer:
     def choose(self, model: str, record: bool = True) -> tuple[str, int]:
         """Pick the serving dtype and the CPU KV-cache size for this machine (coordinator/serving.py),
         say so, and (when `record`) save the choice to <run_dir>/serving.json. The KV cache holds
-        max_sessions requests of the full model length at once, unless VLLM_CPU_KVCACHE_SPACE is set.
-        Die(2) on a GPU node whose job may use none of its GPUs, a bad BATON_VLLM_DTYPE, or a model
-        config that cannot size the cache."""
-        where = device()
-        if where == "cuda" and gpu_count() < 1:
-            raise say.Die(
-                2,
-                "no GPU to serve on: nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES "
-                f"('{os.environ.get('CUDA_VISIBLE_DEVICES', '')}') names none; give the job a GPU, or set "
-                "BATON_DEVICE=cpu",
-            )
-        max_len = _whole("VLLM_MAX_MODEL_LEN", MAX_MODEL_LEN, "tokens")
+        max_sessions requests of the full model length at once (each vLLM worker its share), unless
+        VLLM_CPU_KVCACHE_SPACE is set. Die(2) on a bad BATON_VLLM_DTYPE, a model config that cannot size the
+        cache, or (without `settings`) vllm_config's defaults that do not fit this node."""
+        if self.settings is None:  # no run.sh (bench/, tests): its defaults, with no media path (no log path known)
+            try:
+                self.settings = for_node(VllmConfig(allowed_local_media_path=""), Path(model), "")
+            except ConfigError as exc:
+                raise say.Die(2, "; ".join(exc.problems)) from exc
+        s = self.settings
         forced = os.environ.get("BATON_VLLM_DTYPE", "")
         try:
-            plan = serving.serving_plan(where, Path(model), self.max_sessions, max_len, forced=forced)
+            plan = serving.serving_plan(
+                s.device,
+                Path(model),
+                self.max_sessions,
+                s.max_model_len,
+                forced=forced,
+                tensor_parallel=s.tensor_parallel_size,
+                data_parallel=s.data_parallel_size,
+            )
         except ValueError as exc:
             raise say.Die(2, str(exc)) from exc
         if record:
             save_json(Path(self.run_dir) / "serving.json", plan.record())
         self.dtype = plan.precision.dtype
         self.kv_gib = _whole("VLLM_CPU_KVCACHE_SPACE", plan.kv_cache_gib, "GiB", least=0)
-        if where == "cuda":
+        if s.device == "cuda":
             say.log(f"serving {self.dtype}: {plan.precision.reason}")
         else:
+            each = f" each of {s.workers} workers" if s.workers > 1 else ""
             say.log(
-                f"serving {self.dtype}: {plan.precision.reason}; KV cache {self.kv_gib} GiB for "
-                f"{self.max_sessions} requests of {max_len} tokens"
+                f"serving {self.dtype}: {plan.precision.reason}; KV cache {self.kv_gib} GiB{each} for "
+                f"{self.max_sessions} requests of {s.max_model_len} tokens"
             )
         return self.dtype, self.kv_gib
 
     def args(self, model: str) -> list[str]:
-        """The server's arguments for this machine (CPU: eager mode; GPU: data parallel over the local
-        GPUs, sleep mode) in the dtype `choose` picked (bfloat16 before it)."""
+        """The server's arguments for this machine (CPU: eager mode; GPU: sleep mode), in the dtype `choose`
+        picked (bfloat16 before it), then vllm_config's (the context, the parallel sizes, ...; extra_args
+        last). Call after `choose`."""
+        assert self.settings is not None, "PolicyServer.args needs its settings: call choose first"
         args = ["-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", self.name]
         args += ["--host", "127.0.0.1", "--port", str(self.port)]
-        args += ["--max-model-len", str(_whole("VLLM_MAX_MODEL_LEN", MAX_MODEL_LEN, "tokens"))]
         args += ["--dtype", self.dtype or "bfloat16", "--generation-config", "vllm"]
-        if device() == "cuda":
-            memory = os.environ.get("VLLM_GPU_MEMORY_UTILIZATION") or GPU_MEMORY_UTILIZATION
-            args += ["--data-parallel-size", str(gpu_count()), "--gpu-memory-utilization", memory]
-            args += ["--enable-sleep-mode"]
-        else:
-            args += ["--enforce-eager"]
-        return args
+        args += ["--enable-sleep-mode"] if self.settings.device == "cuda" else ["--enforce-eager"]
+        return args + self.settings.args()
 
     def command(self, model: str) -> list[str]:
         """The whole command line of the server (after `choose`): dev mode for the in-place reloads."""
         kv = "" if self.kv_gib is None else str(self.kv_gib)
         return ["env", "VLLM_SERVER_DEV_MODE=1", f"VLLM_CPU_KVCACHE_SPACE={kv}", self.serve_py, *self.args(model)]
+
+    def refused(self, output: str) -> say.Die | None:
+        """The bad-input error for a start whose `output` shows vLLM's argument parser refusing the command
+        line (None otherwise): vLLM's words and the setting to fix."""
+        message = refusal(output)
+        if message is None or self.settings is None:
+            return None
+        return say.Die(
+            2,
+            f"vLLM refused its command line: {message}; set {blame(message, self.settings)} to what vLLM takes "
+            "(docs/serving.md; run.sh --dry-run checks the command line with vLLM's parser)",
+        )
 
     def answers(self) -> bool:
         """Something answers the health check on the port (ours or not)."""
@@ -292,8 +280,8 @@ class PolicyServer:
         else start one (up to 3 attempts, each given `deadline_s` seconds to answer; default
         BATON_VLLM_START_S) and wait for it, its output in <run_dir>/logs/vllm.log. Die(1) when the port
         is held by a server this run did not start, or after 3 failed attempts; Die(2) when no way to
-        serve fits (choose). A watch that raises during the wait leaves the group recorded, for the
-        run's clean-up to stop."""
+        serve fits (choose), or at the first attempt that vLLM's argument parser refuses (`refused`). A
+        watch that raises during the wait leaves the group recorded, for the run's clean-up to stop."""
         deadline = VLLM_START_S.value() if deadline_s is None else deadline_s
         if self.reuse(model):
             return
@@ -316,7 +304,8 @@ class PolicyServer:
                 f"starting vLLM ({self.name} from {model}, port {self.port}, attempt {attempt}/{ATTEMPTS}, "
                 f"log: {self.log})"
             )
-            self.groups.start(GROUP, cmd, self.log)
+            offset = _size(self.log)
+            job = self.groups.start(GROUP, cmd, self.log)
             began = time.monotonic()
             code = self._wait(deadline)
             if code == 0:
@@ -324,6 +313,10 @@ class PolicyServer:
                 self.record_weights(model)
                 self.served_fingerprint = self.fingerprint()
                 return
+            refused = self.refused(_read_from(self.log, offset)) if code == 2 and job.poll() == 2 else None
+            if refused is not None:
+                self.groups.stop(GROUP, 10)
+                raise refused
             if code == 2:
                 seconds = int(time.monotonic() - began)
                 say.warn(f"vLLM exited during its start-up (after {seconds}s); last lines of {self.log}:")

@@ -21,8 +21,9 @@ import runpy
 import sys
 from pathlib import Path
 
-#: the server's settings Baton chooses (coordinator/driver/vllm.py PolicyServer.args), as vLLM names them
-SERVER_FIELDS = ("host", "port")
+#: the server's settings Baton chooses (coordinator/driver/vllm.py PolicyServer.args), as vLLM names them, and
+#: one that vllm_config.extra_args passes in the tests (max_num_seqs)
+SERVER_FIELDS = ("host", "port", "max_num_seqs")
 #: the engine's settings Baton chooses per machine
 ENGINE_FIELDS = (
     "model",
@@ -30,10 +31,13 @@ ENGINE_FIELDS = (
     "max_model_len",
     "dtype",
     "generation_config",
+    "tensor_parallel_size",
     "data_parallel_size",
     "gpu_memory_utilization",
     "enable_sleep_mode",
     "enforce_eager",
+    "limit_mm_per_prompt",
+    "allowed_local_media_path",
 )
 
 

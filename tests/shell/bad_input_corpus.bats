@@ -13,7 +13,8 @@ setup() {
   LOG="$BATS_TEST_TMPDIR/log"
   mkdir -p "$DATA"
   unset RANK NODE_RANK BATON_VLLM_DTYPE BATON_NODE_FILE BATON_NODE_ADDR BATON_ROLLOUT_STALL_S BATON_CHECK_TIMEOUT_S \
-    BATON_VLLM_START_S BATON_POLICY_RESTARTS
+    BATON_VLLM_START_S BATON_POLICY_RESTARTS VLLM_MAX_MODEL_LEN VLLM_GPU_MEMORY_UTILIZATION VLLM_CPU_OMP_THREADS_BIND \
+    VLLM_CPU_SIM_MULTI_NUMA CPU_VISIBLE_MEMORY_NODES
   local var
   for var in $(compgen -e SLURM); do unset "$var"; done
 }
@@ -82,6 +83,12 @@ mine() {
 @test "cli: BATON_CHECK_TIMEOUT_S zero" { BATON_CHECK_TIMEOUT_S=0 bad BATON_CHECK_TIMEOUT_S "'0'" --rl-phase update; }
 @test "cli: BATON_VLLM_START_S negative" { BATON_VLLM_START_S=-1 bad BATON_VLLM_START_S -1 --rl-phase update; }
 @test "cli: BATON_POLICY_RESTARTS a fraction" { BATON_POLICY_RESTARTS=1.5 bad BATON_POLICY_RESTARTS 1.5 --rl-phase update; }
+@test "cli: VLLM_MAX_MODEL_LEN, a removed variable" {
+  VLLM_MAX_MODEL_LEN=4096 bad VLLM_MAX_MODEL_LEN vllm_config.max_model_len --rl-phase update
+}
+@test "cli: VLLM_GPU_MEMORY_UTILIZATION, a removed variable" {
+  VLLM_GPU_MEMORY_UTILIZATION=0.9 bad VLLM_GPU_MEMORY_UTILIZATION vllm_config.gpu_memory_utilization --rl-phase update
+}
 @test "cli: --stop with --dry-run and no run" { bad --stop "$LOG" --rl-phase update --dry-run --stop; }
 @test "run.sh: no model folder under --data-path" { bad model_path "$DATA/models" --rl-phase update --dry-run; }
 @test "run.sh: a real run with algorithm.learning_rate=-1 exits 2 before vLLM starts" {
@@ -193,4 +200,35 @@ mine() {
 @test "run.sh: env=custom without env._target_ exits 2" {
   mine
   bad env._target_ "(got nothing)" --rl-phase rollout --rollout-split train-only --dry-run env=custom
+}
+@test "run.sh: override vllm_config.extra_args setting --max-model-len" {
+  model && bad vllm_config.extra_args --max-model-len --rl-phase update --dry-run 'vllm_config.extra_args=[--max-model-len,4096]'
+}
+@test "run.sh: --node-file with vllm_config.tensor_parallel_size 0" {
+  model
+  printf 'node_groups: [{node_ranks: 0, vllm_config: {tensor_parallel_size: 0}}]\n' >"$BATS_TEST_TMPDIR/nodes.yaml"
+  bad vllm_config.tensor_parallel_size 0 --rl-phase update --dry-run --node-file "$BATS_TEST_TMPDIR/nodes.yaml"
+}
+@test "run.sh: --dry-run refuses policy_config.max_new_tokens=8192 in the node's auto 2048-token context" {
+  model
+  load fake_data
+  fake_tasks
+  bad policy_config.max_new_tokens 8192 --rl-phase rollout --rollout-split train-only --dry-run \
+    policy_config.max_new_tokens=8192
+  [[ $stderr == *"vllm_config.max_model_len"*"(got 8192 of 2048, auto: "* ]]
+}
+@test "run.sh: --dry-run refuses more vLLM workers than the node has (vllm_config.tensor_parallel_size=1000)" {
+  model
+  load fake_data
+  fake_tasks
+  bad vllm_config.tensor_parallel_size 1000 --rl-phase rollout --rollout-split train-only --dry-run \
+    vllm_config.tensor_parallel_size=1000
+}
+@test "run.sh: --dry-run refuses vllm_config.extra_args that vLLM's parser refuses (serve environment)" {
+  model
+  load fake_data
+  fake_tasks
+  bad vllm_config.extra_args "unrecognized arguments: --no-such-flag" --rl-phase rollout --rollout-split train-only \
+    --dry-run 'vllm_config.extra_args=[--no-such-flag]'
+  [[ $stderr == *"[baton] error: vLLM's parser refuses the server's command line: "* ]]
 }

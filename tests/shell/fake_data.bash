@@ -39,7 +39,8 @@ fake_tasks() {
 # command in $CALLS and answers phase=check with exit $FAKE_CHECK_EXIT (default
 # 0; 2 with a report as python -m training writes it), anything else with exit
 # $FAKE_UPDATE_EXIT (default 1; 2 with a report, as a training the trainer refused);
-# the serve one runs fake_vllm.py on vLLM's port, name and model, its pid in $VLLM_PID_FILE.
+# the serve one runs fake_vllm.py on vLLM's port, name and model, its pid in $VLLM_PID_FILE (and accepts
+# every command line the dry run has vLLM's parser check: coordinator/vllm_argcheck.py).
 # Updates run in fresh processes (BATON_WARM_TRAINER=0).
 fake_pythons_setup() {
   local bin="$BATS_TEST_TMPDIR/bin"
@@ -61,6 +62,7 @@ exit "\${FAKE_CHECK_EXIT:-0}"
 SH
   cat >"$bin/serve-python" <<SH
 #!/usr/bin/env bash
+[[ \${2:-} == */vllm_argcheck.py ]] && exit 0
 declare -A arg=()
 while ((\$#)); do
   case \$1 in --port | --served-model-name | --model) arg[\$1]=\$2 && shift ;; esac

@@ -180,6 +180,72 @@ CASES = [
     Case("env-python_path-empty-entry", "env", [_GUESS, "env_config.python_path=['']"], "python_path[0]", "''"),
     Case("env-parameter-unknown", "env", [_GUESS, _MINE, "+env.max_gueses=6"], "max_gueses", "max_gueses"),
     Case("env-parameter-out-of-range", "env", [_GUESS, _MINE, "+env.max_guesses=0"], "env.max_guesses", "0"),
+    # vllm_config (docs/serving.md), as compose checks it
+    Case(
+        "override-max_new_tokens-leaves-no-room-in-max_model_len",
+        "override",
+        ["vllm_config.max_model_len=2048", "policy_config.max_new_tokens=8192"],
+        "policy_config.max_new_tokens",
+        "(got 8192 of 2048)",
+    ),
+    Case(
+        "override-vllm_config.tensor_parallel_size-zero",
+        "override",
+        ["vllm_config.tensor_parallel_size=0"],
+        "vllm_config.tensor_parallel_size",
+        "0",
+    ),
+    Case(
+        "override-vllm_config.extra_args-sets-a-setting-s-flag",
+        "override",
+        ["vllm_config.extra_args=[--gpu-memory-utilization,0.9]"],
+        "vllm_config.gpu_memory_utilization",
+        "--gpu-memory-utilization",
+    ),
+    Case(
+        "override-vllm_config.allowed_local_media_path-relative",
+        "override",
+        ["vllm_config.allowed_local_media_path=logs"],
+        "vllm_config.allowed_local_media_path",
+        "'logs'",
+    ),
+    Case(
+        "override-vllm_config.limit_mm_per_prompt-negative",
+        "override",
+        ["+vllm_config.limit_mm_per_prompt={video:-1}"],
+        "vllm_config.limit_mm_per_prompt.video",
+        "-1",
+    ),
+    Case(
+        "override-vllm_config.limit_mm_per_prompt-without-the-plus",
+        "override",
+        ["vllm_config.limit_mm_per_prompt={video:0}"],
+        "+vllm_config.limit_mm_per_prompt",
+        "{video:0}",
+    ),
+    # vllm_config against this node, as run.sh's driver resolves it (a CPU node of one NUMA node)
+    Case(
+        "node-max_new_tokens-over-the-auto-context",
+        "node",
+        ["policy_config.max_new_tokens=8192"],
+        "vllm_config.max_model_len",
+        "(got 8192 of 2048, auto",
+    ),
+    Case(
+        "node-tensor_parallel_size-over-the-numa-nodes",
+        "node",
+        ["vllm_config.tensor_parallel_size=2"],
+        "vllm_config.tensor_parallel_size",
+        "2 x 1 = 2",
+    ),
+    # removed variables, as run.sh's driver checks the environment
+    Case(
+        "variable-VLLM_MAX_MODEL_LEN-removed",
+        "variable",
+        {"VLLM_MAX_MODEL_LEN": "4096"},
+        "VLLM_MAX_MODEL_LEN",
+        "max_model_len",
+    ),
     # model folders: the base model run.sh composes with (model_config.model), and its config.json (serving)
     Case("model-folder-missing", "model", None, "model_path", "nomodel"),
     Case("model-folder-without-config.json", "model", {}, "model_path", "model"),
@@ -190,6 +256,13 @@ CASES = [
         "model-config.json-lacks-num_hidden_layers",
         "serving",
         json.dumps({k: v for k, v in MODEL_CONFIG.items() if k != "num_hidden_layers"}),
+        "num_hidden_layers",
+        "missing",
+    ),
+    Case(
+        "model-config.json-text_config-lacks-num_hidden_layers",
+        "serving",
+        json.dumps({"text_config": {k: v for k, v in MODEL_CONFIG.items() if k != "num_hidden_layers"}}),
         "num_hidden_layers",
         "missing",
     ),
@@ -340,6 +413,41 @@ CASES = [
         "vllm_port",
         "http",
     ),
+    Case(
+        "nodefile-vllm_config-unknown-setting",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0, vllm_config: {tensor_paralel_size: 2}}\n",
+        "vllm_config",
+        "tensor_paralel_size",
+    ),
+    Case(
+        "nodefile-vllm_config-tensor_parallel_size-zero",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0, vllm_config: {tensor_parallel_size: 0}}\n",
+        "vllm_config.tensor_parallel_size",
+        "0",
+    ),
+    Case(
+        "nodefile-vllm_config-a-word",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0, vllm_config: {max_model_len: long}}\n",
+        "vllm_config.max_model_len",
+        "'long'",
+    ),
+    Case(
+        "nodefile-vllm_config-a-list",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0, vllm_config: [tensor_parallel_size]}\n",
+        "vllm_config",
+        "['tensor_parallel_size']",
+    ),
+    Case(
+        "nodefile-env_vars-a-removed-variable",
+        "nodefile",
+        "node_groups:\n- {node_ranks: 0, env_vars: {VLLM_MAX_MODEL_LEN: 4096}}\n",
+        "VLLM_MAX_MODEL_LEN",
+        "vllm_config.max_model_len",
+    ),
     Case("nodefile-empty", "nodefile", "", "node_groups", "None"),
     Case("nodefile-latin-1", "nodefile", b"node_groups:\n- {label: caf\xe9, node_ranks: 0}\n", "--node-file", "UTF-8"),
     Case("nodefile-huge", "nodefile", "# padding\n" * (HUGE // 10), "--node-file", "1 MiB"),
@@ -362,10 +470,10 @@ def _cli(argv: list[str]) -> int:
     return dispatch(build_parser().parse_args(argv))
 
 
-def _driver_cli(argv: list[str]) -> int:
+def _driver_cli(argv: list[str], env: dict[str, str] | None = None) -> int:
     """run.sh's command line as its driver checks it (coordinator.driver.run: BadInput -> its lines, exit 2)."""
     try:
-        cli.validate(cli.parse(argv), {"PWD": "/work"})
+        cli.validate(cli.parse(argv), {"PWD": "/work", **(env or {})})
     except say.BadInput as exc:
         print("\n".join(say.error_lines(exc)), file=sys.stderr)
         return exc.code
@@ -387,6 +495,24 @@ def _driver_compose(argv: list[str], base_model: Path) -> int:
         sys.path[:] = path
         for name in set(sys.modules) - modules:
             del sys.modules[name]
+    return 0
+
+
+def _node_compose(data: Path, log: Path, overrides: list[str]) -> int:
+    """run.sh's driver composing a rollout's configuration on a CPU node of one NUMA node (coordinator.driver.run
+    compose: vllm_config resolved for the node; Die -> its lines, exit 2), the resolved config saved on success."""
+    from unittest import mock
+
+    from coordinator.driver import run as driver_run
+    from coordinator.driver.vllm_settings import Machine
+
+    args = cli.Args(data=str(data), log=str(log), phase="rollout", split="train-only", overrides=overrides)
+    try:
+        with mock.patch.object(Machine, "detect", return_value=Machine("cpu", 0, 1)):
+            driver_run.compose(args, str(data / "model"), log / "resolved.yaml")
+    except say.Die as exc:
+        print("\n".join(say.error_lines(exc)), file=sys.stderr)
+        return exc.code
     return 0
 
 
@@ -443,6 +569,15 @@ def _run(case: Case, tmp: Path) -> tuple[Path, Callable[[], int]]:
         argv = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--dry-run"]
         argv += ["--data-path", str(data), "--log-path", str(log), *overrides]
         return tmp, lambda: _driver_compose(argv, data / "model")
+    if case.surface == "node":
+        _model(data / "model", json.dumps(MODEL_CONFIG))
+        (data / "tasks").mkdir()
+        (data / "tasks" / "train.jsonl").write_bytes(_RG_TASK + b"\n")
+        return tmp, lambda: _node_compose(data, log, case.bad)
+    if case.surface == "variable":
+        return tmp, lambda: _driver_cli(
+            ["--rl-phase", "update", "--data-path", str(data), "--log-path", str(log)], case.bad
+        )
     if case.surface == "model":
         folder = data / ("nomodel" if case.bad is None else "model")
         if case.bad is not None:

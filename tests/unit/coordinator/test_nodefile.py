@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.nodefile import export_lines, load_node_file, node_env, parse_ranks
+from coordinator.nodefile import export_lines, load_node_file, node_env, node_vllm, parse_ranks
 from rollout_engine.errors import ConfigError
 
 GOOD = f"""
@@ -82,3 +82,59 @@ def test_missing_file_bad_yaml_and_a_missing_interpreter(tmp_path: Path) -> None
     groups = load_node_file(write(tmp_path, "node_groups: [{node_ranks: 0, python: {serve: /no/python}}]\n"), 2)
     with pytest.raises(ConfigError, match=r"python\.serve /no/python does not exist on this node"):
         node_env(groups, 0)
+
+
+def test_a_group_s_vllm_config_is_for_its_ranks_only(tmp_path: Path) -> None:
+    """A group of 4-GPU nodes serves an 8B model tensor-parallel over 2 GPUs (2 copies each); the others keep
+    the run's settings. The values go to the rollout config, not the environment."""
+    text = """
+node_groups:
+  - label: four-gpus
+    node_ranks: 1-2
+    vllm_config: {tensor_parallel_size: 2, limit_mm_per_prompt: {video: 0}, extra_args: [--max-num-seqs, 512]}
+"""
+    groups = load_node_file(write(tmp_path, text), num_nodes=4)
+    assert (
+        node_vllm(groups, 1)
+        == node_vllm(groups, 2)
+        == {
+            "tensor_parallel_size": 2,
+            "limit_mm_per_prompt": {"video": 0},
+            "extra_args": ["--max-num-seqs", 512],
+        }
+    )
+    assert node_vllm(groups, 0) == {} and node_env(groups, 1) == {}
+
+
+def test_a_group_s_vllm_config_is_checked_as_the_rollout_config_checks_it(tmp_path: Path) -> None:
+    text = """
+node_groups:
+  - node_ranks: 0
+    vllm_config: {tensor_parallel_size: 0, gpu_memory_utilization: lots, tensor_paralel_size: 2}
+  - node_ranks: 1
+    vllm_config: {data_parallel_size: -1, extra_args: [--port, "9000"]}
+  - node_ranks: 2
+    vllm_config: [tensor_parallel_size, 2]
+  - node_ranks: 3
+    env_vars: {VLLM_MAX_MODEL_LEN: "4096"}
+"""
+    with pytest.raises(ConfigError) as err:
+        load_node_file(write(tmp_path, text), num_nodes=4)
+    message = str(err.value)
+    assert "node_groups[0].vllm_config has no settings ['tensor_paralel_size']; known: max_model_len, " in message
+    assert "node_groups[1].vllm_config.data_parallel_size must be 0 (auto) or >= 1 (got -1)" in message
+    assert "node_groups[1].vllm_config.extra_args must not set --port (got '--port'): set BATON_VLLM_PORT" in message
+    assert "node_groups[2].vllm_config must map vllm_config settings to values (got ['tensor_parallel_size', 2])" in (
+        message
+    )
+    assert "node_groups[3].env_vars: VLLM_MAX_MODEL_LEN is no longer read" in message
+    assert "pass vllm_config.max_model_len=VALUE (or set it in a node group's vllm_config" in message
+    wrong = "node_groups:\n  - {node_ranks: 0, vllm_config: {tensor_parallel_size: 0, gpu_memory_utilization: lots}}\n"
+    with pytest.raises(ConfigError) as err:
+        load_node_file(write(tmp_path, wrong), num_nodes=1)
+    where = f"--node-file {tmp_path / 'nodes.yaml'}: node_groups[0].vllm_config"
+    assert err.value.problems == [
+        f"{where}.gpu_memory_utilization cannot be 'lots' (Value 'lots' of type 'str' could not be converted to "
+        "Float); give it a value of its type",
+        f"{where}.tensor_parallel_size must be >= 1 (got 0)",
+    ]

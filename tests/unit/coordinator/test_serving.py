@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.serving import choose_dtype, kv_bytes_per_token, kv_cache_gib, parse_cpuinfo
+from coordinator.serving import (
+    choose_dtype,
+    kv_bytes_per_token,
+    kv_cache_gib,
+    load_model_config,
+    model_config_problem,
+    parse_cpuinfo,
+    text_config,
+)
 from tests.conftest import REPO
 
 # The 2-core AMD EPYC this issue was measured on: AVX2, no AVX-512 at all.
@@ -118,6 +126,46 @@ def test_kv_cache_holds_every_session_at_full_length() -> None:
     assert kv_cache_gib(SMOLLM2, "float32", 1, 128) == 1
     fits = kv_cache_gib(SMOLLM2, "float32", 64, 2048) * 2**30
     assert fits >= 64 * 2048 * 46080
+
+
+def test_tensor_and_data_parallel_workers_each_hold_their_share_of_the_kv_cache() -> None:
+    """VLLM_CPU_KVCACHE_SPACE is each worker's: a tensor-parallel rank holds its share of the KV heads (at least
+    one: vLLM copies a head when there are more ranks than heads), a data-parallel copy its share of the requests."""
+    # 3 KV heads over 2 ranks: 2 heads each, 2/3 of 4 GiB -> 3 GiB
+    assert kv_bytes_per_token(SMOLLM2, "float32", tensor_parallel=2) == 46080 * 2 // 3
+    assert kv_cache_gib(SMOLLM2, "float32", 32, 2048, tensor_parallel=2) == 3
+    assert kv_bytes_per_token(SMOLLM2, "float32", tensor_parallel=8) == 46080 // 3
+    assert kv_cache_gib(SMOLLM2, "float32", 32, 2048, data_parallel=2) == 2
+
+
+#: Qwen3-VL-8B-Instruct's config.json, abridged: the language model's shape is under text_config
+QWEN3_VL = {
+    "architectures": ["Qwen3VLForConditionalGeneration"],
+    "model_type": "qwen3_vl",
+    "text_config": {
+        "head_dim": 128,
+        "hidden_size": 4096,
+        "max_position_embeddings": 262144,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 36,
+        "num_key_value_heads": 8,
+    },
+    "vision_config": {"depth": 27, "hidden_size": 1152, "num_heads": 16},
+}
+
+
+def test_a_vision_language_config_is_sized_from_its_text_config(tmp_path: Path) -> None:
+    assert text_config(QWEN3_VL) is QWEN3_VL["text_config"] and text_config(SMOLLM2) is SMOLLM2
+    assert model_config_problem(QWEN3_VL) is None
+    # 2 x 36 layers x 8 KV heads x 128 dims x 2 bytes
+    assert kv_bytes_per_token(QWEN3_VL, "bfloat16") == 147456
+    assert model_config_problem({"text_config": {"hidden_size": 64}}) == "lacks num_hidden_layers (missing)"
+    assert model_config_problem({"text_config": [1]}) == "lacks num_hidden_layers (missing)"
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_VL))
+    assert load_model_config(tmp_path) == QWEN3_VL
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 0}}))
+    with pytest.raises(ValueError, match=r"config.json num_hidden_layers must be an integer >= 1 \(got 0\)"):
+        load_model_config(tmp_path)
 
 
 def run_serving(tmp_path: Path, cpuinfo: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -38,9 +38,10 @@ SHAPE = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads
 #: the settings the phases read; each test starts without them (BATON_DEVICE=cpu, no live view)
 SETTINGS = (
     "BATON_VLLM_DTYPE",
-    "VLLM_MAX_MODEL_LEN",
-    "VLLM_GPU_MEMORY_UTILIZATION",
     "VLLM_CPU_KVCACHE_SPACE",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "VLLM_CPU_SIM_MULTI_NUMA",
+    "CPU_VISIBLE_MEMORY_NODES",
     "CUDA_VISIBLE_DEVICES",
     "BATON_VLLM_START_S",
     "BATON_VLLM_RELOAD_S",

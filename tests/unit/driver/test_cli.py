@@ -186,6 +186,18 @@ TABLE = [
         "BATON_VLLM_DTYPE must be auto, float32, bfloat16 or float16 (got 'int8'); unset it to detect",
     ),
     (
+        ["--rl-phase", "update"],
+        {"VLLM_MAX_MODEL_LEN": "4096"},
+        "VLLM_MAX_MODEL_LEN is no longer read: vLLM's settings are vllm_config's now; unset it and pass "
+        "vllm_config.max_model_len=VALUE (or set it in a node group's vllm_config; docs/serving.md)",
+    ),
+    (
+        ["--rl-phase", "update"],
+        {"VLLM_GPU_MEMORY_UTILIZATION": ""},
+        "VLLM_GPU_MEMORY_UTILIZATION is no longer read: vLLM's settings are vllm_config's now; unset it and pass "
+        "vllm_config.gpu_memory_utilization=VALUE (or set it in a node group's vllm_config; docs/serving.md)",
+    ),
+    (
         ["--rl-phase", "update", "--dashboard-port", "70000"],
         {},
         "--dashboard-port must be a TCP port in 1..65535 (got '70000'); e.g. --dashboard-port 8080, or drop it",
@@ -475,6 +487,20 @@ def test_the_node_file_exports_this_rank_s_settings(
     assert env == {"BATON_NODE_FILE": "/elsewhere.yaml"} and capsys.readouterr().err == ""
 
 
+def test_the_node_file_s_vllm_config_goes_to_the_composed_config_not_the_environment(
+    paths: Paths, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text("node_groups: [{node_ranks: 0, vllm_config: {tensor_parallel_size: 2, max_model_len: 4096}}]\n")
+    env: dict[str, str] = {}
+    args = checked(paths.base("--rl-phase", "rollout", "--rollout-split", "train-only", "--node-file", str(nodes)))
+    apply_node_file(args, env)
+    assert env == {} and args.node_vllm == {"tensor_parallel_size": 2, "max_model_len": 4096}
+    assert capsys.readouterr().err == (
+        f"[baton] node file {nodes}: rank 0 sets vllm_config.tensor_parallel_size=2 vllm_config.max_model_len=4096\n"
+    )
+
+
 def test_a_bad_node_file_exits_2_naming_each_problem(
     paths: Paths, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -489,7 +515,7 @@ def test_a_bad_node_file_exits_2_naming_each_problem(
     where = f"--node-file {nodes}: node_groups[0]"
     port = f"{where}.vllm_port must be a TCP port 1..65535 (got 70000)"
     assert (caught.value.code, say.error_lines(caught.value)) == (2, [f"[baton] error: {port}"])
-    known = "env_vars, label, node_addr, node_ranks, python, vllm_port"
+    known = "env_vars, label, node_addr, node_ranks, python, vllm_config, vllm_port"
     assert capsys.readouterr().err == f"[baton] error: {where} has unknown keys ['colour']; known: {known}\n"
     assert env == {"BATON_NODE_FILE": str(nodes)}
     with pytest.raises(say.Die) as missing:

@@ -433,3 +433,20 @@ def test_a_master_whose_train_merge_is_not_complete_leaves_the_phase_unmarked_fo
         with pytest.raises(Die, match=r"^the merge of the ranks' train rollouts of iteration 1 is not complete"):
             rollout.rollout(run, "train", 1, False)
     assert runstate.is_done(run.log, 1, "train_rollout") is complete
+
+
+def test_the_rollout_is_told_this_node_s_resolved_context_after_the_overrides(runs: Runs) -> None:
+    """The context run.sh resolved for this node (auto decided, the node file's value in) ends the rollout's command
+    line, so that its config says what its server serves; without a server of ours (--debug-mode) nothing."""
+    from coordinator.driver.vllm_settings import Machine, resolve
+    from rollout_engine.config import VllmConfig
+    from tests.unit.driver.fakes import SHAPE
+
+    run = runs.make(phase="rollout", split="train-only")
+    run.composed.rollout = ["vllm_config.max_model_len=0"]
+    assert rollout.rollout_cmd(run, "train", 1, False)[-1] == "vllm_config.max_model_len=0"
+    run.composed.vllm = resolve(VllmConfig(), Machine("cpu", 0, 1), SHAPE, run.log)
+    assert rollout.rollout_cmd(run, "train", 1, False)[-2:] == [
+        "vllm_config.max_model_len=0",
+        "vllm_config.max_model_len=2048",
+    ]

@@ -134,3 +134,76 @@ def test_a_master_of_a_superseded_run_writes_no_marker_of_run_state_and_stops_wi
     assert caught.value.message == "the run was asked to stop (marking train_rollout of iteration 4); this node stops"
     assert f"superseded by run {newer.run_id}" in capsys.readouterr().err
     assert not runstate.is_done(log, 4, "train_rollout")
+
+
+# --- compose: vllm_config resolved for this node ----------------------------------------------------------------
+
+
+def _inputs(tmp_path: Path) -> tuple[Path, Path]:
+    """A data path with a model folder (SmolLM2's shape, an 8192-token context) and a train task file."""
+    import json
+
+    from tests.unit.driver.fakes import SHAPE
+
+    data = tmp_path / "data"
+    model = data / "models" / "m"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({**SHAPE, "max_position_embeddings": 8192}))
+    (data / "tasks").mkdir()
+    task = {"task_id": "t1", "task_name": "1 + 1 =", "metadata": {"dataset": "chain_sum", "entry": {"question": "?"}}}
+    (data / "tasks" / "train.jsonl").write_text(json.dumps(task) + "\n")
+    return data, model
+
+
+def test_compose_resolves_vllm_config_for_this_node_the_node_file_over_the_overrides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The resolved context is `composed.vllm.max_model_len` (a plain int); the node file's group wins over the
+    command line on its ranks, and the resolved config saved under the log path says what this node runs."""
+    import yaml
+
+    monkeypatch.setenv("BATON_DEVICE", "cpu")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # a core list per worker: 2 workers on 1 NUMA node
+    data, model = _inputs(tmp_path)
+    overrides = ["vllm_config.tensor_parallel_size=4", "vllm_config.max_model_len=4096"]
+    args = Args(data=str(data), log=str(tmp_path / "log"), phase="rollout", split="train-only", overrides=overrides)
+    args.node_vllm = {"tensor_parallel_size": 2}
+
+    composed = driver_run.compose(args, str(model), tmp_path / "resolved.yaml")
+
+    assert composed.vllm is not None
+    assert (composed.vllm.max_model_len, composed.vllm.tensor_parallel_size, composed.vllm.data_parallel_size) == (
+        4096,
+        2,
+        1,
+    )
+    assert composed.vllm.allowed_local_media_path == str(tmp_path / "log")
+    assert yaml.safe_load((tmp_path / "resolved.yaml").read_text())["rollout_train"]["vllm_config"] == {
+        **{"max_model_len": 4096, "tensor_parallel_size": 2, "data_parallel_size": 0},
+        **{"gpu_memory_utilization": 0.85, "limit_mm_per_prompt": {}, "allowed_local_media_path": "auto"},
+        "extra_args": [],
+    }
+    assert "[baton] vLLM: context 4096 tokens (vllm_config.max_model_len); tensor parallel 2 x data parallel 1\n" in (
+        capsys.readouterr().err
+    )
+    args.debug = True  # an external server: nothing of ours to resolve
+    assert driver_run.compose(args, str(model), None).vllm is None
+
+
+def test_compose_refuses_max_new_tokens_that_leave_no_room_in_the_auto_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATON_DEVICE", "cpu")
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    data, model = _inputs(tmp_path)
+    overrides = ["policy_config.max_new_tokens=8192"]
+    args = Args(data=str(data), log=str(tmp_path / "log"), phase="rollout", split="train-only", overrides=overrides)
+    with pytest.raises(say.Die) as bad:
+        driver_run.compose(args, str(model), None)
+    assert (bad.value.code, bad.value.message) == (
+        2,
+        "policy_config.max_new_tokens must leave at least 256 tokens of vllm_config.max_model_len for the prompt "
+        "(got 8192 of 2048, auto: the model's 8192 tokens, at most 2048 on a CPU); lower policy_config.max_new_tokens"
+        " to <= 1792, or raise vllm_config.max_model_len to >= 8448",
+    )
+    assert not (tmp_path / "log").exists()

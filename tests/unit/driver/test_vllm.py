@@ -1,6 +1,7 @@
 """coordinator/driver/vllm.py: a recorded vLLM is reused only when it is the server answering on the
-expected port with the expected served name; a start tries 3 times and says why each failed; a new
-policy is served by an in-place reload when the outputs show it, else by a restart.
+expected port with the expected served name; a start tries 3 times and says why each failed (an argument
+vLLM's parser refuses is bad input at once); a new policy is served by an in-place reload when the outputs
+show it, else by a restart. Its arguments are vllm_config's resolved for the node (test_vllm_settings.py).
 
 tests/shell/fake_vllm.py stands in for vLLM (health, model list, a fingerprint completion, the reload
 and sleep endpoints) on a free loopback port; as the serve interpreter, a script runs it with vLLM's
@@ -25,7 +26,9 @@ import pytest
 from coordinator.driver import say
 from coordinator.driver.procs import Groups, group_alive
 from coordinator.driver.supervise import Supervisor
-from coordinator.driver.vllm import PolicyServer, device, gpu_count
+from coordinator.driver.vllm import PolicyServer
+from coordinator.driver.vllm_settings import Machine, device, for_node, gpu_count, resolve
+from rollout_engine.config import VllmConfig
 from tests.unit.driver.fakes import FAKE_VLLM, SETTINGS, SHAPE
 
 
@@ -162,6 +165,8 @@ def test_baton_device_overrides_detection_and_a_bad_value_is_exit_2() -> None:
 def test_choose_on_a_cpu_says_and_records_the_dtype_and_kv_cache(
     run_dir: Path, groups: Groups, model: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Without settings from run.sh (bench/, the e2e fixtures), vllm_config's defaults are resolved for this
+    machine: one worker, a 2048-token context on a CPU, no media path."""
     monkeypatch.setenv("BATON_VLLM_DTYPE", "float32")
     server = policy_server(run_dir, 8999, groups, serve_py="/serve/python")
 
@@ -175,8 +180,8 @@ def test_choose_on_a_cpu_says_and_records_the_dtype_and_kv_cache(
     args = server.args(model)
     assert args == [
         *("-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "policy"),
-        *("--host", "127.0.0.1", "--port", "8999", "--max-model-len", "2048", "--dtype", "float32"),
-        *("--generation-config", "vllm", "--enforce-eager"),
+        *("--host", "127.0.0.1", "--port", "8999", "--dtype", "float32", "--generation-config", "vllm"),
+        *("--enforce-eager", "--max-model-len", "2048", "--tensor-parallel-size", "1", "--data-parallel-size", "1"),
     ]
     assert server.command(model) == [
         "env",
@@ -187,37 +192,48 @@ def test_choose_on_a_cpu_says_and_records_the_dtype_and_kv_cache(
     ]
 
 
-def test_choose_takes_the_kv_cache_and_length_from_the_environment(
+def test_choose_takes_the_length_from_the_settings_and_the_kv_cache_from_the_environment(
     run_dir: Path, groups: Groups, model: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("BATON_VLLM_DTYPE", "bfloat16")
+    cpu = Machine("cpu", 0, numa_nodes=2)
+    settings = resolve(VllmConfig(max_model_len=4096, extra_args=["--max-num-seqs", "8"]), cpu, SHAPE, "/exp")
+    server = policy_server(run_dir, 8999, groups, max_sessions=8, settings=settings)
+    assert server.choose(model, record=False) == ("bfloat16", 1)
+    assert "KV cache 1 GiB for 8 requests of 4096 tokens" in capsys.readouterr().err
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")
-    monkeypatch.setenv("VLLM_MAX_MODEL_LEN", "4096")
-    server = policy_server(run_dir, 8999, groups, max_sessions=8)
 
     assert server.choose(model, record=False) == ("bfloat16", 7)
 
     assert "KV cache 7 GiB for 8 requests of 4096 tokens" in capsys.readouterr().err
     assert not (run_dir / "serving.json").exists()
-    assert server.args(model)[10:15] == ["--max-model-len", "4096", "--dtype", "bfloat16", "--generation-config"]
-    monkeypatch.setenv("VLLM_MAX_MODEL_LEN", "long")
-    with pytest.raises(say.Die) as bad:
-        server.choose(model)
-    assert bad.value.code == 2 and "VLLM_MAX_MODEL_LEN must be a whole number of tokens" in bad.value.message
+    assert server.args(model)[-10:] == [
+        *("--max-model-len", "4096", "--tensor-parallel-size", "1", "--data-parallel-size", "1"),
+        *("--allowed-local-media-path", "/exp", "--max-num-seqs", "8"),
+    ]
+    # two tensor-parallel workers: VLLM_CPU_KVCACHE_SPACE is each one's, sized for its share of the KV heads
+    # (2 of the 3: 64 x 4096 tokens x 15360 B x 1.15 = 4.6 GiB, where one worker needs 6.5: 7)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    server.max_sessions = 64
+    assert server.choose(model, record=False) == ("bfloat16", 7)
+    server.settings = resolve(VllmConfig(tensor_parallel_size=2, max_model_len=4096), cpu, SHAPE, "/exp")
+    assert server.choose(model, record=False) == ("bfloat16", 5)
+    assert "KV cache 5 GiB each of 2 workers for 64 requests of 4096 tokens" in capsys.readouterr().err
 
 
 def test_choose_and_args_on_a_gpu_node(
     tmp_path: Path, run_dir: Path, groups: Groups, model: str, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     fake_nvidia_smi(tmp_path, monkeypatch, gpus(2), caps="8.0\\n8.0\\n")
-    monkeypatch.setenv("VLLM_GPU_MEMORY_UTILIZATION", "0.5")
-    server = policy_server(run_dir, 8999, groups)
+    settings = for_node(VllmConfig(gpu_memory_utilization=0.5), Path(model), "/exp")
+    server = policy_server(run_dir, 8999, groups, settings=settings)
 
     assert server.choose(model)[0] == "bfloat16"
 
     assert capsys.readouterr().err == "[baton] serving bfloat16: GPU compute capability 8.0 has bf16\n"
-    assert server.args(model)[-5:] == [
-        *("--data-parallel-size", "2", "--gpu-memory-utilization", "0.5", "--enable-sleep-mode"),
+    assert server.args(model)[-11:] == [
+        *("--enable-sleep-mode", "--max-model-len", "2048", "--tensor-parallel-size", "1"),
+        *("--data-parallel-size", "2", "--gpu-memory-utilization", "0.5", "--allowed-local-media-path", "/exp"),
     ]
 
 
@@ -227,11 +243,11 @@ def test_choose_on_a_gpu_node_whose_job_may_use_none_of_its_gpus_is_exit_2(
     fake_nvidia_smi(tmp_path, monkeypatch, gpus(1))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(say.Die) as none:
-        policy_server(run_dir, 8999, groups).choose("")
+        policy_server(run_dir, 8999, groups).choose(model)
     assert none.value.code == 2
     assert none.value.message == (
-        "no GPU to serve on: nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES ('') names none; give the job a "
-        "GPU, or set BATON_DEVICE=cpu"
+        "no GPU to serve on: nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES names none; give the job a GPU, or "
+        "set BATON_DEVICE=cpu"
     )
 
 
@@ -370,6 +386,32 @@ def test_start_a_server_that_exits_during_its_start_up_is_said_to_have_exited_3_
     exits = re.findall(r"\[baton\] warning: vLLM exited during its start-up \(after \d+s\); last lines of", err)
     assert len(exits) == 3
     assert "boom: cannot load the model\n" in err and "did not become healthy" not in err
+    assert groups.recorded("vllm") is None
+
+
+def test_start_of_a_command_line_vllm_s_parser_refuses_is_exit_2_at_once_naming_the_setting(
+    tmp_path: Path, run_dir: Path, groups: Groups, model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM exits 2 at its start with argparse's `usage:` and `PROG: error: MSG` (an extra_args flag it does not
+    know): bad input, not a failed start to try again."""
+    tries = tmp_path / "tries"
+    serve_py = script(
+        tmp_path / "bin" / "refuses",
+        f'echo x >>{tries}; echo "usage: api_server.py [-h] [--model MODEL]" >&2; '
+        'echo "api_server.py: error: unrecognized arguments: --bogus" >&2; exit 2',
+    )
+    settings = resolve(VllmConfig(extra_args=["--bogus"]), Machine("cpu", 0, 1), SHAPE, "")
+    server = policy_server(run_dir, free_port(), groups, serve_py, settings=settings)
+
+    with pytest.raises(say.Die) as refused:
+        server.start(model, 600)
+
+    assert (refused.value.code, refused.value.message) == (
+        2,
+        "vLLM refused its command line: unrecognized arguments: --bogus; set vllm_config.extra_args to what vLLM "
+        "takes (docs/serving.md; run.sh --dry-run checks the command line with vLLM's parser)",
+    )
+    assert tries.read_text() == "x\n" and "warning" not in capsys.readouterr().err
     assert groups.recorded("vllm") is None
 
 
@@ -557,3 +599,43 @@ def test_serve_new_restarts_on_a_tied_head_model_without_its_head_in_its_files(
     ) in capsys.readouterr().err
     assert groups.recorded("vllm")[0] != pgid
     assert server.serve_new(v1) == "reload"
+
+
+# --- the dry run's check of the command line ---------------------------------------------------------------------
+
+
+def test_the_dry_run_has_vllm_s_parser_check_the_command_line_with_its_variables(
+    tmp_path: Path, run_dir: Path, groups: Groups, model: str
+) -> None:
+    """coordinator/vllm_argcheck.py runs in the serve environment (here a stand-in that answers as it would):
+    a refusal is exit 2 with vLLM's words and the setting behind the refused flag; a check that cannot run, 1."""
+    from coordinator.driver.dryrun import check_serve
+
+    seen = tmp_path / "seen"
+    serve_py = script(
+        tmp_path / "bin" / "serve-python",
+        f'printf "%s\\n" "$VLLM_SERVER_DEV_MODE" "$@" >{seen}; echo "INFO vLLM says hello"; '
+        'echo "refused: argument --limit-mm-per-prompt: Value {bad cannot be converted"; exit 2',
+    )
+    settings = resolve(VllmConfig(limit_mm_per_prompt={"video": 0}), Machine("cpu", 0, 1), SHAPE, "")
+    server = policy_server(run_dir, 8999, groups, serve_py, settings=settings)
+    server.choose(model, record=False)
+
+    with pytest.raises(say.Die) as refused:
+        check_serve(server, model)
+
+    assert (refused.value.code, refused.value.message) == (
+        2,
+        "vLLM's parser refuses the server's command line: argument --limit-mm-per-prompt: Value {bad cannot be "
+        "converted; set vllm_config.limit_mm_per_prompt to what vLLM takes (docs/serving.md)",
+    )
+    checked = seen.read_text().splitlines()
+    assert checked[:3] == ["1", "-I", str(Path(__file__).resolve().parents[3] / "coordinator" / "vllm_argcheck.py")]
+    assert checked[3:] == server.args(model)[2:]  # the server's arguments after `-m <module>`
+    broken = script(tmp_path / "bin" / "broken", 'echo "ModuleNotFoundError: No module named vllm" >&2; exit 1')
+    server.serve_py = broken
+    with pytest.raises(say.Die) as cannot:
+        check_serve(server, model)
+    assert cannot.value.code == 1 and "ModuleNotFoundError: No module named vllm" in cannot.value.message
+    server.serve_py = script(tmp_path / "bin" / "accepts", "exit 0")
+    check_serve(server, model)

@@ -103,3 +103,76 @@ def test_greedy_held_out_sampling_changes_the_test_rollout_only(name: str, greed
 
     cfg = composed(name, [*BASE, "policy_config.temperature=0.7", f"env_config.test_greedy={greedy}"])
     assert sampling_config(OmegaConf.to_object(cfg)).temperature == expected
+
+
+# --- vllm_config: the policy server's settings (docs/serving.md) ------------------------------------------------
+
+
+def test_vllm_config_defaults_are_auto_and_compose() -> None:
+    vllm = validate(composed("rollout_train", BASE)).vllm_config
+    assert (vllm.max_model_len, vllm.tensor_parallel_size, vllm.data_parallel_size) == (0, 1, 0)
+    assert (vllm.gpu_memory_utilization, vllm.limit_mm_per_prompt, vllm.extra_args) == (0.85, {}, [])
+    assert vllm.allowed_local_media_path == "auto"
+
+
+def test_the_reference_s_vllm_command_as_overrides() -> None:
+    reference = [
+        "vllm_config.max_model_len=32768",
+        "vllm_config.gpu_memory_utilization=0.95",
+        "vllm_config.tensor_parallel_size=1",
+        "+vllm_config.limit_mm_per_prompt={video:0}",  # the + : the dict is empty (Hydra adds its keys)
+        "vllm_config.extra_args=[--max-num-seqs,512]",
+    ]
+    vllm = validate(composed("rollout_train", [*BASE, *reference])).vllm_config
+    assert (vllm.max_model_len, vllm.gpu_memory_utilization, vllm.limit_mm_per_prompt) == (32768, 0.95, {"video": 0})
+    assert vllm.extra_args == ["--max-num-seqs", "512"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "setting"),
+    [
+        ("--max-model-len", "vllm_config.max_model_len"),
+        ("--max_model_len=4096", "vllm_config.max_model_len"),
+        ("-tp", "vllm_config.tensor_parallel_size"),
+        ("--data-parallel-size=2", "vllm_config.data_parallel_size"),
+        ("--device-memory-utilization", "vllm_config.gpu_memory_utilization"),
+        ("--limit-mm-per-prompt.video", "vllm_config.limit_mm_per_prompt"),
+        ("--port", "BATON_VLLM_PORT"),
+        ("--dtype", "BATON_VLLM_DTYPE"),
+        ("--served-model-name", "policy_config.model"),
+    ],
+)
+def test_extra_args_may_not_set_what_a_setting_or_run_sh_sets(flag: str, setting: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(composed("rollout_train", [*BASE, f"vllm_config.extra_args=['{flag}','4']"]))
+    named = flag.split("=")[0].split(".")[0].replace("_", "-")
+    assert f"vllm_config.extra_args must not set {named} (got '{flag}'): " in str(err.value)
+    assert setting in str(err.value)
+
+
+def test_media_path_and_multimodal_limits_are_checked() -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(
+            composed(
+                "rollout_train",
+                [*BASE, "vllm_config.allowed_local_media_path=logs", "+vllm_config.limit_mm_per_prompt={image:-1}"],
+            )
+        )
+    text = str(err.value)
+    assert "vllm_config.allowed_local_media_path must be auto, '' or an absolute path (got 'logs')" in text
+    assert "vllm_config.limit_mm_per_prompt.image must be >= 0 (got -1)" in text
+
+
+def test_max_new_tokens_must_leave_room_for_a_prompt_in_the_context() -> None:
+    """policy_config.max_new_tokens=8192 with a 2048-token context is refused naming both settings; an auto
+    context is checked by run.sh once it is resolved for the node (coordinator/driver/vllm_settings.py)."""
+    long = [*BASE, "policy_config.max_new_tokens=8192"]
+    with pytest.raises(ConfigError) as err:
+        validate(composed("rollout_train", [*long, "vllm_config.max_model_len=2048"]))
+    assert str(err.value) == (
+        "policy_config.max_new_tokens must leave at least 256 tokens of vllm_config.max_model_len for the prompt "
+        "(got 8192 of 2048); lower policy_config.max_new_tokens to <= 1792, or raise vllm_config.max_model_len "
+        "to >= 8448"
+    )
+    validate(composed("rollout_train", long))  # auto: checked when resolved
+    validate(composed("rollout_train", [*BASE, "policy_config.max_new_tokens=1792", "vllm_config.max_model_len=2048"]))
