@@ -61,7 +61,12 @@ usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|upd
   -h, --help                 this text
 
 overrides: key=value, +key=value, ~key (Hydra); they reach the rollout and the update
-(each goes to the configs that have that key). Reference: docs/cli.md"""  # noqa: E501
+(each goes to the configs that have that key). Reference: docs/cli.md
+  your own model        model_config.model=FOLDER or a Hub id ORG/NAME (in <data>/.cache/huggingface/hub,
+                        else downloaded there); its training template is found from it (docs/models.md)
+  vLLM's settings       vllm_config.max_model_len=N, vllm_config.tensor_parallel_size=N, ... (docs/serving.md)
+  your own environment  env=custom env._target_=PKG.MODULE.CLASS env_config.python_path=[DIR]
+                        (docs/environments.md)"""  # noqa: E501
 #: the flags that take a value, and the field of `Args` each fills
 VALUED = {
     "--data-path": "data",

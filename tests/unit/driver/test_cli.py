@@ -531,9 +531,12 @@ def test_help_and_usage(paths: Paths) -> None:
     args = parse(["--help", "--rl-phase", "nonsense"])
     assert args.help and not args.stop
     assert usage().startswith("usage: bash scripts/run.sh --data-path DIR --log-path DIR --rl-phase rollout|")
-    assert usage().endswith("(each goes to the configs that have that key). Reference: docs/cli.md")
+    assert "(each goes to the configs that have that key). Reference: docs/cli.md" in usage()
     for flag in ("--eval-interval N", "--max-iterations N", "--dry-run", "--stop", "--keep-best-margin P"):
         assert flag in usage()
+    # what a user brings: the settings that name a model, vLLM's settings, an environment of one's own
+    for setting in ("model_config.model=FOLDER", "vllm_config.max_model_len=N", "env_config.python_path=[DIR]"):
+        assert setting in usage()
 
 
 @pytest.fixture
