@@ -35,6 +35,16 @@ bad() {
   [ ! -e "$LOG" ]
 }
 
+# bad_over_log <args...>: run.sh exits 2 with one error and nothing on stdout, the existing log path exactly as it
+# was ($stderr is the caller's to check).
+bad_over_log() {
+  local before
+  before=$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)
+  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" "$@"
+  [ "$(grep -c '^\[baton\] error: ' <<<"$stderr")" = 1 ] && [ -z "$output" ]
+  [ "$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)" = "$before" ]
+}
+
 # model: a small model folder where run.sh looks for the default one (so that compose gets to the overrides)
 model() {
   mkdir -p "$DATA/models/SmolLM2-135M-Instruct"
@@ -134,13 +144,9 @@ mine() {
   local folder="$LOG/trajectories/train/iter_0001"
   mkdir -p "$LOG/run/state/iter_0001" "$folder"
   printf '{"a": 1}\n' >"$folder/rank_0.jsonl"
-  local before
-  before=$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)
-  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --resume --dry-run
+  bad_over_log --rl-phase update --resume --dry-run
   [[ $stderr == *"[baton] error: --resume: the journal $folder/rank_0.jsonl:1 is not a baton.trajectory/1 line"* ]]
   [[ $stderr == *"move the file aside (its episodes run again) and rerun with --resume"* ]]
-  [ "$(grep -c '^\[baton\] error: ' <<<"$stderr")" = 1 ] && [ -z "$output" ]
-  [ "$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)" = "$before" ]
 }
 # the model model_config names (coordinator/model.py; docs/models.md)
 @test "run.sh: model_config.model naming no folder and no Hub id" {
@@ -174,13 +180,9 @@ mine() {
   mkdir -p "$LOG"
   printf '{"wanted": "Qwen/Qwen3-8B", "path": "/hub/Qwen3-8B", "identity": "0123", "chat_template_kwargs": {}, "reasoning": "think", "max_model_len": 2048}\n' \
     >"$LOG/model.json"
-  local before
-  before=$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)
-  run -2 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update --resume --dry-run
+  bad_over_log --rl-phase update --resume --dry-run
   [[ $stderr == *"[baton] error: this node would serve and train (the shipped model) ($DATA/models/SmolLM2-135M-Instruct), reasoning none,"* ]]
   [[ $stderr == *"but this log path's model is Qwen/Qwen3-8B (/hub/Qwen3-8B), reasoning think ($LOG/model.json)"* ]]
-  [ "$(grep -c '^\[baton\] error: ' <<<"$stderr")" = 1 ] && [ -z "$output" ]
-  [ "$(cd "$LOG" && find . -printf '%p %s %T@\n' | sort)" = "$before" ]
 }
 @test "run.sh: --dry-run of an env._target_ that cannot be imported (its folder not given) exits 2" {
   mine
