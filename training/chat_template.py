@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ class Wanted:
     default_system: str | None = "auto"
     #: model_config.chat_template_kwargs as sorted JSON (hashable)
     kwargs_json: str = "{}"
+    #: the templates that would match with default_system auto (set while choosing, for the messages)
+    with_auto_system: tuple[str, ...] = ()
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -258,6 +260,10 @@ def choose_template(model: Path, wanted: Wanted, encoding: Encoding) -> Choice:
 
     names = [n for n in TEMPLATES if plausible(n)]
     found = rank([n for n in names if matches(n, tokenizer, want, probe_list, system, kwargs, encoding, False)], model)
+    if not found and wanted.default_system != "auto":  # what the model's own system prompt would let match
+        own = model_default_system(tokenizer, kwargs)
+        hint = [n for n in names if matches(n, tokenizer, want, probe_list, own, kwargs, encoding, False)]
+        wanted = replace(wanted, with_auto_system=tuple(rank(hint, model)))
     if wanted.template != "auto":
         _check_named(wanted, found, model, reasoning)
         found = [wanted.template, *[n for n in found if n != wanted.template]]
@@ -308,7 +314,10 @@ def _settings_hint(wanted: Wanted) -> str:
 
 def _no_match_hint(wanted: Wanted, reasoning: bool) -> str:
     hints = []
-    if wanted.default_system != "auto":
+    if wanted.with_auto_system:
+        shown = ", ".join(wanted.with_auto_system)
+        hints.append(f"model_config.default_system=auto (the model's own system prompt: then {shown} match)")
+    elif wanted.default_system != "auto":
         hints.append("model_config.default_system=auto")
     extra = sorted(set(wanted.kwargs) - {"enable_thinking"})
     if extra:

@@ -58,7 +58,8 @@ def test_a_template_that_does_not_render_the_model_is_refused_and_fidelity_catch
     )
     assert out.returncode == 2, out.stderr[-3000:]
     text = out.stdout + out.stderr
-    assert "model_config.template='chatml' does not render" in text and "these do: smollm2," in text, text[-3000:]
+    assert "model_config.template='chatml' does not render" in text, text[-3000:]
+    assert "try model_config.default_system=auto (the model's own system prompt: then smollm2, " in text, text[-3000:]
     run_dir = journal_log / "training" / "iter_0000"
     assert not (run_dir / "data").exists() and not (run_dir / "train_config.yaml").exists()
     assert not (journal_log / "policy").exists()
