@@ -186,9 +186,9 @@ def encode(template: Any, tokenizer: Any, probe: Probe, encoding: Encoding) -> t
 def set_up(name: str, tokenizer: Any, default_system: str | None, kwargs: dict[str, Any], fix: bool) -> Any:
     """A private copy of LLaMA-Factory's template `name` set as get_template_and_fix_tokenizer sets it (which
     changes the registry's shared object); `fix` also fixes `tokenizer`'s special tokens (changes it)."""
-    from llamafactory.data.template import TEMPLATES, ReasoningTemplate
+    from llamafactory.data.template import ReasoningTemplate
 
-    template = copy.deepcopy(TEMPLATES[name])
+    template = copy.deepcopy(registry()[name])
     if default_system is not None:
         template.default_system = default_system
     if isinstance(template, ReasoningTemplate):
@@ -228,22 +228,29 @@ def rank(names: list[str], model: Path) -> list[str]:
     model's path spells (smollm2 in SmolLM2-135M-Instruct, the longest first), then one LLaMA-Factory leaves
     the saved tokenizer's chat template alone with (else vLLM would serve another template next), then the
     shorter name."""
-    from llamafactory.data.template import TEMPLATES
-
     model_type, spelled = _model_type(model), str(model).lower().replace("_", "")
 
     def key(name: str) -> tuple[int, int, int, int, str]:
         own = 0 if name == model_type else 1 if name.replace("_", "") in spelled else 2
-        return (own, -len(name) if own == 1 else 0, int(bool(TEMPLATES[name].replace_jinja_template)), len(name), name)
+        return (own, -len(name) if own == 1 else 0, int(bool(registry()[name].replace_jinja_template)), len(name), name)
 
     return sorted(names, key=key)
 
 
 @cache
-def choose_template(model: Path, wanted: Wanted, encoding: Encoding) -> Choice:
-    """The template (and default system prompt) the update renders rows with; ConfigError when none fits."""
+def registry() -> dict[str, Any]:
+    """LLaMA-Factory's templates as this process first saw them: get_template_and_fix_tokenizer sets the
+    default system prompt (and thinking) on the registry's shared objects, so in a process that trained or
+    checked before (the warm trainer) the registry holds the last update's settings, not the templates'."""
     from llamafactory.data.template import TEMPLATES
 
+    return copy.deepcopy(TEMPLATES)
+
+
+@cache
+def choose_template(model: Path, wanted: Wanted, encoding: Encoding) -> Choice:
+    """The template (and default system prompt) the update renders rows with; ConfigError when none fits."""
+    templates = registry()
     tokenizer = load_tokenizer(model)
     kwargs = wanted.kwargs
     reasoning = "</think>" in tokenizer.chat_template
@@ -254,11 +261,11 @@ def choose_template(model: Path, wanted: Wanted, encoding: Encoding) -> Choice:
     user_turn = render(tokenizer, [{"role": "user", "content": USER_MARK}], kwargs)
 
     def plausible(name: str) -> bool:  # a cheap text test before the token-level one
-        slots = TEMPLATES[name].format_user.apply(content=USER_MARK)
+        slots = templates[name].format_user.apply(content=USER_MARK)
         text = "".join(s for s in slots if isinstance(s, str))
         return USER_MARK in text and text.partition(USER_MARK)[0].strip() in user_turn
 
-    names = [n for n in TEMPLATES if plausible(n)]
+    names = [n for n in templates if plausible(n)]
     found = rank([n for n in names if matches(n, tokenizer, want, probe_list, system, kwargs, encoding, False)], model)
     if not found and wanted.default_system != "auto":  # what the model's own system prompt would let match
         own = model_default_system(tokenizer, kwargs)
@@ -287,9 +294,7 @@ def choose_template(model: Path, wanted: Wanted, encoding: Encoding) -> Choice:
 
 def _check_named(wanted: Wanted, found: list[str], model: Path, reasoning: bool) -> None:
     """A template the user named must be one of those that match; ConfigError naming them otherwise."""
-    from llamafactory.data.template import TEMPLATES
-
-    if wanted.template not in TEMPLATES:
+    if wanted.template not in registry():
         raise ConfigError(
             f"model_config.template={wanted.template!r} is not a LLaMA-Factory template; "
             + (f"the templates that render {model}'s chat template: {', '.join(found)}; " if found else "")

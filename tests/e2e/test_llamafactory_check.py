@@ -15,6 +15,7 @@ CASES = {
     "default": "",
     "template": "model_config.template=nonsense",
     "mismatch": "model_config.template=qwen3",
+    "system": "model_config.template=chatml,model_config.default_system=null",
     "scheduler": "algorithm.lr_scheduler_type=bogus",
     "override": "+algorithm.llamafactory_overrides.no_such_key=1",
 }
@@ -37,6 +38,7 @@ def test_llamafactory_accepts_the_defaults_and_rejects_what_it_does_not_know(mod
     assert {name: case["exit"] for name, case in result.items() if name != "default"} == {
         "template": 2,
         "mismatch": 2,
+        "system": 2,
         "scheduler": 2,
         "override": 2,
     }
@@ -47,6 +49,11 @@ def test_llamafactory_accepts_the_defaults_and_rejects_what_it_does_not_know(mod
     mismatch = result["mismatch"]["log"]
     assert "model_config.template='qwen3' does not render" in mismatch, mismatch
     assert "these do: smollm2," in mismatch and "(set model_config.template=smollm2, or auto)" in mismatch
+    # chatml with no system prompt where SmolLM2's template inserts one: no template renders that; with the
+    # model's own system prompt several do
+    system = result["system"]["log"]
+    assert "model_config.template='chatml' does not render" in system, system
+    assert "try model_config.default_system=auto (the model's own system prompt: then smollm2, " in system
     # the schema's choices (rollout_engine/schema.py) refuse it before LLaMA-Factory is asked; the override below
     # is one only LLaMA-Factory's own parser can refuse
     assert "algorithm.lr_scheduler_type must be one of linear, cosine," in result["scheduler"]["log"]

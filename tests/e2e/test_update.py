@@ -1,9 +1,9 @@
 """The update phase end to end: real rollouts -> LLaMA-Factory -> a promoted policy.
 
 The rollout engine writes a real train journal of the default model (token ids
-from vLLM). A template that renders the prompt differently is refused before
-anything is written, and the fidelity check fails loudly on those rollouts when
-such a template reaches a training YAML.
+from vLLM). The fidelity check fails loudly on those rollouts when a template
+that renders the prompt differently reaches a training YAML behind the
+update-check's back (which refuses it up front: test_llamafactory_check.py).
 `run.sh --rl-phase update` on those rollouts stops every training process on
 Ctrl+C (torchrun's workers included); on the next run the update phase
 (`python -m training`, train environment) selects, writes and checks the dataset
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, default_sigint, env_python
-from tests.e2e.conftest import processes_mentioning, run_update
+from tests.e2e.conftest import processes_mentioning
 from tests.waits import UPDATE_S, communicate_waiting, run_waiting
 
 pytestmark = pytest.mark.e2e
@@ -38,50 +38,6 @@ def journal_log(train_journal: Path, tmp_path: Path) -> Path:
     log = tmp_path / "log"
     shutil.copytree(train_journal, log)
     return log
-
-
-def test_a_template_that_does_not_render_the_model_is_refused_and_fidelity_catches_one_that_slips_by(
-    journal_log: Path, model_dir: Path
-) -> None:
-    """chatml renders no system prompt where SmolLM2's own template inserts one. Named in the config, the
-    update refuses it before anything is written (training.chat_template's probe), naming the templates that do
-    render the model. Written into a prepared training YAML behind the probe's back, the token-fidelity check on
-    the real rows (the backstop) refuses it, naming the row and the first differing position."""
-    small = ["algorithm.selection.positive_samples_to_train=4", "algorithm.per_device_train_batch_size=1"]
-    small.append("algorithm.gradient_accumulation_steps=1")
-    out = run_update(
-        journal_log,
-        f"model_path={model_dir}",
-        "model_config.template=chatml",
-        "model_config.default_system=null",
-        *small,
-    )
-    assert out.returncode == 2, out.stderr[-3000:]
-    text = out.stdout + out.stderr
-    assert "model_config.template='chatml' does not render" in text, text[-3000:]
-    assert "try model_config.default_system=auto (the model's own system prompt: then smollm2, " in text, text[-3000:]
-    run_dir = journal_log / "training" / "iter_0000"
-    assert not (run_dir / "data").exists() and not (run_dir / "train_config.yaml").exists()
-    assert not (journal_log / "policy").exists()
-
-    out = run_update(journal_log, f"model_path={model_dir}", "phase=prepare", *small)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    recipe = (run_dir / "train_config.yaml").read_text()
-    assert "template: smollm2" in recipe, recipe
-    (run_dir / "train_config.yaml").write_text(
-        re.sub(r"(?m)^(template|default_system):.*\n", "", recipe) + "template: chatml\n"
-    )
-    out = run_waiting(
-        [env_python("train"), "-m", "training.fidelity", str(run_dir / "train_config.yaml")],
-        waiting_for="the token-fidelity check of a chatml YAML",
-        timeout=UPDATE_S,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    text = out.stdout + out.stderr
-    assert out.returncode == 2, text[-3000:]
-    assert "token fidelity: dataset row" in text and "differs from the sampled ids at position" in text
-    assert "sampled by the policy: id" in text and "LLaMA-Factory trains:  id" in text
 
 
 def test_an_update_that_would_not_fit_on_the_disk_is_refused_before_it_trains(
@@ -201,6 +157,24 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_resume_trai
     promotions = [m for m in metrics if m.get("kind") == "promotion"]
     assert [m["policy_version"] for m in promotions] == [1]
     assert processes_mentioning(str(log)) == []
+
+    # the backstop: a template behind the update-check's back (chatml renders no system prompt where SmolLM2's
+    # template inserts one) in the training YAML, and the token-fidelity check on these real rows refuses it
+    recipe = (run_dir / "train_config.yaml").read_text()
+    assert "template: smollm2" in recipe, recipe
+    edited = re.sub(r"(?m)^(template|default_system):.*\n", "", recipe) + "template: chatml\n"
+    (run_dir / "train_config.yaml").write_text(edited)
+    out = run_waiting(
+        [env_python("train"), "-m", "training.fidelity", str(run_dir / "train_config.yaml")],
+        waiting_for="the token-fidelity check of a chatml YAML",
+        timeout=UPDATE_S,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "token fidelity: dataset row" in text and "differs from the sampled ids at position" in text
+    assert "sampled by the policy: id" in text and "LLaMA-Factory trains:  id" in text
 
 
 def rolled_out_as(journal_log: Path, log: Path, iteration: int) -> None:
