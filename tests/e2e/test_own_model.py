@@ -109,6 +109,8 @@ def test_a_qwen3_with_its_own_template_trains_on_an_environment_from_outside_the
     small = ["env_config.train_tasks_rollout_size=16", "env_config.n_samples_per_task=4", "env_config.live_view=plain"]
     small += ["policy_config.max_new_tokens=8", "algorithm.per_device_train_batch_size=2"]
     small += ["algorithm.gradient_accumulation_steps=1", "promotion.keep_last=2"]
+    # a few steps that move the weights enough for vLLM's in-place reload to show (else it restarts: 45 s)
+    small += ["algorithm.selection.positive_samples_to_train=8", "algorithm.learning_rate=1e-4"]
     both = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2"]
     out = run_sh(data, log, *both, *settings, *small, timeout=RUN_S)
     text = out.stdout + out.stderr
@@ -128,6 +130,7 @@ def test_a_qwen3_with_its_own_template_trains_on_an_environment_from_outside_the
         assert checked and " 0 rows checked" not in checked[0], update_log[-3000:]
         assert (Layout(log).policy_version(iteration) / "config.json").is_file()
     assert os.path.realpath(Layout(log).policy_current) == str(Layout(log).policy_version(2))
+    assert text.count("reloaded") == 2 and "restarting vLLM" not in text, text[-4000:]  # served in place
 
     # every prompt vLLM rendered ends in an empty reasoning block: enable_thinking false reached the server
     episodes = [e for split in ("train", "test") for n in (1, 2) for e in journal(log, split, n)]
