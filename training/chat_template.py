@@ -12,7 +12,7 @@ message and three turns, and (for a model whose template knows `</think>`) repli
 and every LLaMA-Factory template encodes the same rows the way the update's stage encodes them
 (`SupervisedDatasetProcessor` for sft, so `mask_history` counts; `encode_oneturn` for kto/dpo). A
 template matches when each prompt's ids equal the model's and each reply's ids are the reply's ids
-followed only by the end of turn (training.fidelity.compare). `default_system: auto` is the system prompt
+followed only by the end of turn (training.alignment.compare). `default_system: auto` is the system prompt
 the model's template inserts when a conversation has none ("" when it inserts none).
 
 Bad input (ConfigError, exit 2): a model without a usable tokenizer (none loads, or it encodes text to
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
+from training.alignment import compare, split_labels
 
 log = logging.getLogger(__name__)
-IGNORE_INDEX = -100
 #: placeholders that show where a system prompt and a user message land in a rendered template
 SYS_MARK, USER_MARK = "Xsysmark", "Xusermark"
 
@@ -179,8 +179,7 @@ def encode(template: Any, tokenizer: Any, probe: Probe, encoding: Encoding) -> t
     data_args = DataArguments(cutoff_len=1 << 20, mask_history=encoding.mask_history)
     processor = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=None, data_args=data_args)
     input_ids, labels = processor._encode_data_example(turns, [reply], system, None, [], [], [])
-    start = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
-    return input_ids[:start], [t for t in labels[start:] if t != IGNORE_INDEX]
+    return split_labels(input_ids, labels)
 
 
 def set_up(name: str, tokenizer: Any, default_system: str | None, kwargs: dict[str, Any], fix: bool) -> Any:
@@ -209,8 +208,6 @@ def matches(
     encoding: Encoding,
     fix: bool,
 ) -> bool:
-    from training.fidelity import compare
-
     try:
         template = set_up(name, tokenizer, system, kwargs, fix)
         eot = template._convert_elements_to_ids(tokenizer, template.format_assistant.apply(content=""))

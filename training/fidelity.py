@@ -29,11 +29,11 @@ from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
+from training.alignment import compare, split_labels
 from training.dataset import load_token_ids
 from training.recipe import load_template, parse_recipe
 
 log = logging.getLogger(__name__)
-IGNORE_INDEX = -100
 CONTEXT = 24  # tokens of decoded context shown on each side of a mismatch
 
 
@@ -64,8 +64,7 @@ class _Encoder:
             return [([], [])]  # LLaMA-Factory dropped the row as malformed
         if self.stage == "sft":
             input_ids, labels = self.processor._encode_data_example(prompt, response, system, tools, [], [], [])
-            start = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
-            return [(input_ids[:start], [t for t in labels[start:] if t != IGNORE_INDEX])]
+            return [split_labels(input_ids, labels)]
         replies = response
         if self.stage == "kto":  # LLaMA-Factory pads a kto reply with an empty message on the other side
             replies = [r for r in response if r["content"]] or response[:1]
@@ -165,24 +164,6 @@ def _expected(ids: dict[str, Any]) -> list[tuple[list[int] | None, list[int] | N
     if "rejected_completion_token_ids" in ids:
         out.append((ids["rejected_prompt_token_ids"], ids["rejected_completion_token_ids"]))
     return out
-
-
-def compare(
-    prompt: list[int], reply: list[int], got_prompt: list[int], got_reply: list[int], end_of_turn: list[int]
-) -> int | None:
-    """First position (in prompt + reply) where LLaMA-Factory's ids leave the sampled ids, or None."""
-    want, got = prompt + reply, got_prompt + got_reply
-    for position, (a, b) in enumerate(zip(want, got, strict=False)):
-        if a != b:
-            return position
-    if len(got) < len(want):
-        return len(got)
-    if len(got_prompt) != len(prompt):
-        return min(len(prompt), len(got_prompt))
-    extra = got[len(want) :]
-    if extra and extra != end_of_turn[len(end_of_turn) - len(extra) :]:
-        return len(want)
-    return None
 
 
 def describe(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from training.fidelity import _same_text, compare
+from training.alignment import compare
+from training.fidelity import _same_text
 
 # A byte-level vocabulary in miniature: ids decode to pieces, byte tokens of a split character to U+FFFD.
 PIECES = {1: "<s>", 2: "<|im_end|>", 3: "\n", 10: "The answer", 11: " is", 12: " 0", 13: " gr", 14: "ad", 15: " grad"}
