@@ -118,7 +118,7 @@ def window(seconds: float, run) -> float:  # type: ignore[no-untyped-def]
 def view(world: World, rank: int, phase: str) -> None:
     """run.sh's terminal view on `rank`'s node (`python -m coordinator watch`), its loop as run_watch runs it."""
     if hasattr(watch, "view_loop"):
-        watch.view_loop(world.root, phase, ITERATION, rank=rank, show=lambda frame: None)
+        watch.view_loop(watch.NodeView(world.root, phase, ITERATION, rank), lambda frame: None)
         return
     view_, stalls = watch.RunView(world.root), watch.StallWatch()
     while True:

@@ -80,8 +80,8 @@ def save_text(path: str | Path, text: str, *, durable: bool = True) -> None:
     save_bytes(path, text.encode("utf-8"), durable=durable)
 
 
-def save_json(path: str | Path, obj: Any) -> None:
-    save_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+def save_json(path: str | Path, obj: Any, *, durable: bool = True) -> None:
+    save_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", durable=durable)
 
 
 def save_jsonl(path: str | Path, rows: list[Any]) -> None:
