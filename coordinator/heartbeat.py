@@ -265,7 +265,7 @@ class PeerWatch:
         """The master's verdict on `rank`'s current registration (once)."""
         from coordinator.cluster import Eviction
 
-        node = self.cluster.nodes().get(rank)
+        node = self.cluster.node(rank)
         if self.cluster.evicted(rank, node) is not None:
             return
         host, pid, started = node.incarnation if node is not None else ("", 0, 0)
