@@ -159,13 +159,13 @@ def status_writes(world: World, rank: int) -> None:
 def barrier_wait(world: World, rank: int) -> None:
     cluster = Cluster(world.root, RUN, rank=rank, me=incarnation(rank))
     barrier.arrive(cluster, ITERATION, "rollout_done", host=incarnation(rank)[0], pid=incarnation(rank)[1])
+    every = getattr(heartbeat, "LIVENESS_S", 0.0)  # as coordinator/driver/nodes.py watches, with the poll before
+    ranks = list(range(world.n)) if rank == 0 else [0]
+    watcher = heartbeat.LivenessWatcher(cluster, ranks, DEAD_S, every_s=every)
     if rank == 0:
-        ranks = list(range(world.n))
-        barrier.wait_barrier(
-            cluster, ITERATION, "rollout_done", ranks, heartbeat.LivenessWatcher(cluster, ranks, DEAD_S)
-        )
+        barrier.wait_barrier(cluster, ITERATION, "rollout_done", ranks, watcher)
     else:
-        barrier.wait_open(cluster, ITERATION, "rollout_done", heartbeat.LivenessWatcher(cluster, [0], DEAD_S))
+        barrier.wait_open(cluster, ITERATION, "rollout_done", watcher)
 
 
 def partners(world: World, rank: int) -> None:
@@ -173,13 +173,14 @@ def partners(world: World, rank: int) -> None:
     cluster = Cluster(world.root, RUN, rank=rank)
     from coordinator.driver import nodes
 
-    look = getattr(nodes, "failed_partner", None)
+    look, known = getattr(nodes, "failed_partner", None), {}
+    every = getattr(nodes, "PARTNERS_S", TICK_S)  # its watch does nothing at the ticks in between
     while True:
         if look is not None:
-            look(cluster, ITERATION, rank)
+            look(cluster, ITERATION, rank, known)
         else:
             barrier.arrivals(cluster, ITERATION, "update")
-        CLOCK.sleep(TICK_S)
+        CLOCK.sleep(every)
 
 
 def join(world: World, rank: int) -> None:

@@ -57,6 +57,23 @@ PHASE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 LOOK_S = 1.0
 #: below this many ranks to look at, their files are read one by one rather than their folders listed
 FEW = 4
+#: Backoff: a wait's poll and look intervals grow with its age (a rollout's barrier can last an hour, and at 0.2 s
+#: polls 1,000 nodes waiting an hour make about 90 million calls), up to caps that keep the latency goals:
+#: a barrier opens within the master's poll plus a worker's, each at most POLL_CAP_S, plus the filesystem's
+#: visibility (under 3 s); lookups by name (what a late listing lacks: sshfs) at most every NAMES_CAP_S
+POLL_CAP_S = 1.0
+LOOK_CAP_S = 5.0
+NAMES_CAP_S = 2.0
+#: the intervals stay at their base for the first STEADY_S of a wait (a short wait, a quick phase, polls as before),
+#: then grow to their caps over GROWN_S
+STEADY_S = 10.0
+GROWN_S = 40.0
+#: at most this many lookups by name a second of ranks a listing lacks (missing arrivals, failure flags,
+#: evictions): the master's wait for 1,000 ranks would otherwise look up each of them every NAMES_CAP_S
+NAMES_PER_S = 50.0
+#: failure flags and evictions are looked up by name (beside the listing of their folders) at most this often
+#: (s): a failed rank also stops beating, and its death is noticed within dead_after_s anyway
+FLAG_NAMES_S = 15.0
 
 
 class BarrierTimeout(ClusterError):
@@ -99,6 +116,24 @@ class BarrierWait:
     phase: str
     missing: list[int]
     waited_s: float
+
+
+def grown(base: float, cap: float, waited_s: float) -> float:
+    """An interval after `waited_s` of waiting: `base` for STEADY_S, then growing to `cap` (never below base)."""
+    return max(base, min(cap, base + (cap - base) * max(0.0, waited_s - STEADY_S) / GROWN_S))
+
+
+@dataclass
+class Due:
+    """Something a wait does every `interval` seconds of its clock (the first time at once)."""
+
+    last: float | None = None
+
+    def __call__(self, now: float, interval: float) -> bool:
+        if self.last is not None and now - self.last < interval:
+            return False
+        self.last = now
+        return True
 
 
 def check_phase(phase: str) -> None:
@@ -148,15 +183,16 @@ def arrivals(
     return found
 
 
-def check_ranks(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | None) -> None:
-    """Raise RankFailed for the first of `ranks` that failed, was evicted, or is dead by observation."""
+def check_ranks(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | None, by_name: bool = True) -> None:
+    """Raise RankFailed for the first of `ranks` that failed, was evicted, or is dead by observation. Few ranks'
+    flags are read by name; more ranks' by a listing of their folders and (`by_name`) a lookup of each."""
     few = len(ranks) < FEW
-    failures = {r: f for r in ranks if (f := cluster.failure(r))} if few else cluster.failures()
+    failures = {r: f for r in ranks if (f := cluster.failure(r))} if few else cluster.failures(by_name)
     for rank in ranks:
         if rank in failures:
             failure = failures[rank]
             raise RankFailed(rank, f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}")
-    evictions = {r: e for r in ranks if (e := cluster.eviction(r))} if few else cluster.evictions()
+    evictions = {r: e for r in ranks if (e := cluster.eviction(r))} if few else cluster.evictions(by_name)
     for rank in ranks:
         if rank in evictions and rank != cluster.rank:
             raise RankFailed(rank, f"evicted: {evictions[rank].reason}")
@@ -200,26 +236,30 @@ def wait_barrier(
     next_tick = start + tick_s
     expected, gone = list(ranks), []
     arrived: dict[int, Arrival] = {}
-    looked: float | None = None
+    look, names, flag_names = Due(), Due(), Due()
     while True:
         now = clock()
-        look = looked is None or now - looked >= LOOK_S
-        if look:
+        age = now - start
+        looking = look(now, grown(LOOK_S, LOOK_CAP_S, age))
+        if looking:
             cluster.check_standing()
-        # the listing every poll, the lookups by name of the missing ranks every LOOK_S (on sshfs a listing is
-        # 20 s late, so a barrier opens within LOOK_S there; each lookup is a round trip to the server)
-        arrived = arrivals(cluster, iteration, phase, arrived, expected, by_name=look)
         missing = [rank for rank in expected if rank not in arrived]
-        if missing and drop is not None and look:
+        # the listing every poll; the lookups by name of the missing ranks every NAMES_CAP_S at most (on sshfs a
+        # listing is 20 s late; each lookup is a round trip to the server), fewer a second when many are missing
+        by_name = names(now, max(grown(LOOK_S, NAMES_CAP_S, age), len(missing) / NAMES_PER_S))
+        arrived = arrivals(cluster, iteration, phase, arrived, expected, by_name=by_name)
+        missing = [rank for rank in expected if rank not in arrived]
+        if missing and drop is not None and looking:
             out = drop(missing)
             gone += out
             expected = [rank for rank in expected if rank not in out]
             missing = [rank for rank in missing if rank not in out]
         if not missing:
             return BarrierResult(iteration, phase, expected, arrived, clock() - start, gone)
-        if look:
-            looked = now
-            check_ranks(cluster, [rank for rank in expected if fatal is None or rank in fatal], watcher)
+        if looking:
+            watched = [rank for rank in expected if fatal is None or rank in fatal]
+            flags = flag_names(now, max(FLAG_NAMES_S, 2 * len(watched) / NAMES_PER_S))
+            check_ranks(cluster, watched, watcher, by_name=flags)
         if timeout_s is not None and now - start >= timeout_s:
             raise BarrierTimeout(iteration, phase, missing, timeout_s)
         if on_tick is not None and now >= next_tick:
@@ -227,7 +267,7 @@ def wait_barrier(
             next_tick = now + tick_s
         if on_poll is not None:
             on_poll()
-        time.sleep(poll_s)
+        time.sleep(grown(poll_s, POLL_CAP_S, age))
 
 
 def open_barrier(cluster: Cluster, result: BarrierResult) -> None:
@@ -274,25 +314,25 @@ def wait_open(
     on_poll: Callable[[], None] | None = None,
 ) -> BarrierResult:
     """A worker's wait at a barrier of every rank (after its own arrival): until the master opens it
-    (open_barrier), while the master lives. Each poll looks `open.json` up by name; every LOOK_S a listing of its
-    folder too, this rank's standing, the master's failure flag and its heartbeat (`master`: a watcher of
-    rank 0)."""
+    (open_barrier), while the master lives. Each poll looks `open.json` up by name; every LOOK_S (growing with
+    the wait's age: `grown`) a listing of its folder too, this rank's standing, the master's failure flag and its
+    heartbeat (`master`: a watcher of rank 0)."""
     check_phase(phase)
     start = clock()
     next_tick = start + tick_s
-    looked: float | None = None
+    look, listing = Due(), Due()
     while True:
         now = clock()
-        look = looked is None or now - looked >= LOOK_S
-        if look:
+        age = now - start
+        looking = look(now, grown(LOOK_S, LOOK_CAP_S, age))
+        if looking:
             cluster.check_standing()
-        # by name every poll, by listing too every LOOK_S (GlusterFS with NFS-like caches keeps a name's absence
-        # for its negative timeout, 5 s): a poll is one lookup
-        word = opened(cluster, iteration, phase, listing=look)
+        # by name every poll, by listing too every NAMES_CAP_S at most (GlusterFS with NFS-like caches keeps a
+        # name's absence for its negative timeout, 5 s): a poll is one lookup
+        word = opened(cluster, iteration, phase, listing=listing(now, grown(LOOK_S, NAMES_CAP_S, age)))
         if word is not None:
             return dataclasses.replace(word, waited_s=clock() - start)
-        if look:
-            looked = now
+        if looking:
             check_ranks(cluster, [0], master)  # its failure flag, its silence (finished.json: RunFinished)
         if timeout_s is not None and now - start >= timeout_s:
             raise BarrierTimeout(iteration, phase, [0], timeout_s)
@@ -301,4 +341,4 @@ def wait_open(
             next_tick = now + tick_s
         if on_poll is not None:
             on_poll()
-        time.sleep(poll_s)
+        time.sleep(grown(poll_s, POLL_CAP_S, age))

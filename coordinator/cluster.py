@@ -332,8 +332,9 @@ class Cluster:
     def fail(self, failure: FailureRecord) -> None:
         save_json(self.paths.failed_dir / rank_file_name(failure.rank, ".json"), asdict(failure))
 
-    def failures(self) -> dict[int, FailureRecord]:
-        return _load_ranks(self.paths.failed_dir, FailureRecord, self.expected_ranks())
+    def failures(self, by_name: bool = True) -> dict[int, FailureRecord]:
+        """Every rank's failure flag: a listing, and (`by_name`) a lookup of each rank it lacks."""
+        return _load_ranks(self.paths.failed_dir, FailureRecord, self.expected_ranks() if by_name else ())
 
     def failure(self, rank: int) -> FailureRecord | None:
         return _load_rank(self.paths.failed_dir, rank, FailureRecord)
@@ -355,8 +356,9 @@ class Cluster:
     def evict(self, eviction: Eviction) -> None:
         save_json(self.paths.evicted_dir / rank_file_name(eviction.rank, ".json"), asdict(eviction))
 
-    def evictions(self) -> dict[int, Eviction]:
-        return _load_ranks(self.paths.evicted_dir, Eviction, self.expected_ranks())
+    def evictions(self, by_name: bool = True) -> dict[int, Eviction]:
+        """Every rank's eviction: a listing, and (`by_name`) a lookup of each rank it lacks."""
+        return _load_ranks(self.paths.evicted_dir, Eviction, self.expected_ranks() if by_name else ())
 
     def eviction(self, rank: int) -> Eviction | None:
         return _load_rank(self.paths.evicted_dir, rank, Eviction)

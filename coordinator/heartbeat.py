@@ -37,6 +37,12 @@ if TYPE_CHECKING:
     from coordinator.cluster import Cluster, ClusterError, Incarnation
 
 
+#: how often a barrier's waiter reads the heartbeats it watches (s), on its own clock beside the wait's backoff:
+#: a beat changes once every few seconds, and a rank whose beat was last seen to change LIVENESS_S after it was
+#: written is noticed dead at a look at most LIVENESS_S after dead_after_s: within dead_after_s + 5 s
+LIVENESS_S = 2.5
+
+
 @dataclass(frozen=True)
 class Beat:
     """One heartbeat: the file's whole content."""
