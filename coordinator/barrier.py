@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from coordinator.cluster import Cluster, ClusterError, RankFailed, RunFinished, load_json, scan_ranks
-from coordinator.heartbeat import LivenessWatcher
+from coordinator.heartbeat import FEW, LivenessWatcher
 from rollout_engine.defaults import BARRIER_REPORT_S
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
@@ -55,8 +55,6 @@ PHASE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 #: evictions and heartbeats (s): heartbeats change every few seconds and a rank is dead after tens, so more often
 #: only loads the filesystem; each poll in between reads only the arrivals (or the master's word)
 LOOK_S = 1.0
-#: below this many ranks to look at, their files are read one by one rather than their folders listed
-FEW = 4
 #: Backoff: a wait's poll and look intervals grow with its age (a rollout's barrier can last an hour, and at 0.2 s
 #: polls 1,000 nodes waiting an hour make about 90 million calls), up to caps that keep the latency goals:
 #: a barrier opens within the master's poll plus a worker's, each at most POLL_CAP_S, plus the filesystem's

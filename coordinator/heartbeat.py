@@ -34,9 +34,14 @@ from rollout_engine.layout import rank_file_name
 from rollout_engine.shared_read import read_fresh
 
 if TYPE_CHECKING:
-    from coordinator.cluster import Cluster, ClusterError, Incarnation
+    from coordinator.cluster import Cluster, ClusterError, Incarnation, NodeRecord
 
 
+#: from this many ranks watched on, their failure flags and evictions are listed rather than looked up one by one
+FEW = 4
+#: the master's watch reads every registration again every this many beats (a rank's otherwise when the writer
+#: of its heartbeat changed): a container restarted with the same host name and pids registers anew unseen
+REGISTRATIONS_EVERY = 6
 #: how often a barrier's waiter reads the heartbeats it watches (s), on its own clock beside the wait's backoff:
 #: a beat changes once every few seconds, and a rank whose beat was last seen to change LIVENESS_S after it was
 #: written is noticed dead at a look at most LIVENESS_S after dead_after_s: within dead_after_s + 5 s
@@ -207,6 +212,9 @@ class PeerWatch:
             self.ranks = [rank for rank in self.ranks if rank == 0]
         self.watcher = LivenessWatcher(cluster, self.ranks, dead_after_s)
         self.registered: dict[int, Incarnation] = {}
+        self._nodes: dict[int, NodeRecord | None] = {}  # each rank's registration as last read
+        self._writers: dict[int, tuple[str, int] | None] = {}  # ... and the heartbeat writer it was read for
+        self._beats = -1
         #: called with the rank after each eviction (the heartbeat CLI signals its node: SIGUSR1)
         self.on_evict: Callable[[int], None] | None = None
 
@@ -214,8 +222,12 @@ class PeerWatch:
         from coordinator.cluster import RankFailed, RunFinished
 
         self.watcher.observe()
+        self._beats += 1
+        flags = None
+        if len(self.ranks) >= FEW:  # the master: a listing of the flags' folders, not 2 lookups per rank
+            flags = (self.cluster.failures(by_name=False), self.cluster.evictions(by_name=False))
         for rank in self.ranks:
-            reason = self.gone(rank)
+            reason = self.gone(rank, flags)
             if reason is None:
                 continue
             if self.mode == "continue" and self.cluster.rank == 0:
@@ -227,18 +239,31 @@ class PeerWatch:
             return RankFailed(rank, reason)
         return None
 
-    def gone(self, rank: int) -> str | None:
-        """Why `rank` is out of the run, if it is: its failure flag, its eviction, or its silence."""
-        node = self.cluster.node(rank)  # its files only: a worker's watch reads O(1) files a beat
+    def gone(self, rank: int, flags: tuple[dict, dict] | None = None) -> str | None:
+        """Why `rank` is out of the run, if it is: its failure flag, its eviction, or its silence. With `flags`
+        (every rank's failure flags and evictions, listed once a beat) its registration is read again only when
+        its heartbeat's writer changed (a restarted node beats from another process): a beat reads O(1) files a
+        rank on the master, one rank's on a worker."""
+        beat = self.watcher.last_beat(rank)
+        writer = None if beat is None else (beat.host, beat.pid)
+        again = self._beats % REGISTRATIONS_EVERY == 0  # a restart from a process with the same host and pid
+        if flags is None or again or rank not in self.registered or self._writers.get(rank) != writer:
+            self._nodes[rank] = self.cluster.node(rank)
+            self._writers[rank] = writer
+        node = self._nodes[rank]
         if node is not None and self.registered.get(rank) != node.incarnation:
             # first seen registered, or registered again (restarted): judge its heartbeat from now on this clock
             self.watcher.forget(rank)
             self.registered[rank] = node.incarnation
         continuing = self.mode == "continue"
-        failure = self.cluster.failure(rank)
+        failure = self.cluster.failure(rank) if flags is None else flags[0].get(rank)
         if failure is not None and (not continuing or node is None or failure.incarnation == node.incarnation):
             return f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
-        eviction = self.cluster.evicted(rank, node)
+        if flags is None:
+            eviction = self.cluster.evicted(rank, node)
+        else:
+            eviction = flags[1].get(rank)
+            eviction = eviction if eviction is not None and eviction.applies_to(node) else None
         if eviction is not None:
             return None if continuing else f"evicted: {eviction.reason}"
         if rank in self.watcher.dead() and (node is not None or self.watcher.changed(rank)):

@@ -59,8 +59,11 @@ class JsonlRead:
 def save_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> None:
     """Replace `path` with `data` atomically and (unless `durable` is False) durably."""
     path = Path(path)
-    make_dirs(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:  # the folder first only when it is missing: a heartbeat or a status file is rewritten in place every few s
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except FileNotFoundError:
+        make_dirs(path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as handle:

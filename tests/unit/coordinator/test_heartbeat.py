@@ -378,3 +378,28 @@ def test_a_worker_s_peer_watch_reads_o_1_files_a_beat_and_the_master_s_o_ranks(
 
     assert one_beat(8, 1) == one_beat(64, 1) <= 8
     assert one_beat(64, 0) > 64 > one_beat(8, 0)
+
+
+def test_the_master_s_peer_watch_reads_each_rank_s_heartbeat_a_beat_and_lists_the_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its first beat (every registration read), a beat of the master's watch reads each rank's heartbeat
+    and lists the failure flags and the evictions: about one call a rank, not six; a flag still ends it."""
+    from coordinator.cluster import FailureRecord, NodeRecord
+    from coordinator.heartbeat import REGISTRATIONS_EVERY, PeerWatch
+
+    run = old_run(tmp_path, num_nodes=64, rank_weights=[1] * 64, dead_after_s=30).run_id
+    cluster = Cluster(tmp_path, run, rank=0)
+    for r in range(1, 64):
+        cluster.register(NodeRecord(r, f"node{r}", "a", 100 + r, None, 0.0, started=7))
+    watch = PeerWatch(cluster, list(range(64)), dead_after_s=30)
+    for seq in range(1, REGISTRATIONS_EVERY):
+        for r in range(64):
+            beat(cluster, r, seq)
+        with file_operations(monkeypatch) as calls:
+            assert watch() is None
+        if seq > 1:
+            assert calls.count("read_bytes") == 63 and calls.count("scandir") == 2 and len(calls) <= 63 + 4
+    cluster.fail(FailureRecord(5, 3, "rollout", "rollout exit 1", 1, "h", 9))
+    ended = watch()
+    assert ended is not None and str(ended) == "rank 5: failed in rollout of iteration 3: rollout exit 1"
