@@ -241,13 +241,14 @@ class PeerWatch:
 
     def gone(self, rank: int, flags: tuple[dict, dict] | None = None) -> str | None:
         """Why `rank` is out of the run, if it is: its failure flag, its eviction, or its silence. With `flags`
-        (every rank's failure flags and evictions, listed once a beat) its registration is read again only when
-        its heartbeat's writer changed (a restarted node beats from another process): a beat reads O(1) files a
-        rank on the master, one rank's on a worker."""
+        (every rank's failure flags and evictions, listed once a beat) they are not looked up one by one. Its
+        registration is read again only when its heartbeat's writer changed (a restarted node beats from another
+        process) and every REGISTRATIONS_EVERY beats: a beat reads about one file a rank on the master, a few of
+        the master's on a worker."""
         beat = self.watcher.last_beat(rank)
         writer = None if beat is None else (beat.host, beat.pid)
         again = self._beats % REGISTRATIONS_EVERY == 0  # a restart from a process with the same host and pid
-        if flags is None or again or rank not in self.registered or self._writers.get(rank) != writer:
+        if again or rank not in self.registered or self._writers.get(rank) != writer:
             self._nodes[rank] = self.cluster.node(rank)
             self._writers[rank] = writer
         node = self._nodes[rank]
@@ -259,7 +260,9 @@ class PeerWatch:
         failure = self.cluster.failure(rank) if flags is None else flags[0].get(rank)
         if failure is not None and (not continuing or node is None or failure.incarnation == node.incarnation):
             return f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
-        if flags is None:
+        if rank == 0:  # only the master evicts
+            eviction = None
+        elif flags is None:
             eviction = self.cluster.evicted(rank, node)
         else:
             eviction = flags[1].get(rank)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from coordinator.clusterview import TOTALS_S, Totals, read_totals, totals, write_totals
+from coordinator.clusterview import TOTALS_S, ClusterTotals, Totals, read_totals, totals, write_totals
 from coordinator.runview import RankRollout, RunView, StallWatch, TrainProgress, Trouble
 
 PHASES = ("rollout-train", "rollout-test", "update")
@@ -115,6 +115,8 @@ class NodeView:
         self._full_at: float | None = None
         self._rollouts: list[RankRollout] = []
         self._troubles: list[Trouble] = []
+        self._totals: ClusterTotals | None = None
+        self._totals_at: float | None = None
 
     def frame(self) -> Frame:
         if self.rank is None:
@@ -143,7 +145,10 @@ class NodeView:
         return self._lines(self._rollouts, self._troubles, len(self._rollouts) <= RANK_LINES)
 
     def _worker(self) -> Frame:
-        found = read_totals(self.log)
+        now = self.clock()
+        if self._totals_at is None or now - self._totals_at >= TOTALS_S / 2:  # they change every TOTALS_S
+            self._totals_at, self._totals = now, read_totals(self.log)
+        found = self._totals
         theirs = [] if found is None else [t for t in found.troubles if t.rank != self.rank]
         if self.phase == "update":
             return self._lines([], theirs, True)
