@@ -69,16 +69,16 @@ class World:
         self.beat(CLOCK.now)
         CLOCK.hooks = [self.beat]
 
-    def status(self, rank: int) -> dict:
+    def status(self, rank: int, done: bool = False) -> dict:
         return {
             "rank": rank,
             "split": "train",
             "iteration": ITERATION,
             "planned": 64,
             "resumed": 0,
-            "finished": 10,
+            "finished": 64 if done else 10,
             "successes": 3,
-            "running": 8,
+            "running": 0 if done else 8,
             "failures": {},
             "completion_tokens": 1000,
             "elapsed_s": 30.0,
@@ -115,8 +115,11 @@ def window(seconds: float, run) -> float:  # type: ignore[no-untyped-def]
     return CLOCK.now - start
 
 
-def view(world: World, rank: int, phase: str) -> None:
-    """run.sh's terminal view on `rank`'s node (`python -m coordinator watch`), its loop as run_watch runs it."""
+def view(world: World, rank: int, phase: str, done: bool = False) -> None:
+    """run.sh's terminal view on `rank`'s node (`python -m coordinator watch`), its loop as run_watch runs it;
+    `done`: its own rollout finished (at the barrier after it), the others' not."""
+    with world.counter.paused():
+        save_json(Layout(world.root).status(rank), world.status(rank, done))
     if hasattr(watch, "view_loop"):
         watch.view_loop(watch.NodeView(world.root, phase, ITERATION, rank), lambda frame: None)
         return
@@ -200,7 +203,7 @@ def stop(world: World, rank: int) -> None:
 
 PHASES = {
     "rollout": [lambda w, r: view(w, r, "rollout-train"), beats, status_writes],
-    "barrier": [lambda w, r: view(w, r, "rollout-train"), beats, barrier_wait],
+    "barrier": [lambda w, r: view(w, r, "rollout-train", done=True), beats, barrier_wait],
     "training": [lambda w, r: view(w, r, "update"), beats, partners],
 }
 

@@ -68,10 +68,13 @@ STEADY_S = 10.0
 GROWN_S = 40.0
 #: at most this many lookups by name a second of ranks a listing lacks (missing arrivals, failure flags,
 #: evictions): the master's wait for 1,000 ranks would otherwise look up each of them every NAMES_CAP_S
-NAMES_PER_S = 50.0
+NAMES_PER_S = 20.0
+#: a worker's own standing (stop.json, run.json, its registration and eviction) at most this often in a long wait
+#: (s): its heartbeat looks at each beat, and ends the node (the same exit) when the master's word says STOP
+STANDING_CAP_S = 15.0
 #: failure flags and evictions are looked up by name (beside the listing of their folders) at most this often
 #: (s): a failed rank also stops beating, and its death is noticed within dead_after_s anyway
-FLAG_NAMES_S = 15.0
+FLAG_NAMES_S = 30.0
 
 
 class BarrierTimeout(ClusterError):
@@ -318,11 +321,14 @@ def wait_open(
     check_phase(phase)
     start = clock()
     next_tick = start + tick_s
-    look, listing = Due(), Due()
+    listing, standing = Due(), Due()
     while True:
         now = clock()
         age = now - start
-        looking = look(now, grown(LOOK_S, LOOK_CAP_S, age))
+        # this rank's standing, the master's failure flag and silence (finished.json: RunFinished): in a long wait
+        # at most every STANDING_CAP_S, as this node's heartbeat looks at them each beat and ends the node (the
+        # same exit) when the run ends for it
+        looking = standing(now, grown(LOOK_S, STANDING_CAP_S, age))
         if looking:
             cluster.check_standing()
         # by name every poll, by listing too every NAMES_CAP_S at most (GlusterFS with NFS-like caches keeps a
@@ -331,7 +337,7 @@ def wait_open(
         if word is not None:
             return dataclasses.replace(word, waited_s=clock() - start)
         if looking:
-            check_ranks(cluster, [0], master)  # its failure flag, its silence (finished.json: RunFinished)
+            check_ranks(cluster, [0], master)
         if timeout_s is not None and now - start >= timeout_s:
             raise BarrierTimeout(iteration, phase, [0], timeout_s)
         if on_tick is not None and now >= next_tick:

@@ -259,10 +259,11 @@ def scan_ranks(directory: Path, expect: Iterable[int] = (), suffix: str = ".json
     return found
 
 
-def load_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file written by this protocol, or None when it is not there (it may vanish between listing and read)."""
+def load_json(path: Path, listing: bool = True) -> dict[str, Any] | None:
+    """A JSON file written by this protocol, or None when it is not there (it may vanish between listing and read).
+    Not found by name, it is looked for in a listing of its folder too (`read_fresh`), unless not `listing`."""
     try:
-        return json.loads(read_fresh(path).decode("utf-8"))
+        return json.loads((read_fresh(path) if listing else path.read_bytes()).decode("utf-8"))
     except FileNotFoundError:
         return None
 
@@ -336,8 +337,9 @@ class Cluster:
         """Every rank's failure flag: a listing, and (`by_name`) a lookup of each rank it lacks."""
         return _load_ranks(self.paths.failed_dir, FailureRecord, self.expected_ranks() if by_name else ())
 
-    def failure(self, rank: int) -> FailureRecord | None:
-        return _load_rank(self.paths.failed_dir, rank, FailureRecord)
+    def failure(self, rank: int, listing: bool = True) -> FailureRecord | None:
+        """One rank's failure flag, by name and (`listing`, where the name is not found) in a listing."""
+        return _load_rank(self.paths.failed_dir, rank, FailureRecord, listing)
 
     def request_stop(self, request: StopRequest) -> None:
         save_json(self.paths.stop, asdict(request))
@@ -436,8 +438,8 @@ def planned_node(rank: int, incarnation: Incarnation) -> NodeRecord:
     return NodeRecord(rank, host, "", pid, None, 0.0, started)
 
 
-def _load_rank(directory: Path, rank: int, kind: type) -> Any:
-    data = load_json(directory / rank_file_name(rank, ".json"))
+def _load_rank(directory: Path, rank: int, kind: type, listing: bool = True) -> Any:
+    data = load_json(directory / rank_file_name(rank, ".json"), listing)
     return None if data is None else kind(**data)
 
 

@@ -25,8 +25,8 @@ from rollout_engine.files import save_json
 from rollout_engine.layout import Layout
 
 #: how often the master's view reads every rank and rewrites the totals (s): a person reads a terminal line of
-#: hundreds of ranks no faster, and each rank's status changes once a second at most
-TOTALS_S = 5.0
+#: hundreds of ranks no faster (its own rank is read every second)
+TOTALS_S = 10.0
 #: the troubles the totals carry at most (the master's terminal shows them all)
 MAX_TROUBLES = 20
 

@@ -42,10 +42,10 @@ FEW = 4
 #: the master's watch reads every registration again every this many beats (a rank's otherwise when the writer
 #: of its heartbeat changed): a container restarted with the same host name and pids registers anew unseen
 REGISTRATIONS_EVERY = 6
-#: how often a barrier's waiter reads the heartbeats it watches (s), on its own clock beside the wait's backoff:
-#: a beat changes once every few seconds, and a rank whose beat was last seen to change LIVENESS_S after it was
-#: written is noticed dead at a look at most LIVENESS_S after dead_after_s: within dead_after_s + 5 s
-LIVENESS_S = 2.5
+#: how often a barrier's waiter reads the heartbeats it watches at most (s), on its own clock beside the wait's
+#: backoff (its looks at the others grow to every 5 s): a beat changes every BATON_HEARTBEAT_S (5 s), so a rank
+#: whose last beat was seen up to LIVENESS_S late is noticed dead at most LIVENESS_S after dead_after_s from then
+LIVENESS_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -56,17 +56,27 @@ class Beat:
     wall_time: float  # the beating host's clock: for people, never compared with another host's
     host: str
     pid: int
+    #: the master's word to the workers, read with its beat: STOP when its run ended (stop.json, a newer run)
+    word: str = ""
 
     def line(self) -> str:
-        return f"{self.seq} {self.wall_time:.3f} {self.host} {self.pid}\n"
+        return f"{self.seq} {self.wall_time:.3f} {self.host} {self.pid}{f' {self.word}' if self.word else ''}\n"
 
     @classmethod
     def parse(cls, text: str) -> Beat | None:
         parts = text.split()
         try:
-            return cls(int(parts[0]), float(parts[1]), parts[2], int(parts[3])) if len(parts) == 4 else None
+            return (
+                cls(int(parts[0]), float(parts[1]), parts[2], int(parts[3]), *parts[4:])
+                if len(parts) in (4, 5)
+                else None
+            )
         except ValueError:
             return None
+
+
+#: the master's word when its run ended for every rank (coordinator.cluster.RunStopped): its workers look why
+STOP = "stop"
 
 
 def write_beat(cluster: Cluster, rank: int, beat: Beat) -> None:
@@ -153,6 +163,11 @@ class LivenessWatcher:
     def last_beat(self, rank: int) -> Beat | None:
         return self._seen[rank].beat
 
+    def changed_now(self, rank: int) -> bool:
+        """The rank's heartbeat changed at the last look (the first sight of it is no change)."""
+        seen = self._seen[rank]
+        return seen.changes > 0 and seen.since == self._looked
+
     def changed(self, rank: int) -> bool:
         """The rank's heartbeat was seen to change at least once: it was alive while we watched."""
         return self._seen[rank].changes > 0
@@ -179,16 +194,39 @@ def run_heartbeat(
     the run aborts on a rank's failure): then the reason is returned (RunStopped, Evicted,
     RankFailed). `wait` paces the loop: threading.Event().wait in a thread, a signal wait in the CLI.
     """
+    from coordinator.cluster import RunStopped
+
     last = read_beats(cluster, [rank]).get(rank)
     seq = last.seq if last is not None else 0
     while True:
         seq += 1
-        write_beat(cluster, rank, Beat(seq, time.time(), host, pid))
-        ended = cluster.standing() or (peers() if peers is not None else None)
+        if rank == 0:  # the master looks first, so that its beat carries its word (STOP) to every worker
+            ended = cluster.standing() or (peers() if peers is not None else None)
+            word = STOP if isinstance(ended, RunStopped) else ""
+            write_beat(cluster, rank, Beat(seq, time.time(), host, pid, word))
+        else:
+            write_beat(cluster, rank, Beat(seq, time.time(), host, pid))
+            ended = worker_look(cluster, peers, seq)
         if ended is not None:
             return ended
         if wait(interval_s):
             return None
+
+
+def worker_look(cluster: Cluster, peers: PeerWatch | None, seq: int) -> ClusterError | None:
+    """A worker's look at each beat: the master (its heartbeat, its failure flag: `peers`), and this rank's own
+    standing (its registration, eviction, stop.json, run.json) only when it may have changed: in continue mode
+    (a worker may be evicted), when the master's word says STOP, when the master's beat did not change since the
+    last look (a master that is gone says nothing), and every REGISTRATIONS_EVERY beats. A worker so reads about
+    three of the master's files a beat, not nine files; the master writes its word from what it reads anyway."""
+    if peers is None or peers.mode == "continue":
+        return cluster.standing() or (peers() if peers is not None else None)
+    ended = peers()
+    master = peers.watcher.last_beat(0)
+    quiet = not peers.watcher.changed_now(0)
+    if ended is not None or quiet or seq % REGISTRATIONS_EVERY == 0 or (master is not None and master.word == STOP):
+        return cluster.standing() or ended
+    return None
 
 
 class PeerWatch:
@@ -257,7 +295,8 @@ class PeerWatch:
             self.watcher.forget(rank)
             self.registered[rank] = node.incarnation
         continuing = self.mode == "continue"
-        failure = self.cluster.failure(rank) if flags is None else flags[0].get(rank)
+        # alone: by name, and a listing too (a name's absence may be cached) every REGISTRATIONS_EVERY beats
+        failure = self.cluster.failure(rank, listing=again) if flags is None else flags[0].get(rank)
         if failure is not None and (not continuing or node is None or failure.incarnation == node.incarnation):
             return f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
         if rank == 0:  # only the master evicts

@@ -116,6 +116,7 @@ class NodeView:
         self._rollouts: list[RankRollout] = []
         self._troubles: list[Trouble] = []
         self._totals: ClusterTotals | None = None
+        self._own: RankRollout | None = None
         self._totals_at: float | None = None
 
     def frame(self) -> Frame:
@@ -152,7 +153,9 @@ class NodeView:
         theirs = [] if found is None else [t for t in found.troubles if t.rank != self.rank]
         if self.phase == "update":
             return self._lines([], theirs, True)
-        own = self.view.rollout(self.rank)  # type: ignore[arg-type]
+        own = self._own
+        if own is None or not own.done:  # a finished rollout's status no longer changes (its barrier's wait)
+            own = self._own = self.view.rollout(self.rank)  # type: ignore[arg-type]
         mine = [own] if own is not None and self._mine(own) else []
         troubles = self.stalls.observe(self.view, rollouts=mine, beats=False) + theirs
         frame = self._lines(mine, troubles, True)

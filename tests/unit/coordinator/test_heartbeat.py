@@ -403,3 +403,30 @@ def test_the_master_s_peer_watch_reads_each_rank_s_heartbeat_a_beat_and_lists_th
     cluster.fail(FailureRecord(5, 3, "rollout", "rollout exit 1", 1, "h", 9))
     ended = watch()
     assert ended is not None and str(ended) == "rank 5: failed in rollout of iteration 3: rollout exit 1"
+
+
+def test_a_worker_learns_of_a_stop_from_the_masters_word_and_reads_its_own_files_only_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Abort mode: while the master beats, a worker's look at each beat reads the master's files alone; the
+    master's beat says STOP once stop.json is there, and the worker then reads why."""
+    from coordinator.cluster import NodeRecord
+    from coordinator.heartbeat import STOP, PeerWatch, worker_look
+
+    run = old_run(tmp_path, num_nodes=2, rank_weights=[1, 1], dead_after_s=30).run_id
+    master, worker = Cluster(tmp_path, run, rank=0), Cluster(tmp_path, run, rank=1)
+    for rank in (0, 1):
+        worker.register(NodeRecord(rank, f"node{rank}", "a", 10 + rank, None, 0.0, started=7))
+    peers = PeerWatch(worker, [0, 1], dead_after_s=30)
+    for seq in (1, 2):  # the first sights of the master's beat: no change seen yet, full looks
+        beat(master, 0, 41 + seq)
+        assert worker_look(worker, peers, seq) is None
+    beat(master, 0, 44)
+    with file_operations(monkeypatch) as calls:
+        assert worker_look(worker, peers, 3) is None
+    assert calls == ["read_bytes", "read_bytes"]  # the master's beat and failure flag by name: no file of its own
+    master.request_stop(StopRequest("maintenance", None, "desk", 5))
+    ended = run_heartbeat(master, 0, 5.0, lambda seconds: True, host="node0", pid=10)  # one beat of the master's
+    assert isinstance(ended, RunStopped) and read_beats(master, [0])[0].word == STOP
+    ended = worker_look(worker, peers, 4)
+    assert isinstance(ended, RunStopped) and str(ended) == "run stopped: a person on desk asked: maintenance"
