@@ -23,6 +23,7 @@ figure is the master's plus N - 1 workers'. Prints one markdown table (stdout) a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -37,7 +38,7 @@ COUNTER = Counter(Path("/nonexistent"))
 COUNTER.install()
 
 from coordinator import barrier, heartbeat, watch  # noqa: E402
-from coordinator.cluster import Cluster, Endpoint, NodeRecord, RunRecord, RunStopped, StopRequest  # noqa: E402
+from coordinator.cluster import Cluster, Endpoint, NodeRecord, RankFailed, RunRecord, RunStopped, StopRequest  # noqa: E402
 from rollout_engine.files import save_json  # noqa: E402
 from rollout_engine.layout import Layout  # noqa: E402
 
@@ -57,6 +58,7 @@ class World:
         self.root, self.n, self.counter = root, n, counter
         self.seq = 0
         self.next_beat = CLOCK.now
+        self.last_beat: dict[int, float] = {}
         master = Endpoint("node0", "10.0.0.1", 10000)
         record = RunRecord(RUN, 0.0, n, [1] * n, master, 29600, 0, "abort", BEAT_S, DEAD_S)
         layout, cluster = Layout(root), Cluster(root, RUN)
@@ -95,11 +97,15 @@ class World:
             folder = Cluster(self.root, RUN).heartbeat_dir
             folder.mkdir(parents=True, exist_ok=True)
             for rank in range(self.n):
+                if rank == self.silent:
+                    continue
+                self.last_beat[rank] = now
                 if rank != self.measured:  # in place: the world's beats need not be atomic, only cheap
                     line = heartbeat.Beat(self.seq, 0.0, *incarnation(rank)[:2]).line()
                     (folder / f"rank_{rank}").write_text(line)
 
     measured: int | None = None
+    silent: int | None = None  # a rank that died: it beats no more
 
 
 def window(seconds: float, run) -> float:  # type: ignore[no-untyped-def]
@@ -243,7 +249,65 @@ def measure(n: int, wait_s: float) -> dict[str, dict[str, tuple[float, float]]]:
                 window(60, lambda rank=rank: stop(world, rank))
             c, cr, rn = counter.reset()
             out["stop"][role] = (c, cr + rn)
+        world.measured = None
+        Path(Cluster(root, RUN).paths.stop).unlink()
+        out["latency"] = latency(world, wait_s)  # type: ignore[assignment]
     return out
+
+
+def latency(world: World, wait_s: float) -> tuple[float, float, float]:
+    """After `wait_s` of waiting (the backoff at its caps): (seconds from the last arrival to the master's
+    word, from the word to a worker's release, from a rank's last beat to the master's RankFailed)."""
+    n, cluster = world.n, Cluster(world.root, RUN, rank=0)
+    every = getattr(heartbeat, "LIVENESS_S", 0.0)
+    with world.counter.paused():
+        for rank in range(n - 1):
+            barrier.arrive(Cluster(world.root, RUN, rank=rank), 7, "late", host="h", pid=1)
+    start, marks = CLOCK.now, {}
+
+    # the worst case: each event just after the waiter's poll (marked at the end of one sleep, written at the end
+    # of the next: the waiter sees it a whole poll interval later)
+    def last_arrives(now: float) -> None:
+        if "arrived" in marks and "written" not in marks:
+            marks["written"] = now
+            barrier.arrive(Cluster(world.root, RUN, rank=n - 1), 7, "late", host="h", pid=1)
+        if now >= start + wait_s and "arrived" not in marks:
+            marks["arrived"] = now
+
+    CLOCK.hooks.append(last_arrives)
+    ranks = list(range(n))
+    result = barrier.wait_barrier(
+        cluster, 7, "late", ranks, heartbeat.LivenessWatcher(cluster, ranks, DEAD_S, every_s=every)
+    )
+    CLOCK.hooks.remove(last_arrives)
+    to_master, start = CLOCK.now - marks["arrived"], CLOCK.now
+
+    def word(now: float) -> None:
+        if "word" in marks and "said" not in marks:
+            marks["said"] = now
+            barrier.open_barrier(cluster, result)
+        if now >= start + wait_s and "word" not in marks:
+            marks["word"] = now
+
+    CLOCK.hooks.append(word)
+    worker = Cluster(world.root, RUN, rank=n - 1, me=incarnation(n - 1))
+    barrier.wait_open(worker, 7, "late", heartbeat.LivenessWatcher(worker, [0], DEAD_S, every_s=every))
+    CLOCK.hooks.remove(word)
+    to_worker, start = CLOCK.now - marks["word"], CLOCK.now
+
+    def dies(now: float) -> None:
+        if now >= start + wait_s and world.silent is None:
+            world.silent = n - 1
+
+    CLOCK.hooks.append(dies)
+    with contextlib.suppress(RankFailed):
+        barrier.wait_barrier(
+            cluster, 8, "never", ranks, heartbeat.LivenessWatcher(cluster, ranks, DEAD_S, every_s=every)
+        )
+    CLOCK.hooks.remove(dies)
+    dead = CLOCK.now - world.last_beat[n - 1]
+    world.silent = None
+    return to_master, to_worker, dead
 
 
 def cpu_model() -> str:
@@ -269,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         got = measure(n, args.wait)
         results[n] = got
         for phase, roles in got.items():
+            if phase == "latency":
+                continue
             (mc, mx), (wc, wx) = roles["master"], roles["worker"]
             unit = "" if phase in ("rollout", "barrier", "training") else " (in all)"
             total, changes = mc + (n - 1) * wc, mx + (n - 1) * wx
@@ -278,7 +344,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {change_goal} |",
                 flush=True,
             )
-    print(f"\nCPU: {cpu_model()}; each phase {args.wait:g} simulated s")
+    print("\n| N | last arrival -> master's word | word -> a worker released | barrier | last beat -> dead |")
+    print("|---|---|---|---|---|")
+    for n, got in results.items():
+        master, worker, dead = got["latency"]
+        print(f"| {n} | {master:.2f} s | {worker:.2f} s | {master + worker:.2f} s | {dead:.1f} s |")
+    print(
+        f"\nCPU: {cpu_model()}; each phase {args.wait:g} simulated s; dead after {DEAD_S:g} s, beats every {BEAT_S:g} s"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
