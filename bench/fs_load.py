@@ -168,7 +168,7 @@ def status_writes(world: World, rank: int) -> None:
 def barrier_wait(world: World, rank: int) -> None:
     cluster = Cluster(world.root, RUN, rank=rank, me=incarnation(rank))
     barrier.arrive(cluster, ITERATION, "rollout_done", host=incarnation(rank)[0], pid=incarnation(rank)[1])
-    every = getattr(heartbeat, "LIVENESS_S", 0.0)  # as coordinator/driver/nodes.py watches, with the poll before
+    every = 0.0  # as coordinator/driver/nodes.py watches: the wait paces its looks at the heartbeats
     ranks = list(range(world.n)) if rank == 0 else [0]
     watcher = heartbeat.LivenessWatcher(cluster, ranks, DEAD_S, every_s=every)
     if rank == 0:
@@ -259,7 +259,7 @@ def latency(world: World, wait_s: float) -> tuple[float, float, float]:
     """After `wait_s` of waiting (the backoff at its caps): (seconds from the last arrival to the master's
     word, from the word to a worker's release, from a rank's last beat to the master's RankFailed)."""
     n, cluster = world.n, Cluster(world.root, RUN, rank=0)
-    every = getattr(heartbeat, "LIVENESS_S", 0.0)
+    every = 0.0
     with world.counter.paused():
         for rank in range(n - 1):
             barrier.arrive(Cluster(world.root, RUN, rank=rank), 7, "late", host="h", pid=1)

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from coordinator.cluster import Cluster, ClusterError, RankFailed, RunFinished, load_json, scan_ranks
-from coordinator.heartbeat import FEW, LivenessWatcher
+from coordinator.heartbeat import FEW, LIVENESS_S, LivenessWatcher
 from rollout_engine.defaults import BARRIER_REPORT_S
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
@@ -184,9 +184,26 @@ def arrivals(
     return found
 
 
-def check_ranks(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | None, by_name: bool = True) -> None:
-    """Raise RankFailed for the first of `ranks` that failed, was evicted, or is dead by observation. Few ranks'
-    flags are read by name; more ranks' by a listing of their folders and (`by_name`) a lookup of each."""
+def check_ranks(
+    cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | None, by_name: bool = True, flags: bool = True
+) -> None:
+    """Raise RankFailed for the first of `ranks` that failed, was evicted (`flags`), or is dead by observation.
+    Few ranks' flags are read by name; more ranks' by a listing of their folders and (`by_name`) a lookup of each."""
+    if flags:
+        check_flags(cluster, ranks, by_name)
+    if watcher is not None:
+        watcher.observe()
+        dead = [rank for rank in watcher.dead() if rank in ranks]
+        if dead:
+            finished = cluster.finished()
+            if finished is not None:  # the master exited after the last step: its silence is no death
+                raise RunFinished(finished.reason)
+            silent = watcher.silent_s(dead[0])
+            raise RankFailed(dead[0], f"dead: no heartbeat change seen for {silent:.0f} s")
+
+
+def check_flags(cluster: Cluster, ranks: list[int], by_name: bool) -> None:
+    """Raise RankFailed for the first of `ranks` with a failure flag or an eviction."""
     few = len(ranks) < FEW
     failures = {r: f for r in ranks if (f := cluster.failure(r))} if few else cluster.failures(by_name)
     for rank in ranks:
@@ -197,15 +214,6 @@ def check_ranks(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | N
     for rank in ranks:
         if rank in evictions and rank != cluster.rank:
             raise RankFailed(rank, f"evicted: {evictions[rank].reason}")
-    if watcher is not None:
-        watcher.observe()
-        dead = [rank for rank in watcher.dead() if rank in ranks]
-        if dead:
-            finished = cluster.finished()
-            if finished is not None:  # the master exited after the last step: its silence is no death
-                raise RunFinished(finished.reason)
-            silent = watcher.silent_s(dead[0])
-            raise RankFailed(dead[0], f"dead: no heartbeat change seen for {silent:.0f} s")
 
 
 def wait_barrier(
@@ -237,7 +245,7 @@ def wait_barrier(
     next_tick = start + tick_s
     expected, gone = list(ranks), []
     arrived: dict[int, Arrival] = {}
-    look, names, flag_names = Due(), Due(), Due()
+    look, names, flag_names, alive = Due(), Due(), Due(), Due()
     while True:
         now = clock()
         age = now - start
@@ -257,10 +265,14 @@ def wait_barrier(
             missing = [rank for rank in missing if rank not in out]
         if not missing:
             return BarrierResult(iteration, phase, expected, arrived, clock() - start, gone)
+        watched = [rank for rank in expected if fatal is None or rank in fatal]
         if looking:
-            watched = [rank for rank in expected if fatal is None or rank in fatal]
-            flags = flag_names(now, max(FLAG_NAMES_S, 2 * len(watched) / NAMES_PER_S))
-            check_ranks(cluster, watched, watcher, by_name=flags)
+            names_due = flag_names(now, max(FLAG_NAMES_S, 2 * len(watched) / NAMES_PER_S))
+            check_ranks(cluster, watched, None, by_name=names_due)
+        # the heartbeats on their own clock, at most LIVENESS_S apart whatever the looks' backoff: a beat seen to
+        # change up to LIVENESS_S late, its silence judged at most LIVENESS_S late, within dead_after_s + 5 s
+        if watcher is not None and alive(now, grown(LOOK_S, LIVENESS_S, age)):
+            check_ranks(cluster, watched, watcher, flags=False)
         if timeout_s is not None and now - start >= timeout_s:
             raise BarrierTimeout(iteration, phase, missing, timeout_s)
         if on_tick is not None and now >= next_tick:

@@ -42,10 +42,10 @@ FEW = 4
 #: the master's watch reads every registration again every this many beats (a rank's otherwise when the writer
 #: of its heartbeat changed): a container restarted with the same host name and pids registers anew unseen
 REGISTRATIONS_EVERY = 6
-#: how often a barrier's waiter reads the heartbeats it watches at most (s), on its own clock beside the wait's
-#: backoff (its looks at the others grow to every 5 s): a beat changes every BATON_HEARTBEAT_S (5 s), so a rank
-#: whose last beat was seen up to LIVENESS_S late is noticed dead at most LIVENESS_S after dead_after_s from then
-LIVENESS_S = 5.0
+#: how often at most the master's barrier wait reads the heartbeats it watches (s), on its own clock beside the
+#: wait's backoff: a beat seen to change at most LIVENESS_S late and judged dead at most LIVENESS_S late after
+#: dead_after_s is noticed within dead_after_s + 5 s of the rank's last beat
+LIVENESS_S = 2.5
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,8 @@ class Beat:
 
 #: the master's word when its run ended for every rank (coordinator.cluster.RunStopped): its workers look why
 STOP = "stop"
+#: ... and once its failure flag is written: its workers read it (else only every REGISTRATIONS_EVERY beats)
+FAILED = "failed"
 
 
 def write_beat(cluster: Cluster, rank: int, beat: Beat) -> None:
@@ -194,23 +196,35 @@ def run_heartbeat(
     the run aborts on a rank's failure): then the reason is returned (RunStopped, Evicted,
     RankFailed). `wait` paces the loop: threading.Event().wait in a thread, a signal wait in the CLI.
     """
-    from coordinator.cluster import RunStopped
-
     last = read_beats(cluster, [rank]).get(rank)
     seq = last.seq if last is not None else 0
     while True:
         seq += 1
-        if rank == 0:  # the master looks first, so that its beat carries its word (STOP) to every worker
+        if rank == 0:  # the master looks first, so that its beat carries its word (STOP, FAILED) to every worker
             ended = cluster.standing() or (peers() if peers is not None else None)
-            word = STOP if isinstance(ended, RunStopped) else ""
-            write_beat(cluster, rank, Beat(seq, time.time(), host, pid, word))
+            write_beat(cluster, rank, Beat(seq, time.time(), host, pid, master_word(cluster, ended)))
         else:
             write_beat(cluster, rank, Beat(seq, time.time(), host, pid))
             ended = worker_look(cluster, peers, seq)
         if ended is not None:
             return ended
         if wait(interval_s):
+            if rank == 0 and (word := master_word(cluster, None)):  # the node's way out wrote its failure flag
+                write_beat(cluster, rank, Beat(seq + 1, time.time(), host, pid, word))
             return None
+
+
+def master_word(cluster: Cluster, ended: ClusterError | None) -> str:
+    """The master's word in its beat: STOP when its run ended for every rank; FAILED when another rank's loss
+    ends the master (its way out writes its failure flag next) or once its own failure flag is written; else
+    none. One lookup by name a beat, of the master's own file."""
+    from coordinator.cluster import RankFailed, RunStopped
+
+    if isinstance(ended, RunStopped):
+        return STOP
+    if isinstance(ended, RankFailed) or cluster.failure(0, listing=False) is not None:
+        return FAILED
+    return ""
 
 
 def worker_look(cluster: Cluster, peers: PeerWatch | None, seq: int) -> ClusterError | None:
@@ -295,8 +309,12 @@ class PeerWatch:
             self.watcher.forget(rank)
             self.registered[rank] = node.incarnation
         continuing = self.mode == "continue"
-        # alone: by name, and a listing too (a name's absence may be cached) every REGISTRATIONS_EVERY beats
-        failure = self.cluster.failure(rank, listing=again) if flags is None else flags[0].get(rank)
+        if flags is not None:
+            failure = flags[0].get(rank)
+        elif rank == 0 and self.cluster.rank != 0 and not again and (beat is None or beat.word != FAILED):
+            failure = None  # a worker reads the master's flag when the master's word says so (master_word)
+        else:  # by name, and a listing too (a name's absence may be cached) every REGISTRATIONS_EVERY beats
+            failure = self.cluster.failure(rank, listing=again)
         if failure is not None and (not continuing or node is None or failure.incarnation == node.incarnation):
             return f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
         if rank == 0:  # only the master evicts

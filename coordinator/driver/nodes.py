@@ -52,7 +52,7 @@ from coordinator.cluster import (
 from coordinator.driver import say
 from coordinator.driver.procs import child_env
 from coordinator.driver.startcheck import StartCheck
-from coordinator.heartbeat import LIVENESS_S, LivenessWatcher, PeerWatch
+from coordinator.heartbeat import LivenessWatcher, PeerWatch
 from coordinator.membership import default_addr, join_run, pid_started, start_run
 from coordinator.protocol_cli import incarnation, protocol_root
 from rollout_engine.defaults import BARRIER_REPORT_S, DEAD_AFTER_S, HEARTBEAT_S, JOIN_WAIT_S, Setting
@@ -426,7 +426,7 @@ class Node:
             say.log(f"rank {rank}: {phase} of iteration {iteration}: waiting for {waiting} ({progress.waited_s:.0f} s)")
 
         if ranks is None and not self.is_master:
-            master = LivenessWatcher(cluster, [0], record.dead_after_s, every_s=LIVENESS_S)
+            master = LivenessWatcher(cluster, [0], record.dead_after_s)
             result = wait_open(
                 cluster,
                 iteration,
@@ -439,7 +439,7 @@ class Node:
             )
             self._say_gone(cluster, iteration, phase, result)
             return result
-        watcher = LivenessWatcher(cluster, expected, record.dead_after_s, every_s=LIVENESS_S)
+        watcher = LivenessWatcher(cluster, expected, record.dead_after_s)
         membership: dict[str, Any] = {}
         if continuing:
             peers = PeerWatch(cluster, list(range(record.num_nodes)), record.dead_after_s, "continue")

@@ -24,10 +24,15 @@ def test_a_workers_calls_per_second_do_not_grow_with_the_nodes(tmp_path: Path) -
     )
     figures = json.loads(out.read_text())
     few, many = figures["4"], figures["48"]
-    assert set(few) == {"rollout", "barrier", "training", "join", "stop"}
-    for phase in few:
+    assert set(few) == {"rollout", "barrier", "training", "join", "stop", "latency"}
+    for phase in set(few) - {"latency"}:
         calls_few, calls_many = few[phase]["worker"][0], many[phase]["worker"][0]
         assert calls_few > 0, phase  # it counted something: the harness reached the code
         assert calls_many <= calls_few * 1.02 + 0.1, (phase, calls_few, calls_many)
     # the master reads every rank, a worker's figure is not the master's
     assert many["barrier"]["master"][0] > few["barrier"]["master"][0]
+    # and the waits still keep their goals: a barrier opens within 3 s of its last arrival, a dead rank is noticed
+    # within dead_after_s (30) + 5 s of its last beat
+    for n in ("4", "48"):
+        to_master, to_worker, dead = figures[n]["latency"]
+        assert to_master + to_worker <= 3.0 and dead <= 35.0, (n, figures[n]["latency"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.cluster import Cluster, Eviction, RunStopped, StopRequest
-from coordinator.heartbeat import Beat, LivenessWatcher, read_beats, run_heartbeat, write_beat
+from coordinator.heartbeat import FAILED, Beat, LivenessWatcher, read_beats, run_heartbeat, write_beat
 from tests.unit.coordinator.fakes import file_operations, old_run
 
 
@@ -209,7 +209,12 @@ def test_continue_mode_a_worker_watches_only_the_master(tmp_path: Path) -> None:
     assert watch.ranks == [0]
     cluster.fail(FailureRecord(2, 1, "update", "x", 1, "h", 9))
     assert watch() is None  # rank 2 is the master's business
-    cluster.fail(FailureRecord(0, 1, "update", "training exit 1", 1, "h", 8))
+    master = Cluster(tmp_path, "r1", rank=0)
+    master.fail(FailureRecord(0, 1, "update", "training exit 1", 1, "h", 8))
+    assert watch() is None  # read when the master's beat says so, or every REGISTRATIONS_EVERY beats
+    # the master's heartbeat, stopped on the node's way out, says FAILED in a last beat
+    assert run_heartbeat(master, 0, 5.0, lambda seconds: True, host="h", pid=8) is None
+    assert read_beats(master, [0])[0].word == FAILED
     ended = watch()
     assert ended is not None and ended.exit_code == 3 and str(ended).startswith("rank 0: failed in update")
     assert not cluster.evictions()
@@ -424,7 +429,7 @@ def test_a_worker_learns_of_a_stop_from_the_masters_word_and_reads_its_own_files
     beat(master, 0, 44)
     with file_operations(monkeypatch) as calls:
         assert worker_look(worker, peers, 3) is None
-    assert calls == ["read_bytes", "read_bytes"]  # the master's beat and failure flag by name: no file of its own
+    assert calls == ["read_bytes"]  # the master's beat, its word: no file of this rank's own, no flag
     master.request_stop(StopRequest("maintenance", None, "desk", 5))
     ended = run_heartbeat(master, 0, 5.0, lambda seconds: True, host="node0", pid=10)  # one beat of the master's
     assert isinstance(ended, RunStopped) and read_beats(master, [0])[0].word == STOP
