@@ -74,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-path", type=Path, default=None, help="default: a new temp directory")
     parser.add_argument("--profile", choices=PROFILES, default="local", help="a shared filesystem served here")
     parser.add_argument("--clients", type=int, default=1, help="with --profile: nodes, each with its own client")
+    parser.add_argument(
+        "--load-after",
+        type=float,
+        default=0.0,
+        help="seconds into the last wait before the load is counted (a long wait's backoff: 60 with --dead-after 120)",
+    )
     parser.add_argument("--rank-process", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.heartbeat_interval = args.heartbeat_interval or args.dead_after / 6
@@ -197,7 +203,7 @@ def run_ranks(args: argparse.Namespace, log: Path, fs: SharedFs | None = None) -
     try:
         deadline = time.monotonic() + 180 + 2 * args.dead_after + args.barriers * 5
         if fs is not None and fs.profile.startswith("gluster"):
-            load = waiting_load(fs, log, deadline)
+            load = waiting_load(fs, log, deadline, args.load_after)
         for proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
@@ -212,14 +218,16 @@ def run_ranks(args: argparse.Namespace, log: Path, fs: SharedFs | None = None) -
     return results, load
 
 
-def waiting_load(fs: SharedFs, log: Path, deadline: float) -> float | None:
+def waiting_load(fs: SharedFs, log: Path, deadline: float, after_s: float = 0.0) -> float | None:
     """The brick's file operations per second while every rank waits at the last barrier (the victim's beat
-    killed: LOAD_S of nothing but polling), from GlusterFS's own counters; None if the wait ended first."""
+    killed: LOAD_S of nothing but polling, from `after_s` into that wait), from GlusterFS's own counters; None if
+    the wait ended first."""
     fs.gluster("volume", "profile", "gv0", "start")
     while not list(log.glob("cluster/runs/*/killed.json")):
         if time.monotonic() > deadline:
             return None
         time.sleep(0.2)
+    time.sleep(after_s)
     fs.gluster("volume", "profile", "gv0", "info", "incremental")  # the counters from now on
     started = time.monotonic()
     time.sleep(LOAD_S)

@@ -80,7 +80,7 @@ def cmd_keep_best(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     from coordinator.watch import run_watch
 
-    return run_watch(Path(args.log_path), args.phase, args.iteration, args.every)
+    return run_watch(Path(args.log_path), args.phase, args.iteration, args.every, rank=args.rank)
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
@@ -215,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--iteration", type=int, required=True)
     watch.add_argument(
         "--every", type=float, default=PROGRESS_S.default, help="seconds between lines when not on a terminal"
+    )
+    watch.add_argument(
+        "--rank",
+        type=int,
+        help="several nodes: this node's rank (the master's view reads every rank and writes their totals, "
+        "a worker's reads its own rank and those totals)",
     )
     watch.set_defaults(func=cmd_watch)
     merge = sub.add_parser("aggregate", help="master: merge every rank's rollout of one iteration")

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from coordinator.cluster import Cluster, ClusterError, RankFailed, RunFinished, load_json, scan_ranks
-from coordinator.heartbeat import LivenessWatcher
+from coordinator.heartbeat import FEW, LIVENESS_S, LivenessWatcher
 from rollout_engine.defaults import BARRIER_REPORT_S
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_json
@@ -55,8 +55,26 @@ PHASE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 #: evictions and heartbeats (s): heartbeats change every few seconds and a rank is dead after tens, so more often
 #: only loads the filesystem; each poll in between reads only the arrivals (or the master's word)
 LOOK_S = 1.0
-#: below this many ranks to look at, their files are read one by one rather than their folders listed
-FEW = 4
+#: Backoff: a wait's poll and look intervals grow with its age (a rollout's barrier can last an hour, and at 0.2 s
+#: polls 1,000 nodes waiting an hour make about 90 million calls), up to caps that keep the latency goals:
+#: a barrier opens within the master's poll plus a worker's, each at most POLL_CAP_S, plus the filesystem's
+#: visibility (under 3 s); lookups by name (what a late listing lacks: sshfs) at most every NAMES_CAP_S
+POLL_CAP_S = 1.0
+LOOK_CAP_S = 5.0
+NAMES_CAP_S = 2.0
+#: the intervals stay at their base for the first STEADY_S of a wait (a short wait, a quick phase, polls as before),
+#: then grow to their caps over GROWN_S
+STEADY_S = 10.0
+GROWN_S = 40.0
+#: at most this many lookups by name a second of ranks a listing lacks (missing arrivals, failure flags,
+#: evictions): the master's wait for 1,000 ranks would otherwise look up each of them every NAMES_CAP_S
+NAMES_PER_S = 20.0
+#: a worker's own standing (stop.json, run.json, its registration and eviction) at most this often in a long wait
+#: (s): its heartbeat looks at each beat, and ends the node (the same exit) when the master's word says STOP
+STANDING_CAP_S = 15.0
+#: failure flags and evictions are looked up by name (beside the listing of their folders) at most this often
+#: (s): a failed rank also stops beating, and its death is noticed within dead_after_s anyway
+FLAG_NAMES_S = 30.0
 
 
 class BarrierTimeout(ClusterError):
@@ -99,6 +117,24 @@ class BarrierWait:
     phase: str
     missing: list[int]
     waited_s: float
+
+
+def grown(base: float, cap: float, waited_s: float) -> float:
+    """An interval after `waited_s` of waiting: `base` for STEADY_S, then growing to `cap` (never below base)."""
+    return max(base, min(cap, base + (cap - base) * max(0.0, waited_s - STEADY_S) / GROWN_S))
+
+
+@dataclass
+class Due:
+    """Something a wait does every `interval` seconds of its clock (the first time at once)."""
+
+    last: float | None = None
+
+    def __call__(self, now: float, interval: float) -> bool:
+        if self.last is not None and now - self.last < interval:
+            return False
+        self.last = now
+        return True
 
 
 def check_phase(phase: str) -> None:
@@ -148,18 +184,13 @@ def arrivals(
     return found
 
 
-def check_ranks(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | None) -> None:
-    """Raise RankFailed for the first of `ranks` that failed, was evicted, or is dead by observation."""
-    few = len(ranks) < FEW
-    failures = {r: f for r in ranks if (f := cluster.failure(r))} if few else cluster.failures()
-    for rank in ranks:
-        if rank in failures:
-            failure = failures[rank]
-            raise RankFailed(rank, f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}")
-    evictions = {r: e for r in ranks if (e := cluster.eviction(r))} if few else cluster.evictions()
-    for rank in ranks:
-        if rank in evictions and rank != cluster.rank:
-            raise RankFailed(rank, f"evicted: {evictions[rank].reason}")
+def check_ranks(
+    cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | None, by_name: bool = True, flags: bool = True
+) -> None:
+    """Raise RankFailed for the first of `ranks` that failed, was evicted (`flags`), or is dead by observation.
+    Few ranks' flags are read by name; more ranks' by a listing of their folders and (`by_name`) a lookup of each."""
+    if flags:
+        check_flags(cluster, ranks, by_name)
     if watcher is not None:
         watcher.observe()
         dead = [rank for rank in watcher.dead() if rank in ranks]
@@ -169,6 +200,20 @@ def check_ranks(cluster: Cluster, ranks: list[int], watcher: LivenessWatcher | N
                 raise RunFinished(finished.reason)
             silent = watcher.silent_s(dead[0])
             raise RankFailed(dead[0], f"dead: no heartbeat change seen for {silent:.0f} s")
+
+
+def check_flags(cluster: Cluster, ranks: list[int], by_name: bool) -> None:
+    """Raise RankFailed for the first of `ranks` with a failure flag or an eviction."""
+    few = len(ranks) < FEW
+    failures = {r: f for r in ranks if (f := cluster.failure(r))} if few else cluster.failures(by_name)
+    for rank in ranks:
+        if rank in failures:
+            failure = failures[rank]
+            raise RankFailed(rank, f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}")
+    evictions = {r: e for r in ranks if (e := cluster.eviction(r))} if few else cluster.evictions(by_name)
+    for rank in ranks:
+        if rank in evictions and rank != cluster.rank:
+            raise RankFailed(rank, f"evicted: {evictions[rank].reason}")
 
 
 def wait_barrier(
@@ -200,26 +245,34 @@ def wait_barrier(
     next_tick = start + tick_s
     expected, gone = list(ranks), []
     arrived: dict[int, Arrival] = {}
-    looked: float | None = None
+    look, names, flag_names, alive = Due(), Due(), Due(), Due()
     while True:
         now = clock()
-        look = looked is None or now - looked >= LOOK_S
-        if look:
+        age = now - start
+        looking = look(now, grown(LOOK_S, LOOK_CAP_S, age))
+        if looking:
             cluster.check_standing()
-        # the listing every poll, the lookups by name of the missing ranks every LOOK_S (on sshfs a listing is
-        # 20 s late, so a barrier opens within LOOK_S there; each lookup is a round trip to the server)
-        arrived = arrivals(cluster, iteration, phase, arrived, expected, by_name=look)
         missing = [rank for rank in expected if rank not in arrived]
-        if missing and drop is not None and look:
+        # the listing every poll; the lookups by name of the missing ranks every NAMES_CAP_S at most (on sshfs a
+        # listing is 20 s late; each lookup is a round trip to the server), fewer a second when many are missing
+        by_name = names(now, max(grown(LOOK_S, NAMES_CAP_S, age), len(missing) / NAMES_PER_S))
+        arrived = arrivals(cluster, iteration, phase, arrived, expected, by_name=by_name)
+        missing = [rank for rank in expected if rank not in arrived]
+        if missing and drop is not None and looking:
             out = drop(missing)
             gone += out
             expected = [rank for rank in expected if rank not in out]
             missing = [rank for rank in missing if rank not in out]
         if not missing:
             return BarrierResult(iteration, phase, expected, arrived, clock() - start, gone)
-        if look:
-            looked = now
-            check_ranks(cluster, [rank for rank in expected if fatal is None or rank in fatal], watcher)
+        watched = [rank for rank in expected if fatal is None or rank in fatal]
+        if looking:
+            names_due = flag_names(now, max(FLAG_NAMES_S, 2 * len(watched) / NAMES_PER_S))
+            check_ranks(cluster, watched, None, by_name=names_due)
+        # the heartbeats on their own clock, at most LIVENESS_S apart whatever the looks' backoff: a beat seen to
+        # change up to LIVENESS_S late, its silence judged at most LIVENESS_S late, within dead_after_s + 5 s
+        if watcher is not None and alive(now, grown(LOOK_S, LIVENESS_S, age)):
+            check_ranks(cluster, watched, watcher, flags=False)
         if timeout_s is not None and now - start >= timeout_s:
             raise BarrierTimeout(iteration, phase, missing, timeout_s)
         if on_tick is not None and now >= next_tick:
@@ -227,7 +280,7 @@ def wait_barrier(
             next_tick = now + tick_s
         if on_poll is not None:
             on_poll()
-        time.sleep(poll_s)
+        time.sleep(grown(poll_s, POLL_CAP_S, age))
 
 
 def open_barrier(cluster: Cluster, result: BarrierResult) -> None:
@@ -274,26 +327,29 @@ def wait_open(
     on_poll: Callable[[], None] | None = None,
 ) -> BarrierResult:
     """A worker's wait at a barrier of every rank (after its own arrival): until the master opens it
-    (open_barrier), while the master lives. Each poll looks `open.json` up by name; every LOOK_S a listing of its
-    folder too, this rank's standing, the master's failure flag and its heartbeat (`master`: a watcher of
-    rank 0)."""
+    (open_barrier), while the master lives. Each poll looks `open.json` up by name; every LOOK_S (growing with
+    the wait's age: `grown`) a listing of its folder too, this rank's standing, the master's failure flag and its
+    heartbeat (`master`: a watcher of rank 0)."""
     check_phase(phase)
     start = clock()
     next_tick = start + tick_s
-    looked: float | None = None
+    listing, standing = Due(), Due()
     while True:
         now = clock()
-        look = looked is None or now - looked >= LOOK_S
-        if look:
+        age = now - start
+        # this rank's standing, the master's failure flag and silence (finished.json: RunFinished): in a long wait
+        # at most every STANDING_CAP_S, as this node's heartbeat looks at them each beat and ends the node (the
+        # same exit) when the run ends for it
+        looking = standing(now, grown(LOOK_S, STANDING_CAP_S, age))
+        if looking:
             cluster.check_standing()
-        # by name every poll, by listing too every LOOK_S (GlusterFS with NFS-like caches keeps a name's absence
-        # for its negative timeout, 5 s): a poll is one lookup
-        word = opened(cluster, iteration, phase, listing=look)
+        # by name every poll, by listing too every NAMES_CAP_S at most (GlusterFS with NFS-like caches keeps a
+        # name's absence for its negative timeout, 5 s): a poll is one lookup
+        word = opened(cluster, iteration, phase, listing=listing(now, grown(LOOK_S, NAMES_CAP_S, age)))
         if word is not None:
             return dataclasses.replace(word, waited_s=clock() - start)
-        if look:
-            looked = now
-            check_ranks(cluster, [0], master)  # its failure flag, its silence (finished.json: RunFinished)
+        if looking:
+            check_ranks(cluster, [0], master)
         if timeout_s is not None and now - start >= timeout_s:
             raise BarrierTimeout(iteration, phase, [0], timeout_s)
         if on_tick is not None and now >= next_tick:
@@ -301,4 +357,4 @@ def wait_open(
             next_tick = now + tick_s
         if on_poll is not None:
             on_poll()
-        time.sleep(poll_s)
+        time.sleep(grown(poll_s, POLL_CAP_S, age))

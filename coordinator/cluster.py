@@ -259,10 +259,11 @@ def scan_ranks(directory: Path, expect: Iterable[int] = (), suffix: str = ".json
     return found
 
 
-def load_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file written by this protocol, or None when it is not there (it may vanish between listing and read)."""
+def load_json(path: Path, listing: bool = True) -> dict[str, Any] | None:
+    """A JSON file written by this protocol, or None when it is not there (it may vanish between listing and read).
+    Not found by name, it is looked for in a listing of its folder too (`read_fresh`), unless not `listing`."""
     try:
-        return json.loads(read_fresh(path).decode("utf-8"))
+        return json.loads((read_fresh(path) if listing else path.read_bytes()).decode("utf-8"))
     except FileNotFoundError:
         return None
 
@@ -332,11 +333,13 @@ class Cluster:
     def fail(self, failure: FailureRecord) -> None:
         save_json(self.paths.failed_dir / rank_file_name(failure.rank, ".json"), asdict(failure))
 
-    def failures(self) -> dict[int, FailureRecord]:
-        return _load_ranks(self.paths.failed_dir, FailureRecord, self.expected_ranks())
+    def failures(self, by_name: bool = True) -> dict[int, FailureRecord]:
+        """Every rank's failure flag: a listing, and (`by_name`) a lookup of each rank it lacks."""
+        return _load_ranks(self.paths.failed_dir, FailureRecord, self.expected_ranks() if by_name else ())
 
-    def failure(self, rank: int) -> FailureRecord | None:
-        return _load_rank(self.paths.failed_dir, rank, FailureRecord)
+    def failure(self, rank: int, listing: bool = True) -> FailureRecord | None:
+        """One rank's failure flag, by name and (`listing`, where the name is not found) in a listing."""
+        return _load_rank(self.paths.failed_dir, rank, FailureRecord, listing)
 
     def request_stop(self, request: StopRequest) -> None:
         save_json(self.paths.stop, asdict(request))
@@ -355,8 +358,9 @@ class Cluster:
     def evict(self, eviction: Eviction) -> None:
         save_json(self.paths.evicted_dir / rank_file_name(eviction.rank, ".json"), asdict(eviction))
 
-    def evictions(self) -> dict[int, Eviction]:
-        return _load_ranks(self.paths.evicted_dir, Eviction, self.expected_ranks())
+    def evictions(self, by_name: bool = True) -> dict[int, Eviction]:
+        """Every rank's eviction: a listing, and (`by_name`) a lookup of each rank it lacks."""
+        return _load_ranks(self.paths.evicted_dir, Eviction, self.expected_ranks() if by_name else ())
 
     def eviction(self, rank: int) -> Eviction | None:
         return _load_rank(self.paths.evicted_dir, rank, Eviction)
@@ -434,8 +438,8 @@ def planned_node(rank: int, incarnation: Incarnation) -> NodeRecord:
     return NodeRecord(rank, host, "", pid, None, 0.0, started)
 
 
-def _load_rank(directory: Path, rank: int, kind: type) -> Any:
-    data = load_json(directory / rank_file_name(rank, ".json"))
+def _load_rank(directory: Path, rank: int, kind: type, listing: bool = True) -> Any:
+    data = load_json(directory / rank_file_name(rank, ".json"), listing)
     return None if data is None else kind(**data)
 
 

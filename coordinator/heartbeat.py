@@ -34,7 +34,18 @@ from rollout_engine.layout import rank_file_name
 from rollout_engine.shared_read import read_fresh
 
 if TYPE_CHECKING:
-    from coordinator.cluster import Cluster, ClusterError, Incarnation
+    from coordinator.cluster import Cluster, ClusterError, Incarnation, NodeRecord
+
+
+#: from this many ranks watched on, their failure flags and evictions are listed rather than looked up one by one
+FEW = 4
+#: the master's watch reads every registration again every this many beats (a rank's otherwise when the writer
+#: of its heartbeat changed): a container restarted with the same host name and pids registers anew unseen
+REGISTRATIONS_EVERY = 6
+#: how often at most the master's barrier wait reads the heartbeats it watches (s), on its own clock beside the
+#: wait's backoff: a beat seen to change at most LIVENESS_S late and judged dead at most LIVENESS_S late after
+#: dead_after_s is noticed within dead_after_s + 5 s of the rank's last beat
+LIVENESS_S = 2.5
 
 
 @dataclass(frozen=True)
@@ -45,17 +56,29 @@ class Beat:
     wall_time: float  # the beating host's clock: for people, never compared with another host's
     host: str
     pid: int
+    #: the master's word to the workers, read with its beat: STOP when its run ended (stop.json, a newer run)
+    word: str = ""
 
     def line(self) -> str:
-        return f"{self.seq} {self.wall_time:.3f} {self.host} {self.pid}\n"
+        return f"{self.seq} {self.wall_time:.3f} {self.host} {self.pid}{f' {self.word}' if self.word else ''}\n"
 
     @classmethod
     def parse(cls, text: str) -> Beat | None:
         parts = text.split()
         try:
-            return cls(int(parts[0]), float(parts[1]), parts[2], int(parts[3])) if len(parts) == 4 else None
+            return (
+                cls(int(parts[0]), float(parts[1]), parts[2], int(parts[3]), *parts[4:])
+                if len(parts) in (4, 5)
+                else None
+            )
         except ValueError:
             return None
+
+
+#: the master's word when its run ended for every rank (coordinator.cluster.RunStopped): its workers look why
+STOP = "stop"
+#: ... and once its failure flag is written: its workers read it (else only every REGISTRATIONS_EVERY beats)
+FAILED = "failed"
 
 
 def write_beat(cluster: Cluster, rank: int, beat: Beat) -> None:
@@ -142,6 +165,11 @@ class LivenessWatcher:
     def last_beat(self, rank: int) -> Beat | None:
         return self._seen[rank].beat
 
+    def changed_now(self, rank: int) -> bool:
+        """The rank's heartbeat changed at the last look (the first sight of it is no change)."""
+        seen = self._seen[rank]
+        return seen.changes > 0 and seen.since == self._looked
+
     def changed(self, rank: int) -> bool:
         """The rank's heartbeat was seen to change at least once: it was alive while we watched."""
         return self._seen[rank].changes > 0
@@ -172,12 +200,47 @@ def run_heartbeat(
     seq = last.seq if last is not None else 0
     while True:
         seq += 1
-        write_beat(cluster, rank, Beat(seq, time.time(), host, pid))
-        ended = cluster.standing() or (peers() if peers is not None else None)
+        if rank == 0:  # the master looks first, so that its beat carries its word (STOP, FAILED) to every worker
+            ended = cluster.standing() or (peers() if peers is not None else None)
+            write_beat(cluster, rank, Beat(seq, time.time(), host, pid, master_word(cluster, ended)))
+        else:
+            write_beat(cluster, rank, Beat(seq, time.time(), host, pid))
+            ended = worker_look(cluster, peers, seq)
         if ended is not None:
             return ended
         if wait(interval_s):
+            if rank == 0 and (word := master_word(cluster, None)):  # the node's way out wrote its failure flag
+                write_beat(cluster, rank, Beat(seq + 1, time.time(), host, pid, word))
             return None
+
+
+def master_word(cluster: Cluster, ended: ClusterError | None) -> str:
+    """The master's word in its beat: STOP when its run ended for every rank; FAILED when another rank's loss
+    ends the master (its way out writes its failure flag next) or once its own failure flag is written; else
+    none. One lookup by name a beat, of the master's own file."""
+    from coordinator.cluster import RankFailed, RunStopped
+
+    if isinstance(ended, RunStopped):
+        return STOP
+    if isinstance(ended, RankFailed) or cluster.failure(0, listing=False) is not None:
+        return FAILED
+    return ""
+
+
+def worker_look(cluster: Cluster, peers: PeerWatch | None, seq: int) -> ClusterError | None:
+    """A worker's look at each beat: the master (its heartbeat, its failure flag: `peers`), and this rank's own
+    standing (its registration, eviction, stop.json, run.json) only when it may have changed: in continue mode
+    (a worker may be evicted), when the master's word says STOP, when the master's beat did not change since the
+    last look (a master that is gone says nothing), and every REGISTRATIONS_EVERY beats. A worker so reads about
+    three of the master's files a beat, not nine files; the master writes its word from what it reads anyway."""
+    if peers is None or peers.mode == "continue":
+        return cluster.standing() or (peers() if peers is not None else None)
+    ended = peers()
+    master = peers.watcher.last_beat(0)
+    quiet = not peers.watcher.changed_now(0)
+    if ended is not None or quiet or seq % REGISTRATIONS_EVERY == 0 or (master is not None and master.word == STOP):
+        return cluster.standing() or ended
+    return None
 
 
 class PeerWatch:
@@ -201,6 +264,9 @@ class PeerWatch:
             self.ranks = [rank for rank in self.ranks if rank == 0]
         self.watcher = LivenessWatcher(cluster, self.ranks, dead_after_s)
         self.registered: dict[int, Incarnation] = {}
+        self._nodes: dict[int, NodeRecord | None] = {}  # each rank's registration as last read
+        self._writers: dict[int, tuple[str, int] | None] = {}  # ... and the heartbeat writer it was read for
+        self._beats = -1
         #: called with the rank after each eviction (the heartbeat CLI signals its node: SIGUSR1)
         self.on_evict: Callable[[int], None] | None = None
 
@@ -208,8 +274,12 @@ class PeerWatch:
         from coordinator.cluster import RankFailed, RunFinished
 
         self.watcher.observe()
+        self._beats += 1
+        flags = None
+        if len(self.ranks) >= FEW:  # the master: a listing of the flags' folders, not 2 lookups per rank
+            flags = (self.cluster.failures(by_name=False), self.cluster.evictions(by_name=False))
         for rank in self.ranks:
-            reason = self.gone(rank)
+            reason = self.gone(rank, flags)
             if reason is None:
                 continue
             if self.mode == "continue" and self.cluster.rank == 0:
@@ -221,18 +291,39 @@ class PeerWatch:
             return RankFailed(rank, reason)
         return None
 
-    def gone(self, rank: int) -> str | None:
-        """Why `rank` is out of the run, if it is: its failure flag, its eviction, or its silence."""
-        node = self.cluster.node(rank)  # its files only: a worker's watch reads O(1) files a beat
+    def gone(self, rank: int, flags: tuple[dict, dict] | None = None) -> str | None:
+        """Why `rank` is out of the run, if it is: its failure flag, its eviction, or its silence. With `flags`
+        (every rank's failure flags and evictions, listed once a beat) they are not looked up one by one. Its
+        registration is read again only when its heartbeat's writer changed (a restarted node beats from another
+        process) and every REGISTRATIONS_EVERY beats: a beat reads about one file a rank on the master, a few of
+        the master's on a worker."""
+        beat = self.watcher.last_beat(rank)
+        writer = None if beat is None else (beat.host, beat.pid)
+        again = self._beats % REGISTRATIONS_EVERY == 0  # a restart from a process with the same host and pid
+        if again or rank not in self.registered or self._writers.get(rank) != writer:
+            self._nodes[rank] = self.cluster.node(rank)
+            self._writers[rank] = writer
+        node = self._nodes[rank]
         if node is not None and self.registered.get(rank) != node.incarnation:
             # first seen registered, or registered again (restarted): judge its heartbeat from now on this clock
             self.watcher.forget(rank)
             self.registered[rank] = node.incarnation
         continuing = self.mode == "continue"
-        failure = self.cluster.failure(rank)
+        if flags is not None:
+            failure = flags[0].get(rank)
+        elif rank == 0 and self.cluster.rank != 0 and not again and (beat is None or beat.word != FAILED):
+            failure = None  # a worker reads the master's flag when the master's word says so (master_word)
+        else:  # by name, and a listing too (a name's absence may be cached) every REGISTRATIONS_EVERY beats
+            failure = self.cluster.failure(rank, listing=again)
         if failure is not None and (not continuing or node is None or failure.incarnation == node.incarnation):
             return f"failed in {failure.phase} of iteration {failure.iteration}: {failure.reason}"
-        eviction = self.cluster.evicted(rank, node)
+        if rank == 0:  # only the master evicts
+            eviction = None
+        elif flags is None:
+            eviction = self.cluster.evicted(rank, node)
+        else:
+            eviction = flags[1].get(rank)
+            eviction = eviction if eviction is not None and eviction.applies_to(node) else None
         if eviction is not None:
             return None if continuing else f"evicted: {eviction.reason}"
         if rank in self.watcher.dead() and (node is not None or self.watcher.changed(rank)):
@@ -265,7 +356,7 @@ class PeerWatch:
         """The master's verdict on `rank`'s current registration (once)."""
         from coordinator.cluster import Eviction
 
-        node = self.cluster.nodes().get(rank)
+        node = self.cluster.node(rank)
         if self.cluster.evicted(rank, node) is not None:
             return
         host, pid, started = node.incarnation if node is not None else ("", 0, 0)

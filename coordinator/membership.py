@@ -365,7 +365,7 @@ def _await_eviction(
     for the master to evict it, so that every step knows which of the two it planned with."""
     deadline, told = clock() + wait_s, False
     while clock() < deadline:
-        other = cluster.nodes().get(rank)
+        other = cluster.node(rank)  # by name: a join reads its own rank's registration, not all N
         if other is None or other.incarnation == me or cluster.evicted(rank, other) is not None:
             return
         if on_wait is not None and not told:
@@ -386,7 +386,7 @@ def _pause(poll_s: float, on_poll: Callable[[], None] | None) -> None:
 def _refuse_taken_rank(cluster: Cluster, rank: int, me: Incarnation) -> None:
     """Two live nodes with one rank are an error; a rank whose registration was evicted may join again
     (it becomes a member at the master's next step: `Cluster.members`)."""
-    other = cluster.nodes().get(rank)
+    other = cluster.node(rank)  # by name: a join reads its own rank's registration, not all N
     if other is not None and cluster.evicted(rank, other) is not None:
         return
     if other is not None and other.incarnation != me:

@@ -155,6 +155,14 @@ class RunView:
             found.append(RankRollout.parse(snap, int(match.group(1)) if match.group(1) else None))
         return sorted(found, key=lambda r: -1 if r.rank is None else r.rank)
 
+    def rollout(self, rank: int) -> RankRollout | None:
+        """One rank's status file, by name alone (a worker's view of itself: one read, whatever the ranks)."""
+        try:
+            snap = json.loads(Layout(self.log).status(rank).read_bytes())
+        except (OSError, ValueError):  # not written yet, or being replaced: the next look sees it
+            return None
+        return RankRollout.parse(snap, rank)
+
     def training(self, iteration: int) -> TrainProgress | None:
         path = Layout(self.log).training_dir(iteration) / "output" / "trainer_log.jsonl"
         if not path.exists():
@@ -230,7 +238,8 @@ class StallWatch:
             table[key] = seen = _Seen(value, now)
         return now - seen.since
 
-    def observe(self, view: RunView, rollouts: list[RankRollout] | None = None) -> list[Trouble]:
+    def observe(self, view: RunView, rollouts: list[RankRollout] | None = None, beats: bool = True) -> list[Trouble]:
+        """Trouble with `rollouts` (default: every rank's, read now) and (`beats`) every rank's heartbeat."""
         now = self.clock()
         troubles: list[Trouble] = []
         for rollout in view.rollouts() if rollouts is None else rollouts:
@@ -269,7 +278,7 @@ class StallWatch:
                         "env_config.episode_timeout_s",
                     )
                 )
-        for rank, beat in view.heartbeats().items():
+        for rank, beat in (view.heartbeats() if beats else {}).items():
             quiet = self._note(self._beats, rank, (beat.seq, beat.pid), now)
             if quiet >= self.beat_s:
                 troubles.append(

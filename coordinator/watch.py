@@ -12,6 +12,11 @@ they changed, a trouble line once when it appears, and the final numbers when
 it is stopped. run.sh starts it beside each rollout and update (and the barrier
 after it: a node that finished sees the others) as a tracked process group and
 stops it (SIGTERM) when the phase ends.
+
+With several nodes (`--rank`), the master's view reads every rank every
+TOTALS_S and writes their totals (coordinator/clusterview.py); a worker's view
+shows its own rank live and the cluster's totals from that one file, so that
+the views cost the filesystem O(1) a second on a worker, not O(ranks).
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from coordinator.clusterview import TOTALS_S, ClusterTotals, Totals, read_totals, totals, write_totals
 from coordinator.runview import RankRollout, RunView, StallWatch, TrainProgress, Trouble
 
 PHASES = ("rollout-train", "rollout-test", "update")
+#: the master's terminal shows a line per rank up to this many ranks; beyond, its own line and the totals
+RANK_LINES = 16
 
 
 def duration(seconds: float | None) -> str:
@@ -50,6 +59,15 @@ def rollout_line(r: RankRollout) -> str:
         f"{r.split} rollout{who}: {r.finished}/{r.todo} episodes{resumed}, {r.successes} successes ({rate:.1f} %)"
         f"{f', {failed} failed' if failed else ''}{cut}, {r.tokens_per_s:.1f} tok/s, "
         f"{duration(r.elapsed_s)} {'in all' if r.done else f'elapsed, ETA {duration(r.eta_s)}'}"
+    )
+
+
+def totals_line(t: Totals) -> str:
+    rate = 100.0 * t.successes / t.finished if t.finished else 0.0
+    return (
+        f"{t.split} rollout, {t.ranks} ranks: {t.finished}/{t.todo} episodes, {t.successes} successes ({rate:.1f} %)"
+        f"{f', {t.failed} failed' if t.failed else ''}, {t.tokens_per_s:.1f} tok/s, {t.done}/{t.ranks} ranks done, "
+        f"ETA {duration(t.eta_s)}"
     )
 
 
@@ -82,6 +100,85 @@ def build_frame(view: RunView, stalls: StallWatch, phase: str, iteration: int) -
     frame.lines = [rollout_line(r) for r in rollouts] or [f"{split} rollout: starting"]
     frame.troubles = stalls.observe(view, rollouts=rollouts)
     return frame
+
+
+class NodeView:
+    """What one node's view reads each second: everything on a single node (rank None); on several, the master
+    every rank every TOTALS_S (writing their totals) and its own status in between; a worker its own status and
+    the master's totals, by name."""
+
+    def __init__(self, log: Path, phase: str, iteration: int, rank: int | None = None, clock=time.monotonic) -> None:
+        self.log, self.phase, self.iteration, self.clock = log, phase, iteration, clock
+        self.view, self.stalls = RunView(log), StallWatch(clock=clock)
+        self.rank = rank if rank is not None and self.view.num_nodes() > 1 else None  # the run record: once
+        self.split = phase.removeprefix("rollout-")
+        self._full_at: float | None = None
+        self._rollouts: list[RankRollout] = []
+        self._troubles: list[Trouble] = []
+        self._totals: ClusterTotals | None = None
+        self._own: RankRollout | None = None
+        self._totals_at: float | None = None
+
+    def frame(self) -> Frame:
+        if self.rank is None:
+            return build_frame(self.view, self.stalls, self.phase, self.iteration)
+        return self._master() if self.rank == 0 else self._worker()
+
+    def _mine(self, rollout: RankRollout | None) -> bool:
+        return rollout is not None and (rollout.split, rollout.iteration) == (self.split, self.iteration)
+
+    def _master(self) -> Frame:
+        now = self.clock()
+        if self._full_at is None or now - self._full_at >= TOTALS_S:
+            self._full_at = now
+            if self.phase == "update":
+                self._rollouts = []
+                self._troubles = self.stalls.observe(self.view, rollouts=[])
+            else:
+                found = self.view.rollouts()
+                self._rollouts = [r for r in found if (r.split, r.iteration) == (self.split, self.iteration)]
+                self._troubles = self.stalls.observe(self.view, rollouts=self._rollouts)
+            write_totals(self.log, self._rollouts, self._troubles, time.time())
+        elif self.phase != "update":  # its own rank live between the looks at every rank
+            own = self.view.rollout(0)
+            if self._mine(own):
+                self._rollouts = [own if r.rank == 0 else r for r in self._rollouts] or [own]  # type: ignore[misc]
+        return self._lines(self._rollouts, self._troubles, len(self._rollouts) <= RANK_LINES)
+
+    def _worker(self) -> Frame:
+        now = self.clock()
+        if self._totals_at is None or now - self._totals_at >= TOTALS_S / 2:  # they change every TOTALS_S
+            self._totals_at, self._totals = now, read_totals(self.log)
+        found = self._totals
+        theirs = [] if found is None else [t for t in found.troubles if t.rank != self.rank]
+        if self.phase == "update":
+            return self._lines([], theirs, True)
+        own = self._own
+        if own is None or not own.done:  # a finished rollout's status no longer changes (its barrier's wait)
+            own = self._own = self.view.rollout(self.rank)  # type: ignore[arg-type]
+        mine = [own] if own is not None and self._mine(own) else []
+        troubles = self.stalls.observe(self.view, rollouts=mine, beats=False) + theirs
+        frame = self._lines(mine, troubles, True)
+        here = (self.split, self.iteration)
+        frame.lines += [totals_line(t) for t in (found.rollouts if found else []) if (t.split, t.iteration) == here]
+        return frame
+
+    def _lines(self, rollouts: list[RankRollout], troubles: list[Trouble], every_rank: bool) -> Frame:
+        shown = rollouts if every_rank else [r for r in rollouts if r.rank == self.rank]
+        lines = [rollout_line(r) for r in shown]
+        if self.phase == "update":
+            training = self.view.training(self.iteration)
+            lines = [train_line(training) if training else "update: preparing (no training step logged yet)"]
+        elif not every_rank:
+            lines += [totals_line(t) for t in totals(rollouts)]
+        return Frame(lines or [f"{self.split} rollout: starting"], troubles)
+
+
+def view_loop(source: NodeView, show: Callable[[Frame], None], poll_s: float = 1.0) -> None:
+    """Show `source`'s frame every `poll_s` until stopped (SIGTERM raises out of the sleep)."""
+    while True:
+        show(source.frame())
+        time.sleep(poll_s)
 
 
 class Output(Protocol):
@@ -153,7 +250,9 @@ def build_output(stream: TextIO, every_s: float, live: bool | None = None) -> Ou
     return LiveOutput(stream) if (stream.isatty() if live is None else live) else PlainOutput(stream, every_s)
 
 
-def run_watch(log_path: Path, phase: str, iteration: int, every_s: float, poll_s: float = 1.0) -> int:
+def run_watch(
+    log_path: Path, phase: str, iteration: int, every_s: float, poll_s: float = 1.0, rank: int | None = None
+) -> int:
     """Show the phase until SIGTERM / SIGINT (then exit 0, leaving the terminal clean)."""
 
     def stop(signum: int, frame: object) -> None:
@@ -161,12 +260,10 @@ def run_watch(log_path: Path, phase: str, iteration: int, every_s: float, poll_s
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    view, stalls = RunView(log_path), StallWatch()
+    source = NodeView(log_path, phase, iteration, rank)
     output = build_output(sys.stderr, every_s)
     try:
-        while True:
-            output.show(build_frame(view, stalls, phase, iteration))
-            time.sleep(poll_s)
+        view_loop(source, output.show, poll_s)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # run.sh's one SIGTERM: let the last frame out
-        output.close(build_frame(view, stalls, phase, iteration))
+        output.close(source.frame())

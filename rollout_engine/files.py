@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,10 +59,14 @@ class JsonlRead:
 def save_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> None:
     """Replace `path` with `data` atomically and (unless `durable` is False) durably."""
     path = Path(path)
-    make_dirs(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:  # the folder first only when it is missing: a heartbeat or a status file is rewritten in place every few s
+        fd, tmp = _temp_file(path)
+    except FileNotFoundError:
+        make_dirs(path.parent)
+        fd, tmp = _temp_file(path)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600
+        if _UMASK & 0o644:  # a umask that takes some of 0644 away: the file is 0644 all the same
+            os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -76,12 +80,34 @@ def save_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> None:
         fsync_dir(path.parent)
 
 
+def _temp_file(path: Path) -> tuple[int, str]:
+    """A new temp file beside `path` (`.<name>.<random>.tmp`: readers skip dot files), created 0644 less the
+    umask: mkstemp's 0600 took an fchmod per write, a call to the server for every heartbeat and status file."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temp file name beside {path}")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: the process's umask, read once (it is set before anything is written)
+_UMASK = _umask()
+
+
 def save_text(path: str | Path, text: str, *, durable: bool = True) -> None:
     save_bytes(path, text.encode("utf-8"), durable=durable)
 
 
-def save_json(path: str | Path, obj: Any) -> None:
-    save_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+def save_json(path: str | Path, obj: Any, *, durable: bool = True) -> None:
+    save_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", durable=durable)
 
 
 def save_jsonl(path: str | Path, rows: list[Any]) -> None:

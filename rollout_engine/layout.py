@@ -167,6 +167,9 @@ class Layout:
         """The live rollout snapshot: `status.json` on one node (rank None), `status.rank_<r>.json` on several."""
         return self.root / ("status.json" if rank is None else f"status.rank_{rank}.json")
 
+    #: several nodes: the master's view of every rank in totals, for the other nodes' (coordinator/clusterview.py)
+    status_totals = property(lambda self: self.root / "status.totals.json")
+
     # metrics
     metrics = property(lambda self: self.root / "metrics.jsonl")
     metrics_dir = property(lambda self: self.root / "metrics")

@@ -119,11 +119,17 @@ async def run_live(progress: Progress, view: View, status_path: Path, interval_s
     try:
         while True:
             snap = progress.snapshot()
-            await asyncio.to_thread(save_json, status_path, snap)
+            await asyncio.to_thread(write_status, status_path, snap)
             view.update(snap)
             await asyncio.sleep(interval_s)
     finally:
         snap = progress.snapshot()
-        save_json(status_path, snap)
+        write_status(status_path, snap, final=True)
         view.update(snap)
         view.stop()
+
+
+def write_status(path: Path, snap: dict, final: bool = False) -> None:
+    """Replace status.json atomically; fsync only the last one (`final`): the next second's snapshot replaces
+    one lost in a crash, and an fsync a second on every node only loads the filesystem."""
+    save_json(path, snap, durable=final)

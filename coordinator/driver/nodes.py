@@ -14,6 +14,7 @@ With --num-nodes 1 a Node does nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordinator.barrier import (
+    Arrival,
     BarrierResult,
     BarrierWait,
     arrivals,
@@ -56,7 +58,7 @@ from coordinator.protocol_cli import incarnation, protocol_root
 from rollout_engine.defaults import BARRIER_REPORT_S, DEAD_AFTER_S, HEARTBEAT_S, JOIN_WAIT_S, Setting
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
-from rollout_engine.layout import Layout
+from rollout_engine.layout import Layout, rank_file_name
 
 if TYPE_CHECKING:
     from coordinator.driver.cli import Args
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
 POLL_S = 0.2
 #: how often the master looks whether every rank joined (members' --poll)
 MEMBERS_POLL_S = 0.5
+#: how often a node in a training looks whether a partner's part failed (s): against a wait of launch.timeout_s
+PARTNERS_S = 2.0
 #: a worker waiting for the master's decision reports every ... (`receive`)
 RECEIVE_REPORT_S = 600.0
 #: a heartbeat that exits while the node runs is started again this many times; the next exit stops the node
@@ -476,29 +480,33 @@ class Node:
     def watch_partners(self, iteration: int, on_failed: Callable[[int, int], None]) -> None:
         """While this node runs its part of the training of `iteration`: a node whose part failed arrives at the
         update barrier with train_exit != 0, and as its torchrun is gone, this node's part would wait for it
-        until launch.timeout_s (3600 s). So every supervisor tick looks: on a failed part, warn and call
-        `on_failed(rank, exit code)` once (it stops this node's part)."""
+        until launch.timeout_s (3600 s). So every PARTNERS_S (of the supervisor's ticks) it looks: on a failed
+        part, warn and call `on_failed(rank, exit code)` once (it stops this node's part). The master looks at
+        every rank's arrival, a worker at the master's only (`failed_partner`)."""
         self.unwatch_partners()
         if not self.multi:
             return
-        cluster, me = self._cluster(), self.args.rank
+        cluster, me, clock = self._cluster(), self.args.rank, self.supervisor.clock
+        known: dict[int, Arrival] = {}
+        last: list[float] = []
 
         def watch() -> None:
-            try:
-                arrived = arrivals(cluster, iteration, "update")
-            except (OSError, ValueError):  # an unreadable arrival: the next tick looks again
+            if last and clock() - last[0] < PARTNERS_S:
                 return
-            for rank, arrival in sorted(arrived.items()):
-                value = arrival.data.get("train_exit")
-                if rank != me and value not in (None, 0, "0", ""):
-                    self.unwatch_partners()
-                    say.warn(
-                        f"the update of iteration {iteration}: rank {rank}'s part of the training failed"
-                        f" (exit {value}); it cannot finish without it: stopping this node's part instead of"
-                        " waiting for it"
-                    )
-                    on_failed(rank, _exit_code(value))
-                    return
+            last[:] = [clock()]
+            try:
+                failed = failed_partner(cluster, iteration, me, known)
+            except (OSError, ValueError):  # an unreadable arrival: the next look tries again
+                return
+            if failed is not None:
+                rank, value = failed
+                self.unwatch_partners()
+                say.warn(
+                    f"the update of iteration {iteration}: rank {rank}'s part of the training failed"
+                    f" (exit {value}); it cannot finish without it: stopping this node's part instead of"
+                    " waiting for it"
+                )
+                on_failed(rank, _exit_code(value))
 
         self._partner = watch
         self.supervisor.add(watch)
@@ -627,6 +635,27 @@ class Node:
         if code == Exit.BAD_INPUT:
             return say.Die(2, f"{what}: bad input (above)")
         return say.Die(1, f"{what} failed (exit {code})")
+
+
+def failed_partner(cluster: Cluster, iteration: int, me: int, known: dict[int, Arrival]) -> tuple[int, Any] | None:
+    """The first other rank that arrived at `iteration`'s update barrier with a failed part (rank, train_exit).
+    The master lists the barrier and reads each new arrival once (`known` keeps those read); a worker reads the
+    master's arrival alone, by name: a worker's part failing stops the master's part, whose arrival then says
+    so, so each worker looks at one file whatever the number of nodes (2N² reads a second across the cluster
+    when every node read every arrival)."""
+    if me == 0:
+        known.update(arrivals(cluster, iteration, "update", known, want=(), by_name=False))
+    else:
+        path = cluster.barrier_dir(iteration, "update") / rank_file_name(0, ".json")
+        try:
+            known[0] = Arrival(**json.loads(path.read_bytes()))
+        except FileNotFoundError:
+            return None
+    for rank, arrival in sorted(known.items()):
+        value = arrival.data.get("train_exit")
+        if rank != me and value not in (None, 0, "0", ""):
+            return rank, value
+    return None
 
 
 def _ended_exit(rc: int, code: int, reason: str) -> int:

@@ -72,6 +72,8 @@ def watch_start(run: Run, phase: str) -> None:
         return
     cmd = [run.pythons.app, "-m", "coordinator", "watch", "--log-path", run.log, "--phase", phase]
     cmd += ["--iteration", str(run.iteration), "--every", str(every)]
+    if run.node.multi:  # a worker's view reads its own rank and the master's totals, not every rank's files
+        cmd += ["--rank", str(run.args.rank)]
     run.groups.start(run.watch_name, cmd, None, env=run.env())
 
 

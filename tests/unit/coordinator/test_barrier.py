@@ -11,12 +11,16 @@ from pathlib import Path
 import pytest
 
 from coordinator.barrier import (
+    GROWN_S,
     LOOK_S,
+    POLL_CAP_S,
+    STEADY_S,
     BarrierTimeout,
     BarrierWait,
     arrivals,
     arrive,
     fail_barrier,
+    grown,
     open_barrier,
     wait_barrier,
     wait_open,
@@ -384,3 +388,39 @@ def test_a_poll_reads_o_1_files_on_a_worker_and_o_ranks_on_the_master(
 
     assert one_poll(8, 1) == one_poll(64, 1) <= 14
     assert one_poll(64, 0) > 64 > one_poll(8, 0)
+
+
+def test_a_long_wait_backs_off_to_its_caps_and_still_opens_within_a_poll_of_each_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait's polls grow with its age (STEADY_S at the base, then to POLL_CAP_S): an hour's wait costs a fifth of
+    the polls, and the barrier still opens within the master's poll plus a worker's (under 3 s) after the last
+    arrival, however long it lasted."""
+    clock, sleeps = [0.0], []
+    master, worker = node(tmp_path, 0), node(tmp_path, 1)
+    arrive(master, 3, "rollout_done")
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock[0] += seconds
+        if clock[0] >= 600 and not (worker.barrier_dir(3, "rollout_done") / "rank_1.json").exists():
+            arrive(worker, 3, "rollout_done")  # the last arrival, ten minutes in
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    result = wait_barrier(master, 3, "rollout_done", [0, 1], None, clock=lambda: clock[0])
+    assert sleeps[0] == 0.2 and max(sleeps) == sleeps[-1] == POLL_CAP_S
+    assert len(sleeps) < 600 / POLL_CAP_S + 120  # at 0.2 s for ever: 3,000 polls
+    assert result.waited_s - 600 <= POLL_CAP_S
+    # the worker: from the master's word written at 600 s, one poll at most
+    clock[0], sleeps[:] = 0.0, []
+
+    def sleep_until_the_word(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock[0] += seconds
+        if clock[0] >= 600 and not master.paths.barrier_open(3, "rollout_done").exists():
+            open_barrier(master, result)
+
+    monkeypatch.setattr(time, "sleep", sleep_until_the_word)
+    word = wait_open(worker, 3, "rollout_done", None, clock=lambda: clock[0])
+    assert word.waited_s - 600 <= POLL_CAP_S and max(sleeps) == POLL_CAP_S
+    assert [grown(0.2, POLL_CAP_S, age) for age in (0, STEADY_S, STEADY_S + GROWN_S, 3600)] == [0.2, 0.2, 1.0, 1.0]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.cluster import Cluster, Eviction, RunStopped, StopRequest
-from coordinator.heartbeat import Beat, LivenessWatcher, read_beats, run_heartbeat, write_beat
+from coordinator.heartbeat import FAILED, Beat, LivenessWatcher, read_beats, run_heartbeat, write_beat
 from tests.unit.coordinator.fakes import file_operations, old_run
 
 
@@ -209,7 +209,12 @@ def test_continue_mode_a_worker_watches_only_the_master(tmp_path: Path) -> None:
     assert watch.ranks == [0]
     cluster.fail(FailureRecord(2, 1, "update", "x", 1, "h", 9))
     assert watch() is None  # rank 2 is the master's business
-    cluster.fail(FailureRecord(0, 1, "update", "training exit 1", 1, "h", 8))
+    master = Cluster(tmp_path, "r1", rank=0)
+    master.fail(FailureRecord(0, 1, "update", "training exit 1", 1, "h", 8))
+    assert watch() is None  # read when the master's beat says so, or every REGISTRATIONS_EVERY beats
+    # the master's heartbeat, stopped on the node's way out, says FAILED in a last beat
+    assert run_heartbeat(master, 0, 5.0, lambda seconds: True, host="h", pid=8) is None
+    assert read_beats(master, [0])[0].word == FAILED
     ended = watch()
     assert ended is not None and ended.exit_code == 3 and str(ended).startswith("rank 0: failed in update")
     assert not cluster.evictions()
@@ -378,3 +383,55 @@ def test_a_worker_s_peer_watch_reads_o_1_files_a_beat_and_the_master_s_o_ranks(
 
     assert one_beat(8, 1) == one_beat(64, 1) <= 8
     assert one_beat(64, 0) > 64 > one_beat(8, 0)
+
+
+def test_the_master_s_peer_watch_reads_each_rank_s_heartbeat_a_beat_and_lists_the_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its first beat (every registration read), a beat of the master's watch reads each rank's heartbeat
+    and lists the failure flags and the evictions: about one call a rank, not six; a flag still ends it."""
+    from coordinator.cluster import FailureRecord, NodeRecord
+    from coordinator.heartbeat import REGISTRATIONS_EVERY, PeerWatch
+
+    run = old_run(tmp_path, num_nodes=64, rank_weights=[1] * 64, dead_after_s=30).run_id
+    cluster = Cluster(tmp_path, run, rank=0)
+    for r in range(1, 64):
+        cluster.register(NodeRecord(r, f"node{r}", "a", 100 + r, None, 0.0, started=7))
+    watch = PeerWatch(cluster, list(range(64)), dead_after_s=30)
+    for seq in range(1, REGISTRATIONS_EVERY):
+        for r in range(64):
+            beat(cluster, r, seq)
+        with file_operations(monkeypatch) as calls:
+            assert watch() is None
+        if seq > 1:
+            assert calls.count("read_bytes") == 63 and calls.count("scandir") == 2 and len(calls) <= 63 + 4
+    cluster.fail(FailureRecord(5, 3, "rollout", "rollout exit 1", 1, "h", 9))
+    ended = watch()
+    assert ended is not None and str(ended) == "rank 5: failed in rollout of iteration 3: rollout exit 1"
+
+
+def test_a_worker_learns_of_a_stop_from_the_masters_word_and_reads_its_own_files_only_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Abort mode: while the master beats, a worker's look at each beat reads the master's files alone; the
+    master's beat says STOP once stop.json is there, and the worker then reads why."""
+    from coordinator.cluster import NodeRecord
+    from coordinator.heartbeat import STOP, PeerWatch, worker_look
+
+    run = old_run(tmp_path, num_nodes=2, rank_weights=[1, 1], dead_after_s=30).run_id
+    master, worker = Cluster(tmp_path, run, rank=0), Cluster(tmp_path, run, rank=1)
+    for rank in (0, 1):
+        worker.register(NodeRecord(rank, f"node{rank}", "a", 10 + rank, None, 0.0, started=7))
+    peers = PeerWatch(worker, [0, 1], dead_after_s=30)
+    for seq in (1, 2):  # the first sights of the master's beat: no change seen yet, full looks
+        beat(master, 0, 41 + seq)
+        assert worker_look(worker, peers, seq) is None
+    beat(master, 0, 44)
+    with file_operations(monkeypatch) as calls:
+        assert worker_look(worker, peers, 3) is None
+    assert calls == ["read_bytes"]  # the master's beat, its word: no file of this rank's own, no flag
+    master.request_stop(StopRequest("maintenance", None, "desk", 5))
+    ended = run_heartbeat(master, 0, 5.0, lambda seconds: True, host="node0", pid=10)  # one beat of the master's
+    assert isinstance(ended, RunStopped) and read_beats(master, [0])[0].word == STOP
+    ended = worker_look(worker, peers, 4)
+    assert isinstance(ended, RunStopped) and str(ended) == "run stopped: a person on desk asked: maintenance"

@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
+from coordinator.clusterview import TOTALS_S, read_totals
 from coordinator.runview import RunView, StallWatch, clock_s
 from coordinator.summary import summary_line
-from coordinator.watch import Frame, PlainOutput, build_frame, build_output, duration, rollout_line
+from coordinator.watch import (
+    RANK_LINES,
+    Frame,
+    NodeView,
+    PlainOutput,
+    build_frame,
+    build_output,
+    duration,
+    rollout_line,
+)
+from tests.unit.coordinator.fakes import file_operations, old_run
 
 
 def status(log: Path, rank: int | None, **fields) -> None:
@@ -232,3 +244,38 @@ def test_a_rollout_stopped_by_a_dead_policy_server_is_trouble_with_what_run_sh_d
     assert "restarts vLLM" in trouble.fix and "run/rank_0/logs/vllm.log" in trouble.fix
     status(tmp_path, None, policy_down=None)  # the resumed rollout's status: nothing to say
     assert StallWatch().observe(RunView(tmp_path)) == []
+
+
+def test_several_nodes_the_master_reads_every_rank_a_worker_its_own_and_the_masters_totals(
+    tmp_path: Path, monkeypatch
+) -> None:
+    old_run(tmp_path, num_nodes=3, rank_weights=[1, 1, 1])
+    for rank in (0, 1, 2):
+        status(tmp_path, rank, finished=rank + 2)
+    clock = Clock()
+    master = NodeView(tmp_path, "rollout-train", 2, rank=0, clock=clock)
+    assert [line.split(":")[0] for line in master.frame().lines] == [f"train rollout rank {r}" for r in (0, 1, 2)]
+    found = read_totals(tmp_path)
+    assert found is not None and [(t.ranks, t.finished, t.todo) for t in found.rollouts] == [(3, 9, 24)]
+    worker = NodeView(tmp_path, "rollout-train", 2, rank=2, clock=clock)
+    with file_operations(monkeypatch) as calls:
+        lines = worker.frame().lines
+    assert lines[0].startswith("train rollout rank 2: 4/8 episodes")
+    assert lines[1].startswith("train rollout, 3 ranks: 9/24 episodes, 3 successes")
+    assert calls == ["read_bytes", "read_bytes"]  # its own status and the totals, by name: no other rank's file
+    # the master's own rank stays live between its looks at every rank; the others' every TOTALS_S
+    status(tmp_path, 0, finished=7)
+    status(tmp_path, 1, finished=8)
+    clock.now += 1
+    done = [re.search(r": (\d+)/8 episodes", line).group(1) for line in master.frame().lines]  # type: ignore[union-attr]
+    assert done == ["7", "3", "4"]
+    clock.now += TOTALS_S
+    assert ": 8/8 episodes" in master.frame().lines[1]
+
+
+def test_beyond_a_screenful_of_ranks_the_master_shows_its_own_line_and_the_totals(tmp_path: Path) -> None:
+    old_run(tmp_path, num_nodes=RANK_LINES + 1, rank_weights=[1] * (RANK_LINES + 1))
+    for rank in range(RANK_LINES + 1):
+        status(tmp_path, rank)
+    lines = NodeView(tmp_path, "rollout-train", 2, rank=0).frame().lines
+    assert [line.split(":")[0] for line in lines] == ["train rollout rank 0", f"train rollout, {RANK_LINES + 1} ranks"]

@@ -25,11 +25,11 @@ import pytest
 from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Eviction, StopRequest
 from coordinator.driver import say, startcheck
-from coordinator.driver.nodes import Members, Node
+from coordinator.driver.nodes import Members, Node, failed_partner
 from coordinator.driver.supervise import EXPIRED, Supervisor
 from coordinator.fscheck import load_findings
 from coordinator.membership import pid_running, pid_started, start_run
-from tests.unit.coordinator.fakes import old_run
+from tests.unit.coordinator.fakes import file_operations, old_run
 
 ROOT = str(Path(__file__).resolve().parents[2])
 BEAT_STARTED = "starting it again"
@@ -489,6 +489,25 @@ def test_a_training_partner_s_failed_part_stops_this_node_s_part_once(
         " finish without it: stopping this node's part instead of waiting for it"
     ) in capsys.readouterr().err
     master.unwatch_partners()
+
+
+def test_a_worker_in_a_training_reads_the_masters_arrival_alone_the_master_each_arrival_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = old_run(tmp_path, num_nodes=3, rank_weights=[1, 1, 1])
+    cluster = {rank: Cluster(tmp_path, record.run_id, rank=rank) for rank in range(3)}
+    arrive(cluster[2], 3, "update", data={"train_exit": 1})
+    mine: dict = {}
+    with file_operations(monkeypatch) as calls:
+        assert failed_partner(cluster[1], 3, 1, mine) is None  # rank 2's failure is the master's to see
+    assert calls == ["read_bytes"]  # the master's arrival by name: one look, whatever the number of nodes
+    theirs: dict = {}
+    assert failed_partner(cluster[0], 3, 0, theirs) == (2, 1)
+    with file_operations(monkeypatch) as calls:
+        assert failed_partner(cluster[0], 3, 0, theirs) == (2, 1)
+    assert calls == ["scandir"]  # the listing; rank 2's arrival was read at the look before
+    arrive(cluster[0], 3, "update", data={"train_exit": 143})  # the master's part, stopped for rank 2's
+    assert failed_partner(cluster[1], 3, 1, mine) == (0, 143)
 
 
 def test_the_first_step_of_a_continue_run_waits_for_every_rank_to_join(nodes: Nodes) -> None:
