@@ -2,7 +2,8 @@
 
     family = vision_family(config)      # None for a text model; VisionFamily for Qwen2/2.5/3-VL
     family.plugin                       # "Qwen3VLPlugin": the LLaMA-Factory multimodal plugin its rows need
-    vision_problem(config)              # "" or why this vision-language model is refused (bad input)
+    vision_problem(config, where)       # "" or why this vision-language model is refused (bad input)
+    image_pixels(model_dir)             # (65536, 16777216): the min/max pixels vLLM's processor resizes to
 
 A model is vision-language when its config.json has a `vision_config`. Baton sends it images and trains it on
 rows with images only where the whole way is known: vLLM serves the family, LLaMA-Factory has a multimodal
@@ -15,7 +16,9 @@ naming these. Standard library only.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -58,3 +61,28 @@ def vision_problem(config: object, where: str) -> str:
         f"{where} is a vision-language model of a family Baton does not send images to yet "
         f"(model_type {config.get('model_type', '?')!r}); use a text model, or one of {known}"
     )
+
+
+#: where a model folder keeps its image processor's settings: the file, and the key holding them ("" = the top)
+PROCESSOR_FILES = (("preprocessor_config.json", ""), ("processor_config.json", "image_processor"))
+
+
+def image_pixels(model: Path) -> tuple[int, int] | None:
+    """(min_pixels, max_pixels) of the model's image processor as vLLM's processor reads them (Qwen-VL's
+    Qwen2VLImageProcessor: `size.shortest_edge`/`size.longest_edge`, or older folders' `min_pixels`/`max_pixels`);
+    None when the folder says neither. LLaMA-Factory resizes with its own image_min_pixels/image_max_pixels
+    (defaults 1,024 and 589,824): set to these, an image expands to the same tokens in both."""
+    for name, key in PROCESSOR_FILES:
+        try:
+            data = json.loads((model / name).read_text())
+        except (OSError, ValueError):
+            continue
+        settings = data.get(key) if key and isinstance(data, dict) else data
+        if not isinstance(settings, dict):
+            continue
+        size = settings.get("size") if isinstance(settings.get("size"), dict) else {}
+        low = size.get("shortest_edge", settings.get("min_pixels"))
+        high = size.get("longest_edge", settings.get("max_pixels"))
+        if isinstance(low, int) and isinstance(high, int):
+            return low, high
+    return None
