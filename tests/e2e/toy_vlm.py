@@ -9,9 +9,11 @@ Qwen3-VL's 16-pixel patches merged 2 x 2, so a 1280x800 screenshot is 1,000 imag
 the image processor's settings are Qwen/Qwen3-VL-8B-Instruct's (tests/e2e/qwen3_vl_chat_template.jinja; no
 reasoning). About 10M parameters, 58 MB.
 
-What it says does not depend on the images (its layers add nothing, so the last token alone decides the next: a
-number or a few words, then <|im_end|>), but every image goes through the vision tower and takes its tokens in the
-prompt: it is for plumbing (image tokens in vLLM's prompts, LLaMA-Factory's multimodal rows, token fidelity,
+What it says does not depend on the images: its layers add nothing, so the last token alone decides the next, and
+after any prompt it says a MiniWoB++ action, `click(eN)` with N one of 3, 4, 5 drawn uniformly, then <|im_end|> (the
+same designed-bigram trick as toy_model.py, on a chain of 5 states). On click-test, whose button is e4, one episode in
+three succeeds, so RFT has successes to train on and the success rate has room. Every image goes through the vision tower and takes its tokens in
+the prompt: it is for plumbing (image tokens in vLLM's prompts, LLaMA-Factory's multimodal rows, token fidelity,
 promotion and reload). Weights are float32: LLaMA-Factory's frozen bf16 projector fails on a CPU (mixed dtypes in
 the merger's LayerNorm). Deterministic (seed 0); built beside `--out` and renamed into place; one that exists is kept.
 """
@@ -25,6 +27,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import toy_model  # a script beside this one (run by path in the train environment)
@@ -34,6 +37,33 @@ TEMPLATE = Path(__file__).with_name("qwen3_vl_chat_template.jinja")
 PATCH, MERGE, TEMPORAL = 16, 2, 2
 PIXELS = {"shortest_edge": 65536, "longest_edge": 16777216}
 MEAN_STD = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+#: what it says, token by token: "click", "(e", a digit 3-5, ")", <|im_end|> (Qwen's ids; see CHAIN_TEXT)
+CLICK, OPEN, CLOSE = 3678, 2026, 8
+CHAIN = [[CLICK], [OPEN], toy_model.DIGITS[3:6], [CLOSE], [toy_model.END]]
+CHAIN_TEXT = "click(e3)"
+
+
+def design_chain(layers: Any, embed: Any, head: Any, chain: list[list[int]]) -> None:
+    """Make a decoder say `chain` after any prompt: state k's tokens (chain[k]) are its likely next tokens, and
+    each leads to state k + 1 (any other token, the end of a prompt included, to state 0)."""
+    import math
+
+    import torch
+
+    with torch.no_grad():
+        for layer in layers:  # the layers add nothing: the last token alone decides the next
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed.zero_()
+        embed[:, 0] = 1.0
+        head.zero_()
+        for state, tokens in enumerate(chain):
+            head[tokens, state] = toy_model.TOP / math.sqrt(toy_model.HIDDEN)
+            if state + 1 < len(chain):
+                embed[tokens] = 0.0
+                embed[tokens, state + 1] = 1.0
 
 
 def ids(out: Path) -> dict[str, int]:
@@ -74,11 +104,19 @@ def save_model(out: Path) -> None:
     config.text_config.tie_word_embeddings = False
     model = Qwen3VLForConditionalGeneration(config)
     text = model.model.language_model
-    toy_model.design(text.layers, text.embed_tokens.weight, model.lm_head.weight, toy_model.word_ids(out))
+    tokens = tokenizer_ids(out, CHAIN_TEXT)
+    assert tokens == [CLICK, OPEN, toy_model.DIGITS[3], CLOSE], tokens
+    design_chain(text.layers, text.embed_tokens.weight, model.lm_head.weight, CHAIN)
     model = model.to(torch.float32)
     end = toy_model.END
     model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[end, 151643], pad_token_id=151643)
     model.save_pretrained(out, safe_serialization=True)
+
+
+def tokenizer_ids(out: Path, text: str) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(out / "tokenizer.json")).encode(text, add_special_tokens=False).ids
 
 
 def save_processor(out: Path) -> None:

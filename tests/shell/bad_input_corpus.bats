@@ -171,6 +171,14 @@ mine() {
     >"$DATA/models/SmolLM2-135M-Instruct/config.json"
   bad llava "vision-language model of a family" --rl-phase rollout --rollout-split eval-only --dry-run
 }
+@test "run.sh: screenshots shown to a text model" {
+  model
+  mkdir -p "$DATA/tasks"
+  printf '{"task_id": "a", "task_name": "a", "metadata": {"miniwob_task": "click-test", "seed": 1}}\n' \
+    >"$DATA/tasks/test.jsonl"
+  bad env.observation=screenshot "is a text model" --rl-phase rollout --rollout-split eval-only --dry-run env=miniwob \
+    env.observation=screenshot
+}
 @test "run.sh: +policy_config.chat_template_kwargs.enable_thinking=false, a key nothing reads, names the one that is read" {
   model
   bad policy_config.chat_template_kwargs "+model_config.chat_template_kwargs.enable_thinking" --rl-phase update \
