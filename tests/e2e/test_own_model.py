@@ -16,6 +16,8 @@ The reference's agent, a vision-language model looking at screenshots, the same 
 screenshots reach vLLM by file:// URL (each prompt's token ids hold 80 image tokens per screenshot, at most 2), the
 journal names them, the update trains rows with images under the template found from the model (qwen3_vl_nothink),
 the token-fidelity check passes on them, and each new policy keeps its processor files and is reloaded in place.
+It takes about 11 minutes on a 2-core CPU (vLLM's start, about 100 s, and two updates with LLaMA-Factory): the
+suite is over its time budget, so it runs only with BATON_E2E_VLM=1.
 """
 
 from __future__ import annotations
@@ -202,6 +204,7 @@ def image_urls(messages: list[dict]) -> list[str]:
 
 
 @pytest.mark.browser
+@pytest.mark.skipif(not os.environ.get("BATON_E2E_VLM"), reason="about 11 minutes: set BATON_E2E_VLM=1 to run it")
 def test_a_qwen3_vl_sees_miniwob_screenshots_and_trains_on_them(toy_qwen3_vl: Path, tmp_path: Path) -> None:
     data, log = tmp_path / "data", tmp_path / "log"
     hub_snapshot(data / ".cache" / "huggingface" / "hub", VLM_ID, toy_qwen3_vl)
@@ -215,7 +218,8 @@ def test_a_qwen3_vl_sees_miniwob_screenshots_and_trains_on_them(toy_qwen3_vl: Pa
     small = ["env_config.train_tasks_rollout_size=8", "env_config.n_samples_per_task=2", "env_config.live_view=plain"]
     small += ["policy_config.max_new_tokens=8", "algorithm.per_device_train_batch_size=2"]
     small += ["algorithm.gradient_accumulation_steps=1", "promotion.keep_last=2"]
-    small += ["algorithm.selection.positive_samples_to_train=4", "algorithm.learning_rate=1e-4"]
+    # steps big enough to show in bf16 (vLLM serves bf16 on a CPU with native bf16), so that vLLM reloads in place
+    small += ["algorithm.selection.positive_samples_to_train=4", "algorithm.learning_rate=1e-3"]
     both = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2"]
     out = run_sh(data, log, *both, *settings, *small, timeout=RUN_S)
     text = out.stdout + out.stderr
