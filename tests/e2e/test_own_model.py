@@ -16,7 +16,7 @@ The reference's agent, a vision-language model looking at screenshots, the same 
 screenshots reach vLLM by file:// URL (each prompt's token ids hold 80 image tokens per screenshot, at most 2), the
 journal names them, the update trains rows with images under the template found from the model (qwen3_vl_nothink),
 the token-fidelity check passes on them, and each new policy keeps its processor files and is reloaded in place.
-It takes about 11 minutes on a 2-core CPU (vLLM's start, about 100 s, and two updates with LLaMA-Factory): the
+It takes 380 s on a 2-core CPU (one vLLM start, about 100 s, four rollouts and two updates with LLaMA-Factory): the
 suite is over its time budget, so it runs only with BATON_E2E_VLM=1.
 """
 
@@ -204,7 +204,7 @@ def image_urls(messages: list[dict]) -> list[str]:
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not os.environ.get("BATON_E2E_VLM"), reason="about 11 minutes: set BATON_E2E_VLM=1 to run it")
+@pytest.mark.skipif(not os.environ.get("BATON_E2E_VLM"), reason="about 6.5 minutes: set BATON_E2E_VLM=1 to run it")
 def test_a_qwen3_vl_sees_miniwob_screenshots_and_trains_on_them(
     toy_qwen3_vl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
