@@ -35,6 +35,7 @@ from rollout_engine.config import ModelConfig
 from rollout_engine.defaults import MODEL_DOWNLOAD_S
 from rollout_engine.files import save_json
 from rollout_engine.layout import Layout
+from rollout_engine.vision import vision_problem
 
 #: the model run.sh serves and trains when model_config names none (scripts/prepare.sh makes it)
 SHIPPED = "models/SmolLM2-135M-Instruct"
@@ -174,11 +175,8 @@ def model_problems(model: Path, key: str = "model_config.model") -> list[str]:
     except ValueError as exc:
         return [f"{key}: {model}/config.json is not JSON ({exc}); give a Hugging Face model folder"]
     problems = []
-    if isinstance(config, dict) and config.get("vision_config") is not None:
-        problems.append(
-            f"{key}: {model} is a vision-language model ({config.get('model_type', '?')}); Baton sends its "
-            "policy text only so far: use a text model"
-        )
+    if vision := vision_problem(config, f"{key}: {model}"):
+        problems.append(vision)
     if not any((model / name).is_file() for name in TOKENIZER_FILES) and not list(model.glob("*.tiktoken")):
         problems.append(
             f"{key}: {model} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); give {key} a folder "

@@ -45,6 +45,7 @@ from rollout_engine.envs.base import Env
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json, save_jsonl
+from rollout_engine.images import MediaSettings, images_per_prompt
 from rollout_engine.runner import check_tasks
 from rollout_engine.tasks import load_tasks
 from rollout_engine.types import DEMONSTRATIONS_FILE, Task, Trajectory
@@ -130,8 +131,11 @@ def compose(req: DemoRequest) -> RolloutConfig:
     return validate(cfg)
 
 
-async def play(env: Env, task: Task, slot: int, timeout_s: float, outcome: DemoOutcome) -> None:
+async def play(
+    env: Env, task: Task, slot: int, timeout_s: float, outcome: DemoOutcome, media: MediaSettings | None = None
+) -> None:
     """One expert episode of `task`; a success goes to `outcome.kept`, anything else to `outcome.failed`."""
+    media = media or MediaSettings()
     episode_id = f"{task.task_id}#0"
     started = time.time()
     try:
@@ -140,7 +144,9 @@ async def play(env: Env, task: Task, slot: int, timeout_s: float, outcome: DemoO
             outcome.no_expert.append(task.task_id)
             return
         outcome.experts.add(expert.name)
-        episode = env.run_episode(task, slot, expert, episode_id=episode_id)
+        episode = env.run_episode(
+            task, slot, expert, episode_id=episode_id, media_root=media.root, images_per_prompt=media.per_prompt
+        )
         state, score = await asyncio.wait_for(episode, timeout_s)
     except Exception as exc:  # one episode's failure is recorded, the others go on
         outcome.failed[episode_id] = f"{type(exc).__name__}: {exc}"
@@ -170,7 +176,9 @@ async def play(env: Env, task: Task, slot: int, timeout_s: float, outcome: DemoO
     )
 
 
-async def play_all(env: Env, tasks: list[Task], slots: int, timeout_s: float) -> DemoOutcome:
+async def play_all(
+    env: Env, tasks: list[Task], slots: int, timeout_s: float, media: MediaSettings | None = None
+) -> DemoOutcome:
     """Every task's expert episode, `slots` at a time (the environment's slots, as in a rollout)."""
     outcome = DemoOutcome()
     free: asyncio.Queue[int] = asyncio.Queue()
@@ -180,7 +188,7 @@ async def play_all(env: Env, tasks: list[Task], slots: int, timeout_s: float) ->
     async def one(task: Task) -> None:
         slot = await free.get()
         try:
-            await play(env, task, slot, timeout_s, outcome)
+            await play(env, task, slot, timeout_s, outcome, media)
         finally:
             free.put_nowait(slot)
 
@@ -210,7 +218,8 @@ async def write_demonstrations(req: DemoRequest) -> dict[str, Any]:
     env = build_env(cfg, context)
     check_tasks(env, tasks, req.tasks)
     started = time.monotonic()
-    outcome = await play_all(env, tasks, cfg.env_config.server_size, cfg.env_config.episode_timeout_s)
+    media = MediaSettings(context.log_dir, images_per_prompt(cfg.vllm_config.limit_mm_per_prompt))
+    outcome = await play_all(env, tasks, cfg.env_config.server_size, cfg.env_config.episode_timeout_s, media)
     if len(outcome.no_expert) == len(tasks):
         raise ConfigError(
             f"--tasks {req.tasks}: env {req.env} has no expert for any of its {len(tasks)} tasks; give tasks it "

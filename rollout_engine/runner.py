@@ -42,6 +42,7 @@ from rollout_engine.envs.base import Env
 from rollout_engine.errors import ConfigError, InfraError
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_text
+from rollout_engine.images import MediaSettings, images_per_prompt
 from rollout_engine.journal import Journal, JournalRouter
 from rollout_engine.layout import Layout, journal_name, rollout_config_name, takeover_journal_name
 from rollout_engine.live import build_view, run_live
@@ -125,6 +126,10 @@ async def prepare(cfg: RolloutConfig) -> Prepared:
         policy_model=cfg.policy_config.model,
         policy_version=cfg.policy_version,
         reasoning=cfg.model_config.reasoning,
+        media=MediaSettings(
+            Layout(cfg.log_path).iteration_dir(cfg.split, cfg.iteration),
+            images_per_prompt(cfg.vllm_config.limit_mm_per_prompt),
+        ),
     )
     return Prepared(env, policy, work, settings)
 

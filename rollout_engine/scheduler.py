@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollout_engine.envs.base import ChatPolicy, Env, EpisodeState, Score
 from rollout_engine.errors import ContextOverflowError, InfraError, JudgeError, ModelError
+from rollout_engine.images import MediaSettings
 from rollout_engine.journal import Journal, JournalRouter
 from rollout_engine.progress import Progress
 from rollout_engine.types import EpisodeSpec, Failure, Trajectory
@@ -51,6 +52,8 @@ class SchedulerSettings:
     policy_version: int | None = None
     #: model_config.reasoning: how each reply is split before the environment sees it (rollout_engine.reasoning)
     reasoning: str = "auto"
+    #: where observations' images are and how many a prompt keeps (rollout_engine.images)
+    media: MediaSettings = field(default_factory=MediaSettings)
 
 
 class Scheduler:
@@ -133,6 +136,8 @@ class Scheduler:
                 on_state=keep,
                 episode_id=spec.episode_id,
                 reasoning=self.settings.reasoning,
+                media_root=self.settings.media.root,
+                images_per_prompt=self.settings.media.per_prompt,
             )
             _, score = await asyncio.wait_for(episode, self.settings.episode_timeout_s)
             if score.judge_error:

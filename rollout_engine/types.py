@@ -86,6 +86,17 @@ class Completion:
 CUT = "length"
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What an environment shows the model: text, and images beside it (screenshots). An environment returns one
+    instead of a plain string (StepResult.observation, or a message's content in initial_messages) to send images;
+    the episode loop turns it into the message's content parts (rollout_engine/images.py)."""
+
+    text: str
+    #: image files the environment wrote, relative to the iteration directory (RunContext.log_dir), oldest first
+    images: tuple[str, ...] = ()
+
+
 @dataclass
 class Turn:
     """One policy step: exactly what was sent, what came back, what it did."""
@@ -104,6 +115,8 @@ class Turn:
     observation: str | None = None
     reward: float = 0.0
     state_changed: bool = True
+    #: the page the model saw at this step, relative to the journal's directory: the environment's screenshot, or
+    #: the images of the observation this turn's prompt ended on (every image sent is in `messages` by file:// URL)
     images: list[str] = field(default_factory=list)
     latency_s: float = 0.0
     #: what the environment was given when it differs from `response`: the answer after a thinking model's

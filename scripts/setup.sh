@@ -63,6 +63,11 @@ setup_build_env() {
       remove)
         common_run_logged "$env: removing ${args[*]}" "$log" "$dir/bin/python" -m pip uninstall -y "${args[@]}" || return 1
         ;;
+      site)
+        common_run_logged "$env: copying ${args[*]##*/} into site-packages" "$log" "$dir/bin/python" -c \
+          "import shutil, sys, sysconfig; [shutil.copy(f, sysconfig.get_paths()['purelib']) for f in sys.argv[1:]]" \
+          "${args[@]/#/$ROOT/}" || return 1
+        ;;
       import | command | resource) ;;
       *) common_die 1 "setup: unknown recipe step '$kind'" ;;
     esac

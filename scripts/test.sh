@@ -37,7 +37,7 @@ test_lint() {
 }
 
 # test_pytest <name> <dir>: run pytest on <dir> with a JUnit report, the `gpu`
-# tests deselected on a machine without a GPU (BATON_PYTEST_ARGS comes last: its -m wins).
+# tests deselected on a machine without a GPU, the `long` ones without BATON_TEST_LONG=1 (BATON_PYTEST_ARGS comes last: its -m wins).
 # shellcheck disable=SC2329 # called through test_stage
 test_pytest() {
   local name=$1 dir=$2

@@ -47,10 +47,11 @@ def default_sigint() -> None:
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
     """List the deselected tests for scripts/test.sh's tally (JUnit XML has no place for them): one
-    `gpu|other <node id>` line each, appended to $BATON_TEST_REPORTS/pytest.deselected when that is set."""
+    `gpu|long|other <node id>` line each, appended to $BATON_TEST_REPORTS/pytest.deselected when that is set."""
     reports = os.environ.get("BATON_TEST_REPORTS")
     if not reports:
         return
     with open(Path(reports) / "pytest.deselected", "a") as out:
         for item in items:
-            out.write(f"{'gpu' if item.get_closest_marker('gpu') else 'other'} {item.nodeid}\n")
+            why = next((m for m in ("gpu", "long") if item.get_closest_marker(m)), "other")
+            out.write(f"{why} {item.nodeid}\n")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
+from rollout_engine.vision import vision_family
 from training.alignment import compare, split_labels
 
 log = logging.getLogger(__name__)
@@ -108,11 +109,18 @@ def probes(reasoning: bool, thinking: bool) -> list[Probe]:
 
 def load_tokenizer(model: Path) -> Any:
     """The model's tokenizer as LLaMA-Factory loads it; ConfigError when none is usable."""
+    return load_parts(model)[0]
+
+
+def load_parts(model: Path) -> tuple[Any, Any]:
+    """The model's tokenizer and processor (None for a text model) as LLaMA-Factory loads them; ConfigError when
+    no tokenizer is usable. A vision-language template's plugin needs the processor even for rows without images."""
     from llamafactory.hparams import ModelArguments
     from llamafactory.model import load_tokenizer as lf_load
 
     try:
-        tokenizer = lf_load(ModelArguments(model_name_or_path=str(model), trust_remote_code=True))["tokenizer"]
+        parts = lf_load(ModelArguments(model_name_or_path=str(model), trust_remote_code=True))
+        tokenizer, processor = parts["tokenizer"], parts.get("processor")
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ConfigError(
             f"model {model} has no tokenizer transformers can load ({type(exc).__name__}: {exc}); "
@@ -129,7 +137,7 @@ def load_tokenizer(model: Path) -> Any:
             f"model {model} has no chat template (tokenizer_config.json's chat_template, chat_template.jinja); "
             "use the instruct or chat variant of the model, or add its chat template to the folder"
         )
-    return tokenizer
+    return tokenizer, processor
 
 
 def render(tokenizer: Any, messages: list[dict[str, str]], kwargs: dict[str, Any], prompt: bool = True) -> str:
@@ -166,7 +174,9 @@ def expected(tokenizer: Any, probe: Probe, kwargs: dict[str, Any], stop: int | N
     return prompt, reply
 
 
-def encode(template: Any, tokenizer: Any, probe: Probe, encoding: Encoding) -> tuple[list[int], list[int]]:
+def encode(
+    template: Any, tokenizer: Any, probe: Probe, encoding: Encoding, processor: Any = None
+) -> tuple[list[int], list[int]]:
     """LLaMA-Factory's (prompt ids, trained reply ids) of the probe as a training row of `encoding.stage`."""
     system = probe.messages[0][1] if probe.messages[0][0] == "system" else None
     turns = [{"role": r, "content": c} for r, c in probe.messages if r != "system"]
@@ -177,8 +187,8 @@ def encode(template: Any, tokenizer: Any, probe: Probe, encoding: Encoding) -> t
     from llamafactory.hparams import DataArguments
 
     data_args = DataArguments(cutoff_len=1 << 20, mask_history=encoding.mask_history)
-    processor = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=None, data_args=data_args)
-    input_ids, labels = processor._encode_data_example(turns, [reply], system, None, [], [], [])
+    rows = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
+    input_ids, labels = rows._encode_data_example(turns, [reply], system, None, [], [], [])
     return split_labels(input_ids, labels)
 
 
@@ -207,12 +217,13 @@ def matches(
     kwargs: dict[str, Any],
     encoding: Encoding,
     fix: bool,
+    processor: Any = None,
 ) -> bool:
     try:
         template = set_up(name, tokenizer, system, kwargs, fix)
         eot = template._convert_elements_to_ids(tokenizer, template.format_assistant.apply(content=""))
         for (prompt, reply), probe in zip(wanted, probe_list, strict=True):
-            got_prompt, got_reply = encode(template, tokenizer, probe, encoding)
+            got_prompt, got_reply = encode(template, tokenizer, probe, encoding, processor)
             if compare(prompt, reply, got_prompt, got_reply, eot) is not None:
                 return False
     except Exception:  # a template that cannot encode these rows with this tokenizer does not match
@@ -221,15 +232,16 @@ def matches(
 
 
 def rank(names: list[str], model: Path) -> list[str]:
-    """The order to prefer among matching templates: the model's own type (config.json), then a name the
-    model's path spells (smollm2 in SmolLM2-135M-Instruct, the longest first), then one LLaMA-Factory leaves
-    the saved tokenizer's chat template alone with (else vLLM would serve another template next), then the
-    shorter name."""
+    """The order to prefer among matching templates: the model's own type (config.json), then a variant of it
+    (qwen3_vl_nothink for qwen3_vl), then a name the model's path spells (smollm2 in SmolLM2-135M-Instruct, the
+    longest first), then one LLaMA-Factory leaves the saved tokenizer's chat template alone with (else vLLM would
+    serve another template next), then the shorter name."""
     model_type, spelled = _model_type(model), str(model).lower().replace("_", "")
 
     def key(name: str) -> tuple[int, int, int, int, str]:
-        own = 0 if name == model_type else 1 if name.replace("_", "") in spelled else 2
-        return (own, -len(name) if own == 1 else 0, int(bool(registry()[name].replace_jinja_template)), len(name), name)
+        own = 0 if name == model_type else 1 if model_type and name.startswith(f"{model_type}_") else 2
+        own = 2 + int(name.replace("_", "") not in spelled) if own == 2 else own
+        return (own, -len(name) if own == 2 else 0, int(bool(registry()[name].replace_jinja_template)), len(name), name)
 
     return sorted(names, key=key)
 
@@ -248,7 +260,7 @@ def registry() -> dict[str, Any]:
 def choose_template(model: Path, wanted: Wanted, encoding: Encoding) -> Choice:
     """The template (and default system prompt) the update renders rows with; ConfigError when none fits."""
     templates = registry()
-    tokenizer = load_tokenizer(model)
+    tokenizer, processor = load_parts(model)
     kwargs = wanted.kwargs
     reasoning = "</think>" in tokenizer.chat_template
     probe_list = probes(reasoning, kwargs.get("enable_thinking", True) is not False)
@@ -262,18 +274,26 @@ def choose_template(model: Path, wanted: Wanted, encoding: Encoding) -> Choice:
         text = "".join(s for s in slots if isinstance(s, str))
         return USER_MARK in text and text.partition(USER_MARK)[0].strip() in user_turn
 
-    names = [n for n in templates if plausible(n)]
-    found = rank([n for n in names if matches(n, tokenizer, want, probe_list, system, kwargs, encoding, False)], model)
+    # a vision-language model's rows carry images: only templates whose multimodal plugin is its family's expand them
+    family = vision_family(_config(model))
+    names = [n for n in templates if plausible(n) and (family is None or _plugin(n) == family.plugin)]
+    found = rank(
+        [n for n in names if matches(n, tokenizer, want, probe_list, system, kwargs, encoding, False, processor)], model
+    )
     if not found and wanted.default_system != "auto":  # what the model's own system prompt would let match
         own = model_default_system(tokenizer, kwargs)
-        hint = [n for n in names if matches(n, tokenizer, want, probe_list, own, kwargs, encoding, False)]
+        hint = [n for n in names if matches(n, tokenizer, want, probe_list, own, kwargs, encoding, False, processor)]
         wanted = replace(wanted, with_auto_system=tuple(rank(hint, model)))
     if wanted.template != "auto":
         _check_named(wanted, found, model, reasoning)
         found = [wanted.template, *[n for n in found if n != wanted.template]]
     # LLaMA-Factory fixes the tokenizer's special tokens for the template it trains with: confirm on a copy
     confirmed = next(
-        (n for n in found if matches(n, copy.deepcopy(tokenizer), want, probe_list, system, kwargs, encoding, True)),
+        (
+            n
+            for n in found
+            if matches(n, copy.deepcopy(tokenizer), want, probe_list, system, kwargs, encoding, True, processor)
+        ),
         None,
     )
     if wanted.template != "auto" and confirmed != wanted.template:
@@ -330,8 +350,18 @@ def _no_match_hint(wanted: Wanted, reasoning: bool) -> str:
     return f"the update cannot train what this model samples{tried}; docs/models.md says what a model needs"
 
 
-def _model_type(model: Path) -> str:
+def _config(model: Path) -> dict[str, Any]:
     try:
-        return str(json.loads((model / "config.json").read_text()).get("model_type", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _model_type(model: Path) -> str:
+    return str(_config(model).get("model_type", ""))
+
+
+def _plugin(name: str) -> str:
+    """The class name of LLaMA-Factory template `name`'s multimodal plugin (BasePlugin: none)."""
+    return type(registry()[name].mm_plugin).__name__

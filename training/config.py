@@ -165,7 +165,7 @@ class DataConfig:
     fidelity_samples: int = setting(-1, Range(low=0, special={-1: "all"}, note="0 = off"))
     #: a checked reply whose text LLaMA-Factory tokenizes differently from the sampled ids: drop | fail
     noncanonical: str = setting("drop", Choice(NONCANONICAL))
-    #: images per sample at most (the most recent ones are kept)
+    #: images per sample at most: a sample whose prompt holds more is not trained on (too_many_images)
     max_images_per_sample: int = setting(5, Range(low=0))
     #: expert demonstrations to mix in (python -m rollout_engine.demonstrations): one absolute path or a list,
     #: each a demonstrations.jsonl or the folder holding one; [] = none

@@ -33,6 +33,7 @@ from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import read_jsonl, save_json, save_jsonl
+from rollout_engine.images import url_path
 from rollout_engine.types import Message
 from training.selection import Sample
 
@@ -201,6 +202,6 @@ def _content(content: Any, source: str) -> tuple[str, list[str]]:
                     f"{source}: an inline (data:) image cannot go into a dataset; "
                     "have the environment store screenshots as files"
                 )
-            images.append(str(url).removeprefix("file://"))
+            images.append(url_path(str(url)) if str(url).startswith("file:") else str(url))
             text.append("<image>")
     return "".join(text), images

@@ -56,19 +56,35 @@ class _Encoder:
     template: Any
     processor: Any  # SupervisedDatasetProcessor, for sft
     stage: str
+    #: the model's Hugging Face processor (images), None for a text model
+    mm_processor: Any = None
 
     def encode(self, row: dict[str, Any]) -> list[tuple[list[int], list[int]]]:
         """(prompt ids, trained reply ids) per checked reply of one aligned row."""
         prompt, response, system, tools = row["_prompt"], row["_response"], row["_system"], row["_tools"]
+        images = row.get("_images") or []
         if not prompt or not response:
             return [([], [])]  # LLaMA-Factory dropped the row as malformed
         if self.stage == "sft":
-            input_ids, labels = self.processor._encode_data_example(prompt, response, system, tools, [], [], [])
+            input_ids, labels = self.processor._encode_data_example(prompt, response, system, tools, images, [], [])
             return [split_labels(input_ids, labels)]
         replies = response
         if self.stage == "kto":  # LLaMA-Factory pads a kto reply with an empty message on the other side
             replies = [r for r in response if r["content"]] or response[:1]
-        return [self.template.encode_oneturn(self.tokenizer, [*prompt, reply], system, tools) for reply in replies]
+        return [self._oneturn([*prompt, reply], system, tools, images) for reply in replies]
+
+    def _oneturn(self, messages: list[Any], system: Any, tools: Any, images: list[Any]) -> tuple[list[int], list[int]]:
+        """A kto/dpo row's (prompt ids, reply ids), its images expanded as LLaMA-Factory's processors do."""
+        plugin = self.template.mm_plugin
+        messages = plugin.process_messages(messages, images, [], [], self.mm_processor)
+        prompt, reply = self.template.encode_oneturn(self.tokenizer, messages, system, tools)
+        prompt, _ = plugin.process_token_ids(prompt, None, images, [], [], self.tokenizer, self.mm_processor)
+        return prompt, reply
+
+    def image_token(self) -> int | None:
+        """The id an image expands into (Qwen-VL: <|image_pad|>), None for a text model."""
+        token = getattr(self.template.mm_plugin, "image_token", None)
+        return None if token is None or self.mm_processor is None else self.tokenizer.convert_tokens_to_ids(token)
 
     def end_of_turn(self) -> list[int]:
         return self.template._convert_elements_to_ids(self.tokenizer, self.template.format_assistant.apply(content=""))
@@ -176,14 +192,37 @@ def describe(
         here = ids[position] if position < len(ids) else "end"
         return f"id {here}; context {encoder.decode(ids[lo:position])!r} >>> {encoder.decode(ids[position:hi])!r}"
 
-    return (
+    head = (
         f"token fidelity: dataset row {index} ({source}) differs from the sampled ids at position {position}\n"
         f"  sampled by the policy: {show(want)}\n"
         f"  LLaMA-Factory trains:  {show(got)}\n"
+    )
+    image = encoder.image_token()
+    if image is not None and image in (want[position : position + 1] + got[position : position + 1]):
+        return head + (
+            f"  an image expands to {_run(want, position, image)} tokens in vLLM's prompt and "
+            f"{_run(got, position, image)} in LLaMA-Factory's: image_min_pixels {recipe.get('image_min_pixels')} "
+            f"and image_max_pixels {recipe.get('image_max_pixels')} must be the model's image processor's "
+            "(preprocessor_config.json size.shortest_edge/longest_edge, what vLLM resizes to): drop "
+            "algorithm.llamafactory_overrides.image_min_pixels/image_max_pixels, or serve with the same "
+            "settings (docs/update.md)"
+        )
+    return head + (
         f"  template {recipe['template']!r}, default_system {recipe.get('default_system')!r}: set "
         "model_config.template=auto and model_config.default_system=auto to use those that render the model's "
         "chat template token for token (docs/models.md)"
     )
+
+
+def _run(ids: list[int], position: int, token: int) -> int:
+    """The length of the run of `token` around `position` (an image's pad tokens)."""
+    start = position
+    while start > 0 and ids[start - 1] == token:
+        start -= 1
+    end = start
+    while end < len(ids) and ids[end] == token:
+        end += 1
+    return end - start
 
 
 def _load(recipe: dict[str, Any], name: str) -> tuple[_Encoder, list[dict[str, Any]]]:
@@ -200,7 +239,7 @@ def _load(recipe: dict[str, Any], name: str) -> tuple[_Encoder, list[dict[str, A
     processor = SupervisedDatasetProcessor(
         template=template, tokenizer=tokenizer, processor=tokenizer_module["processor"], data_args=args.data
     )
-    return _Encoder(tokenizer, template, processor, stage), list(dataset)
+    return _Encoder(tokenizer, template, processor, stage, tokenizer_module["processor"]), list(dataset)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,15 @@ DROP = (
     "README.md",
 )
 OPTIMIZER_FILES = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth")
+#: what a vision-language policy needs to be served besides weights and tokenizer: its processors' settings and
+#: chat template (LLaMA-Factory saves the processor it trained with; one missing is taken from the parent model)
+SERVING_FILES = (
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 
 
 @dataclass
@@ -194,7 +203,9 @@ def _promote_locked(
             optimizer_state=keep_optimizer,
         )
 
-    version = _publish(policy_root, output_dir, record, keep_last, keep_optimizer=keep_optimizer, dtype=dtype)
+    version = _publish(
+        policy_root, output_dir, record, keep_last, keep_optimizer=keep_optimizer, dtype=dtype, parent=parent_model
+    )
     log.info("promoted %s as policy v%04d (current)", output_dir, version)
     return version
 
@@ -265,6 +276,7 @@ def _publish(
     keep_optimizer: bool,
     drop_own: bool = False,
     dtype: str | None = None,
+    parent: Path | None = None,
 ) -> int:
     """Under the promotion lock: stage `source`'s model files as the next version (cast to `dtype` with the
     originals in fp32/, its tied head written, `record(version)` as baton_policy.json, every file readable by
@@ -274,6 +286,8 @@ def _publish(
     version = max([0, *versions(policy_root)]) + 1
     staging = policy_root / staging_name(version, os.getpid())
     _gather(source, staging, keep_optimizer)
+    if parent is not None:
+        keep_serving_files(staging, parent)
     if drop_own:
         shutil.rmtree(staging / "optimizer", ignore_errors=True)
         (staging / "baton_policy.json").unlink(missing_ok=True)
@@ -322,6 +336,15 @@ def write_tied_head(model_dir: Path) -> bool:
         data["weight_map"][HEAD] = HEAD_FILE
         save_json(index, data)
     return True
+
+
+def keep_serving_files(staging: Path, parent: Path) -> list[str]:
+    """Copy into `staging` the SERVING_FILES `parent` (the model trained from) has and the training output lacks,
+    so that a vision-language policy serves as its parent did; returns their names."""
+    copied = [name for name in SERVING_FILES if (parent / name).is_file() and not (staging / name).exists()]
+    for name in copied:
+        shutil.copy2(parent / name, staging / name)
+    return copied
 
 
 def _gather(output_dir: Path, staging: Path, keep_optimizer: bool) -> None:

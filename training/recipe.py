@@ -7,7 +7,9 @@
 
 Every hyperparameter of `AlgorithmConfig` maps to the LLaMA-Factory key of the
 same name, except `gradient_checkpointing`, which becomes LLaMA-Factory's
-`disable_gradient_checkpointing` (its negation); `llamafactory_overrides` is merged last. The DeepSpeed preset is a
+`disable_gradient_checkpointing` (its negation); `llamafactory_overrides` is merged last. A vision-language
+model's `image_min_pixels`/`image_max_pixels` are its image processor's (`rollout_engine.vision.image_pixels`), so
+that LLaMA-Factory expands each image into the tokens vLLM did. The DeepSpeed preset is a
 file under configs/deepspeed/ (`auto`: none on CPU, ZeRO-1 on GPU), written into the YAML as a dict
 (`deepspeed_config`). bf16 `null` means bf16 on GPU and fp32 on CPU; with DeepSpeed a full (or freeze)
 fine-tune computes in bf16 through DeepSpeed's `torch_autocast` on fp32 parameters, so that the trainer saves
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
 from rollout_engine.layout import iteration_name
+from rollout_engine.vision import image_pixels
 from training.config import AlgorithmConfig, UpdateConfig
 from training.dataset import DatasetFiles
 
@@ -165,6 +168,8 @@ def build_recipe(
     }
     if "enable_thinking" in cfg.model_config.chat_template_kwargs:  # rendered as vLLM renders the prompts
         recipe["enable_thinking"] = bool(cfg.model_config.chat_template_kwargs["enable_thinking"])
+    if (pixels := image_pixels(model)) is not None:  # images resized as vLLM's processor resizes them
+        recipe["image_min_pixels"], recipe["image_max_pixels"] = pixels
     recipe["bf16"], ds = precision(alg.bf16, cfg.launch.deepspeed, device, alg.finetuning_type)
     recipe |= {key: getattr(alg, key) for key in HYPERPARAMETERS if getattr(alg, key) is not None}
     # LLaMA-Factory checkpoints activations unless told not to, and ignores HF's `gradient_checkpointing`
@@ -221,6 +226,8 @@ SETTING_OF = {
     "template": "model_config.template",
     "default_system": "model_config.default_system",
     "enable_thinking": "model_config.chat_template_kwargs.enable_thinking",
+    "image_min_pixels": "the model's image processor (preprocessor_config.json: size.shortest_edge)",
+    "image_max_pixels": "the model's image processor (preprocessor_config.json: size.longest_edge)",
     "deepspeed": "launch.deepspeed",
     "disable_gradient_checkpointing": "algorithm.gradient_checkpointing",
 }

@@ -27,6 +27,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_engine.images import count_images
 from rollout_engine.types import Failure, Message, Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -313,3 +314,15 @@ def _has_placeholder(turn: Turn) -> bool:
         elif isinstance(content, list):
             texts.extend(part.get("text", "") for part in content if isinstance(part, dict))
     return any(tag in str(text) for text in texts for tag in MEDIA_PLACEHOLDERS)
+
+
+def bound_images(selection: Selection, limit: int) -> None:
+    """Drop the samples whose prompt holds more than `limit` images (data.max_images_per_sample), counted as
+    `too_many_images`: cutting images out of a prompt would train on one the policy never saw (the rollout already
+    keeps the newest vllm_config.limit_mm_per_prompt.image; keep the two the same, or this one higher)."""
+    kept = [s for s in selection.samples if count_images(s.messages) <= limit]
+    dropped = [s for s in selection.samples if count_images(s.messages) > limit]
+    if dropped:
+        selection.filtered["too_many_images"] = selection.filtered.get("too_many_images", 0) + len(dropped)
+        selection.demonstrations -= sum(1 for s in dropped if s.demonstration)
+        selection.samples = kept

@@ -61,7 +61,7 @@ from training.recipe import (
     save_recipe,
     tracker_env,
 )
-from training.selection import Selection
+from training.selection import Selection, bound_images
 from training.space import Room
 
 if TYPE_CHECKING:
@@ -317,6 +317,7 @@ def select(cfg: UpdateConfig) -> Selection:
             cfg.data.demonstration_samples,
             cfg.algorithm.stage,
         )
+    bound_images(selection, cfg.data.max_images_per_sample)
     if not selection.samples:
         raise NothingToTrain(f"no usable samples for algorithm {cfg.algorithm.name}: {selection.describe()}")
     if cfg.algorithm.stage == "kto" and len({s.label for s in selection.samples}) < 2:

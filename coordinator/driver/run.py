@@ -6,6 +6,7 @@ run started and exit 130 / 143; on several nodes a node's failure is flagged for
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -118,6 +119,8 @@ def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
     vllm = None
     try:
         routed = route_and_compose(request)
+        if problem := images_problem(routed.resolved, Path(base_model)):
+            raise ConfigError(problem)
         if not args.debug and args.phase != "update":
             machine = Machine.detect()
             vllm = for_node(routed.vllm, Path(base_model), args.log, routed.max_new_tokens, machine)
@@ -133,6 +136,28 @@ def compose(args: cli.Args, base_model: str, save: Path | None) -> Composed:
     trackers = [name for name, on in routed.resolved["update"]["tracker"].items() if on]
     return Composed(
         routed.rollout, routed.update, routed.policy_base_url, routed.policy_model, routed.max_sessions, trackers, vllm
+    )
+
+
+def images_problem(resolved: dict, model: Path) -> str:
+    """Why an environment that shows the model images (env.observation screenshot or both) cannot run with this
+    model: a text model's server refuses images (HTTP 400 on every request); "" when it can."""
+    from rollout_engine.vision import is_vision_language
+
+    shown = {c.get("env", {}).get("observation", "text") for n, c in resolved.items() if n.startswith("rollout")}
+    shown.discard("text")
+    if not shown:
+        return ""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return ""  # the model's own checks say what is wrong with its folder
+    if is_vision_language(config):
+        return ""
+    return (
+        f"env.observation={sorted(shown)[0]} shows the model screenshots, but {model} is a text model (no "
+        "vision_config in its config.json); set env.observation=text, or model_config.model to a vision-language "
+        "model (docs/models.md)"
     )
 
 

@@ -351,16 +351,21 @@ class PolicyServer:
 
     def reload(self, model: str) -> bool:
         """Load `model`'s weights into the running server without a restart (needs VLLM_SERVER_DEV_MODE=1,
-        which `command` sets), then drop the prefix cache computed with the old weights. False when vLLM
-        refuses either, or says the cache was not dropped ({"success":false}: blocks still held)."""
+        which `command` sets), then drop the prefix cache and the multimodal encoder caches computed with the old
+        weights. False when vLLM refuses any, or says the prefix cache was not dropped ({"success":false}: blocks
+        still held)."""
         body = {"method": "reload_weights", "kwargs": {"weights_path": model}}
         if self._post("/collective_rpc", body) is None:
             return False
         reset = self._post("/reset_prefix_cache")
         try:
-            return reset is not None and json.loads(reset).get("success") is True
+            if reset is None or json.loads(reset).get("success") is not True:
+                return False
         except (ValueError, AttributeError):
             return False
+        # a vision-language model's encoder outputs (and the scheduler's record of them) belong to the old weights:
+        # kept, the next request with an image seen before dies on "Encoder cache miss" (and the engine with it)
+        return all(self._post(path) is not None for path in ("/reset_encoder_cache", "/reset_mm_cache"))
 
     def sleep(self) -> bool:
         """Free the accelerator's memory for a colocated training (a no-op on CPU)."""

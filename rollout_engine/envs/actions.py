@@ -12,7 +12,9 @@ counts that as an invalid action):
   or `answer("TEXT")` in the reply. Variants accepted: upper case, `fill` for
   `type`, brackets or none (`click e4`, `click [e4]`, `click on e4`), `ref=e4`, single,
   double or no quotes, `text=` before the text, and `answer: TEXT`.
-  REF is an aria-snapshot element reference such as `e4` or `f1e12`.
+  REF is an aria-snapshot element reference such as `e4` or `f1e12`. For a model
+  that sees the page as a screenshot, `click(X, Y)` and `type(X, Y, "TEXT")` act
+  at a point of it instead (pixels from its top left corner).
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ _TRAILING = ".!?;,:"
 _REF = r"(?:ref\s*=\s*)?[\[\"']?(?P<ref>(?:f\d+)?e\d+)(?!\w)[\]\"']?"
 _TEXT = r"(?:text\s*=\s*)?(?P<text>\"[^\"\n]*\"|'[^'\n]*'|[^)\n]*)"
 _OPEN = r"\s*(?:\(\s*|\s+)"
+_POINT = r"\s*\(\s*(?P<x>\d{1,5})\s*,\s*(?P<y>\d{1,5})\s*"
 _WEB_ACTIONS = [
+    re.compile(r"(?<![\w.])(?P<verb>click)" + _POINT + r"\)", re.IGNORECASE),
+    re.compile(r"(?<![\w.])(?P<verb>type|fill)" + _POINT + r",\s*" + _TEXT, re.IGNORECASE),
     re.compile(r"(?<![\w.])(?P<verb>click)" + _OPEN + r"(?:on\s+)?" + _REF, re.IGNORECASE),
     re.compile(r"(?<![\w.])(?P<verb>type|fill)" + _OPEN + _REF + r"\s*,?\s*" + _TEXT, re.IGNORECASE),
     re.compile(r"(?<![\w.])(?P<verb>answer)\s*(?:\(\s*|:\s*)" + _TEXT, re.IGNORECASE),
@@ -43,11 +48,15 @@ class WebAction:
     kind: str
     ref: str | None = None
     text: str | None = None
+    #: (x, y) in the screenshot's pixels, for an action at a point instead of an element
+    point: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
         if self.ref is not None:
             out["ref"] = self.ref
+        if self.point is not None:
+            out["point"] = list(self.point)
         if self.text is not None:
             out["text"] = self.text
         return out
@@ -83,10 +92,11 @@ def _web_action(match: re.Match[str]) -> WebAction:
     text = groups.get("text")
     if text is not None:
         text = _unquote(text.strip())
+    point = (int(groups["x"]), int(groups["y"])) if groups.get("x") is not None else None
     if verb == "click":
-        return WebAction("click", ref=groups["ref"])
+        return WebAction("click", ref=groups.get("ref"), point=point)
     if verb in ("type", "fill"):
-        return WebAction("type", ref=groups["ref"], text=text or "")
+        return WebAction("type", ref=groups.get("ref"), text=text or "", point=point)
     return WebAction("answer", text=text or "")
 
 

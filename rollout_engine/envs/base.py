@@ -4,8 +4,10 @@ An environment subclasses `Env` and overrides small hooks:
 
 - `start` / `close`: shared resources for the whole rollout (a browser).
 - `setup_state(task, slot)`: per-episode state (a page, a game).
-- `initial_messages(state)`: the chat that opens the episode.
-- `env_response(state, reply)`: apply the model's reply, return a `StepResult`.
+- `initial_messages(state)`: the chat that opens the episode (a message's content
+  may be an `Observation`: text with images).
+- `env_response(state, reply)`: apply the model's reply, return a `StepResult`
+  (its observation a string, or an `Observation` to show the model images).
 - `score(state)`: the final reward once the loop has ended.
 - `teardown_state(state)`: release per-episode resources (always called).
 - `expert(task)`: a scripted policy that solves the task, for demonstrations
@@ -25,6 +27,13 @@ A reply cut at the token limit (`finish_reason` length) is played like any
 other, but when it is the episode's last the episode is no success: reward 0,
 and `info.truncated` says why (`info.env_reward` keeps the environment's).
 
+Images (`rollout_engine/images.py`): an `Observation`'s images are files the
+environment wrote under the iteration directory (`RunContext.images_dir`); the
+loop sends them by `file://` URL and keeps the newest `images_per_prompt` in the
+history (`vllm_config.limit_mm_per_prompt.image`; older ones become a short text
+stub), so that prompts stay within the context and vLLM's limit. Each turn
+records the messages exactly as sent and, in `images`, the page the model saw.
+
 Constructors take their YAML parameters plus `context: RunContext` (see
 `rollout_engine.config`); `envs/reasoning_gym.py` is the worked example.
 """
@@ -35,10 +44,12 @@ import abc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from rollout_engine.images import DEFAULT_IMAGES_PER_PROMPT, as_message, keep_newest_images
 from rollout_engine.reasoning import SplitReply, split_reply
-from rollout_engine.types import Completion, Message, Task, Turn
+from rollout_engine.types import Completion, Message, Observation, Task, Turn
 
 
 class ChatPolicy(Protocol):
@@ -57,12 +68,15 @@ class Expert(ChatPolicy, Protocol):
 class StepResult:
     """What the environment says after applying one reply."""
 
-    observation: str | None
+    #: the next user message: text, or text with images (Observation); None adds none
+    observation: str | Observation | None
     reward: float = 0.0
     done: bool = False
     invalid_action: bool = False
     action: dict[str, Any] | None = None
     state_changed: bool = True
+    #: screenshots of the page the model saw at this step, kept for people (not sent; relative to the iteration
+    #: directory); empty: the turn records the images of the observation it was shown
     images: list[str] = field(default_factory=list)
 
 
@@ -142,28 +156,38 @@ class Env(abc.ABC):
         on_state: Callable[[EpisodeState], None] | None = None,
         episode_id: str = "",
         reasoning: str = "auto",
+        media_root: Path | None = None,
+        images_per_prompt: int = DEFAULT_IMAGES_PER_PROMPT,
     ) -> tuple[EpisodeState, Score]:
-        """Play one episode to the end and score it; `reasoning` is `model_config.reasoning` (auto, think, none)."""
+        """Play one episode to the end and score it; `reasoning` is `model_config.reasoning` (auto, think, none).
+        Observations with images are sent by file:// URL of their files under `media_root` (the iteration
+        directory), the newest `images_per_prompt` of them (older ones become a text stub)."""
         state = await self.setup_state(task, slot)
         state.episode_id = episode_id or state.episode_id or task.task_id
         if on_state is not None:
             on_state(state)
         try:
-            messages = list(self.initial_messages(state))
+            opening = list(self.initial_messages(state))
+            seen = _images_of(opening)
+            messages = [as_message(m, media_root) for m in opening]
             for index in range(state.max_steps):
                 started = time.monotonic()
                 state.phase = "generating"
+                messages = keep_newest_images(messages, images_per_prompt)
                 reply = await policy.chat(messages)
                 state.phase = "env"
                 split = split_reply(reply.text, reasoning)
                 result = await self.env_response(state, split.answer)
-                state.turns.append(_turn(index, messages, reply, split, result, time.monotonic() - started))
+                turn = _turn(index, messages, reply, split, result, time.monotonic() - started)
+                turn.images = turn.images or list(seen)
+                state.turns.append(turn)
                 state.invalid_actions += int(result.invalid_action)
                 if result.done or (result.invalid_action and self.stop_on_invalid):
                     break
                 messages = [*messages, {"role": "assistant", "content": reply.text}]
                 if result.observation is not None:
-                    messages.append({"role": "user", "content": result.observation})
+                    seen = _images_of([{"content": result.observation}])
+                    messages.append(as_message({"role": "user", "content": result.observation}, media_root))
             state.done = True
             state.phase = "scoring"
             score = await self.score(state)
@@ -185,6 +209,12 @@ def _cut_score(score: Score) -> Score:
     return Score(reward=0.0, success=False, info=info)
 
 
+def _images_of(messages: list[Message]) -> tuple[str, ...]:
+    """The images of the last observation among `messages` (what the model sees of the page now)."""
+    shown = [m["content"].images for m in messages if isinstance(m.get("content"), Observation)]
+    return shown[-1] if shown else ()
+
+
 def _turn(
     index: int, messages: list[Message], reply: Completion, split: SplitReply, result: StepResult, latency: float
 ) -> Turn:
@@ -200,7 +230,7 @@ def _turn(
         finish_reason=reply.finish_reason,
         action=result.action,
         invalid_action=result.invalid_action,
-        observation=result.observation,
+        observation=result.observation.text if isinstance(result.observation, Observation) else result.observation,
         reward=result.reward,
         state_changed=result.state_changed,
         images=list(result.images),

@@ -18,7 +18,14 @@ given the link role. Actions are parsed by
 (`WOB_RAW_REWARD_GLOBAL`, in [-1, 1]) is the reward and `WOB_DONE_GLOBAL` ends
 the episode; success = raw reward > 0. With `screenshots: true`, the page the
 model saw at step k is saved as images/<episode_id>/step_<kkk>.png under the
-journal's directory and referenced (relative to it) from that turn. `expert`
+journal's directory and referenced (relative to it) from that turn.
+
+`observation` says what the model is shown: `text` (the accessibility tree),
+`screenshot` (the browser's viewport as a PNG, `viewport` pixels; actions at a
+point: `click(X, Y)`, `type(X, Y, "TEXT")`) or `both` (the tree and the
+screenshot; either kind of action). With a screenshot the page is captured when
+the episode starts and after each action, saved as above and sent with the
+observation (rollout_engine/images.py: by file:// URL, the newest few). `expert`
 gives a scripted solver for the simple pages of `miniwob_experts` (demonstrations).
 """
 
@@ -40,15 +47,27 @@ from rollout_engine.envs.browser import BrowserPool, find_chromium
 from rollout_engine.envs.miniwob_experts import miniwob_expert
 from rollout_engine.errors import ConfigError, EnvError
 from rollout_engine.files import save_bytes
-from rollout_engine.types import Message, Task
+from rollout_engine.types import Message, Observation, Task
 
 log = logging.getLogger(__name__)
 
-SYSTEM_PROMPT = """You operate a web page to complete a task. The page is shown as an accessibility tree in which \
+TEXT_PROMPT = """You operate a web page to complete a task. The page is shown as an accessibility tree in which \
 every element has a reference such as [ref=e4]. Reply with exactly one action and nothing else:
 click(REF) to click an element, for example: click(e4)
 type(REF, "TEXT") to type into a text box, for example: type(e5, "hello")
 answer("TEXT") to finish when the task needs no more page actions."""
+SCREENSHOT_PROMPT = """You operate a web page to complete a task. The page is shown as a screenshot of \
+{width}x{height} pixels. Reply with exactly one action and nothing else:
+click(X, Y) to click the point X pixels from the left and Y from the top, for example: click(80, 45)
+type(X, Y, "TEXT") to click a text box at that point and type into it, for example: type(80, 120, "hello")
+answer("TEXT") to finish when the task needs no more page actions."""
+BOTH_PROMPT = """You operate a web page to complete a task. The page is shown as a screenshot of {width}x{height} \
+pixels and as an accessibility tree in which every element has a reference such as [ref=e4]. Reply with exactly one \
+action and nothing else:
+click(REF) or click(X, Y) to click an element or a point of the screenshot, for example: click(e4) or click(80, 45)
+type(REF, "TEXT") or type(X, Y, "TEXT") to type into a text box, for example: type(e5, "hello")
+answer("TEXT") to finish when the task needs no more page actions."""
+PROMPTS = {"text": TEXT_PROMPT, "screenshot": SCREENSHOT_PROMPT, "both": BOTH_PROMPT}
 INVALID_FEEDBACK = 'Invalid action ({why}). Reply with one action: click(REF), type(REF, "TEXT") or answer("TEXT").'
 # focus is blurred so that nothing of the slot's previous episode shows in the snapshot
 _START_EPISODE = """([seed, ms]) => {
@@ -105,6 +124,10 @@ class MiniWobState(EpisodeState):
     raw_reward: float = 0.0
     page_done: bool = False
     answer: str | None = None
+    #: the screenshot of the page as it is now (observation screenshot or both), relative to the iteration dir
+    shot: str = ""
+    #: the page's first screenshot, taken at setup, saved once the episode has its id (initial_messages)
+    first_png: bytes = b""
 
 
 class MiniWobEnv(Env):
@@ -123,8 +146,15 @@ class MiniWobEnv(Env):
         action_timeout_s: float = 3.0,
         settle_ms: int = 50,
         headless: bool = True,
+        observation: str = "text",
+        viewport: tuple[int, int] | list[int] = (500, 300),
     ) -> None:
         problems = []
+        if observation not in PROMPTS:
+            problems.append(f"env.observation must be one of {', '.join(PROMPTS)} (got {observation!r})")
+        size = list(viewport)
+        if len(size) != 2 or not all(isinstance(v, int) and 100 <= v <= 4096 for v in size):
+            problems.append(f"env.viewport must be [width, height] in pixels, each 100-4096 (got {size!r})")
         if max_steps is not None and max_steps < 1:
             problems.append(f"env.max_steps must be >= 1 or null for the split's difficulty budget (got {max_steps})")
         if episode_max_time_s <= 0 or action_timeout_s <= 0 or settle_ms < 0:
@@ -145,10 +175,14 @@ class MiniWobEnv(Env):
         self.step_limit = max_steps
         self.stop_on_invalid = stop_on_invalid
         self.episode_max_time_ms = int(episode_max_time_s * 1000)
+        self.observation = observation
+        #: the model sees screenshots: they are taken after each action, for the next observation
+        self.shows_screenshots = observation != "text"
         self.screenshots = screenshots
+        self.viewport = (size[0], size[1])
         self.action_timeout_ms = action_timeout_s * 1000
         self.settle_ms = settle_ms
-        self.pool = BrowserPool(str(executable), headless=headless)
+        self.pool = BrowserPool(str(executable), viewport=self.viewport, headless=headless)
 
     def check_task(self, task: Task) -> str | None:
         name, seed = task.metadata.get("miniwob_task"), task.metadata.get("seed")
@@ -173,26 +207,47 @@ class MiniWobEnv(Env):
             page = await self._start_episode(task, slot)
             goal = await page.evaluate("() => core.getUtterance()")
             snapshot = await _snapshot(page)
+            state = MiniWobState(task=task, slot=slot, max_steps=steps, page=page, goal=goal, snapshot=snapshot)
+            if self.shows_screenshots:
+                state.first_png = await page.screenshot(timeout=self.action_timeout_ms)
         except Exception as exc:
             await self.pool.discard(slot)
             raise EnvError(f"could not start MiniWoB++ {task.metadata['miniwob_task']}: {exc}") from exc
-        return MiniWobState(task=task, slot=slot, max_steps=steps, page=page, goal=goal, snapshot=snapshot)
+        return state
 
     def initial_messages(self, state: EpisodeState) -> list[Message]:
         assert isinstance(state, MiniWobState)
-        user = f"Task: {state.goal}\n\nPage:\n{state.snapshot}"
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+        system = PROMPTS[self.observation].format(width=self.viewport[0], height=self.viewport[1])
+        if state.first_png:  # a small write: the loop asks for the opening messages once per episode
+            path = self.context.images_dir(state.episode_id) / "step_000.png"
+            save_bytes(path, state.first_png)
+            state.shot, state.first_png = path.relative_to(self.context.log_dir).as_posix(), b""
+        goal = f"Task: {state.goal}"
+        user = self._shown(state, f"{goal}\n\nPage:\n{state.snapshot}", goal)
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def _shown(self, state: MiniWobState, text: str, without_tree: str) -> str | Observation:
+        """The observation: `text` (which holds the page's tree), or with observation screenshot `without_tree`,
+        with the page's screenshot unless the observation is text only."""
+        if self.observation == "text":
+            return text
+        return Observation(text if self.observation == "both" else without_tree, (state.shot,))
 
     async def env_response(self, state: EpisodeState, reply: str) -> StepResult:
         assert isinstance(state, MiniWobState)
-        images = await self._screenshot(state) if self.screenshots else []
+        # the page the model saw, for people (with screenshot observations the turn has it already)
+        images = await self._screenshot(state) if self.screenshots and not self.shows_screenshots else []
         action = parse_web_action(reply)
         error = "no click, type or answer action found" if action is None else await self._act(state, action)
         before = state.snapshot
         state.raw_reward, state.page_done = await state.page.evaluate(_READ_RESULT)
         state.snapshot = await _snapshot(state.page)
+        if self.shows_screenshots:
+            state.shot = (await self._screenshot(state, len(state.turns) + 1))[0]
         invalid = error is not None
-        observation = state.snapshot if not invalid else f"{INVALID_FEEDBACK.format(why=error)}\n\n{state.snapshot}"
+        feedback = INVALID_FEEDBACK.format(why=error) if invalid else ""
+        text = f"{feedback}\n\n{state.snapshot}" if invalid else state.snapshot
+        observation = self._shown(state, text, feedback or "The page after your action.")
         answered = action is not None and action.kind == "answer"
         return StepResult(
             observation=observation,
@@ -235,6 +290,8 @@ class MiniWobEnv(Env):
         if action.kind == "answer":
             state.answer = action.text
             return None
+        if action.point is not None:
+            return await self._act_at(state, action)
         locator = state.page.locator(f"aria-ref={action.ref}")
         try:
             if await locator.count() == 0:
@@ -250,9 +307,27 @@ class MiniWobEnv(Env):
             await state.page.wait_for_timeout(self.settle_ms)  # lets page handlers that use timers run
         return None
 
-    async def _screenshot(self, state: MiniWobState) -> list[str]:
-        path = self.context.images_dir(state.episode_id) / f"step_{len(state.turns):03d}.png"
-        png = await state.page.locator("#wrap").screenshot(timeout=self.action_timeout_ms)
+    async def _act_at(self, state: MiniWobState, action: WebAction) -> str | None:
+        """Click (and for type, then type) at a point of the screenshot; why it could not be done, or None."""
+        assert action.point is not None
+        x, y = action.point
+        if not (0 <= x < self.viewport[0] and 0 <= y < self.viewport[1]):
+            return f"({x}, {y}) is outside the {self.viewport[0]}x{self.viewport[1]} screenshot"
+        if self.observation == "text":
+            return "the page is not shown as a screenshot here: act on elements by their [ref=...]"
+        await state.page.mouse.click(x, y)
+        if action.kind == "type":
+            await state.page.keyboard.press("Control+A")
+            await state.page.keyboard.type(action.text or "")
+        if self.settle_ms:
+            await state.page.wait_for_timeout(self.settle_ms)
+        return None
+
+    async def _screenshot(self, state: MiniWobState, step: int | None = None) -> list[str]:
+        """The browser's viewport as images/<episode_id>/step_<step>.png (default: this turn's); its relative path."""
+        step = len(state.turns) if step is None else step
+        path = self.context.images_dir(state.episode_id) / f"step_{step:03d}.png"
+        png = await state.page.screenshot(timeout=self.action_timeout_ms)
         await asyncio.to_thread(save_bytes, path, png)
         return [path.relative_to(self.context.log_dir).as_posix()]
 

@@ -8,6 +8,7 @@ that scripts/setup.sh executes in order:
 
     install -c <lock> [flags] <req>...   pip install of an extra of [project.optional-dependencies]
     remove <dist>...                     pip uninstall -y
+    site <file>...                       copy repository files into the environment's site-packages
     import <module>...                   verification: the modules must import
     resource <module> <path>             verification: the package ships that file
     command <argv...>                    verification: the command must succeed
@@ -17,9 +18,10 @@ that scripts/setup.sh executes in order:
 use, the lock pins everything they pull in. `--unlocked` prints the install
 lines without it (scripts/lock.sh builds from those).
 
-With --hash it prints a short hash of the recipe, the lock's content and the
-interpreter's version; the cached environment is keyed by it, so changing a
-pin, top-level or transitive, rebuilds it.
+With --hash it prints a short hash of the recipe, the lock's content, the
+content of the files `site` steps copy and the interpreter's version; the
+cached environment is keyed by it, so changing a pin, top-level or transitive,
+or a copied file rebuilds it.
 """
 
 import hashlib
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
-STEP_KINDS = ("remove", "import", "resource", "command")
+STEP_KINDS = ("remove", "site", "import", "resource", "command")
 
 
 def fail(message: str) -> NoReturn:
@@ -56,12 +58,14 @@ def recipe(name: str, lock: str | None) -> list[list[str]]:
         kind, *args = step.split()
         if kind == "extra" and args and args[0] in extras:
             lines.append(["install", *constraints, *args[1:], *extras[args[0]]])
-        elif kind in STEP_KINDS:
+        elif kind == "site" and (missing := [a for a in args if not (ROOT / a).is_file()]):
+            fail(f"step {step!r} in [tool.baton.envs.{name}]: {', '.join(missing)} is no file of the repository")
+        elif kind in STEP_KINDS and args:
             lines.append([kind, *args])
         else:
             fail(
                 f"bad step {step!r} in [tool.baton.envs.{name}]; steps are `extra <name of an extra> "
-                f"[pip flags]` or one of {', '.join(STEP_KINDS)}"
+                f"[pip flags]`, `site <repository file>...` or one of {', '.join(STEP_KINDS)}"
             )
     return lines
 
@@ -74,8 +78,13 @@ def read_lock(name: str) -> str:
 
 
 def env_hash(name: str) -> str:
-    """The cache key: the recipe (lock named relative to the checkout), the lock's content, Python's version."""
-    blob = repr((recipe(name, str(lock_path(name))), read_lock(name), sys.version_info[:2])).encode()
+    """The cache key: the recipe (lock named relative to the checkout), the lock's content, the files `site` steps
+    copy, Python's version."""
+    lines = recipe(name, str(lock_path(name)))
+    copied = [(ROOT / path).read_bytes() for kind, *paths in lines if kind == "site" for path in paths]
+    key = (lines, read_lock(name), sys.version_info[:2])
+    # (a recipe without `site` steps keeps the key it had before they existed: no rebuild for nothing)
+    blob = repr((*key, copied) if copied else key).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 

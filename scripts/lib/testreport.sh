@@ -4,15 +4,21 @@
 # directory (JUnit XML from pytest, TAP from bats, and the deselected tests that
 # tests/conftest.py lists in *.deselected because JUnit XML has no place for them).
 # Policy: nothing may be skipped; a test that needs a GPU carries the `gpu`
-# marker and is deselected on a machine without one.
+# marker and is deselected on a machine without one; a test longer than the
+# suite's budget allows carries `long` and runs only with BATON_TEST_LONG=1.
 # Library file: defines functions only. Needs common.sh, envs.sh and BATON_APP_PY.
 
 # testreport_pytest_filter: print pytest's arguments (one a line) that deselect
-# the `gpu` tests on a machine without an NVIDIA GPU; nothing with one.
+# the `gpu` tests on a machine without an NVIDIA GPU and the `long` tests unless
+# BATON_TEST_LONG=1; nothing when neither is deselected.
 testreport_pytest_filter() {
-  if [[ $(envs_device) != cuda ]]; then
-    printf '%s\n' -m 'not gpu'
-  fi
+  local -a not=()
+  [[ $(envs_device) == cuda ]] || not+=("not gpu")
+  [[ ${BATON_TEST_LONG:-} == 1 ]] || not+=("not long")
+  ((${#not[@]})) || return 0
+  local expr=${not[0]}
+  ((${#not[@]} == 1)) || expr+=" and ${not[1]}"
+  printf '%s\n' -m "$expr"
 }
 
 # testreport_summary <reports> <stage_failed>: print one `skipped: NAME (reason)`

@@ -17,11 +17,13 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from rollout_engine.context import RunContext
 from rollout_engine.envs.miniwob import MiniWobEnv, build_tasks
+from rollout_engine.images import url_path
 from rollout_engine.types import Completion, Message, Task
 from tests.conftest import REPO, env_python
 from tests.e2e.conftest import VllmServer
@@ -88,6 +90,37 @@ async def test_scripted_actions_earn_the_page_reward(tmp_path: Path) -> None:
     finally:
         await env.close()
     assert env.pool.browser_pid is None
+
+
+async def test_a_screenshot_observation_shows_the_viewport_and_a_click_at_a_point_earns_the_reward(
+    tmp_path: Path,
+) -> None:
+    env = MiniWobEnv(context=context(tmp_path), max_steps=2, observation="screenshot", viewport=[320, 240])
+    sent: list[list[Message]] = []
+
+    async def at_the_button(messages: list[Message]) -> Completion:  # a model that reads the screenshot well
+        sent.append(messages)
+        box = await (await env.pool.slot(0)).page.locator("#subbtn").bounding_box()
+        return Completion(text=f"click({box['x'] + box['width'] / 2:.0f}, {box['y'] + box['height'] / 2:.0f})")
+
+    await env.start()
+    try:
+        policy = SimpleNamespace(chat=at_the_button)
+        state, score = await env.run_episode(
+            task("click-test"), 0, policy, episode_id="s#0", media_root=context(tmp_path).log_dir
+        )
+    finally:
+        await env.close()
+    assert score.success and state.turns[0].action["point"]
+    # the model was shown the goal and the viewport's screenshot, sent by file:// URL of the saved PNG, no tree
+    image, text = sent[0][1]["content"]
+    assert text["text"].startswith("Task: ") and "[ref=" not in text["text"] and "320x240" in sent[0][0]["content"]
+    png = Path(url_path(image["image_url"]["url"]))
+    assert png == env.context.log_dir / "images" / "s#0" / "step_000.png" and state.turns[0].images == [
+        "images/s#0/step_000.png"
+    ]
+    data = png.read_bytes()
+    assert data[:8] == PNG_MAGIC and (int.from_bytes(data[16:20]), int.from_bytes(data[20:24])) == (320, 240)
 
 
 async def test_wrong_answer_ends_the_episode_without_reward(tmp_path: Path) -> None:

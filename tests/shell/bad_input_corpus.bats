@@ -165,10 +165,19 @@ mine() {
   printf '{}\n' >"$DATA/models/SmolLM2-135M-Instruct/tokenizer_config.json"
   bad model_config.model "no chat template" --rl-phase update --dry-run
 }
-@test "run.sh: a vision-language model folder" {
+@test "run.sh: a vision-language model of a family Baton sends no images to" {
   model
-  printf '{"model_type": "qwen3_vl", "vision_config": {"depth": 2}}\n' >"$DATA/models/SmolLM2-135M-Instruct/config.json"
-  bad qwen3_vl "vision-language model" --rl-phase rollout --rollout-split eval-only --dry-run
+  printf '{"model_type": "llava", "vision_config": {"depth": 2}, "text_config": {"num_hidden_layers": 2}}\n' \
+    >"$DATA/models/SmolLM2-135M-Instruct/config.json"
+  bad llava "vision-language model of a family" --rl-phase rollout --rollout-split eval-only --dry-run
+}
+@test "run.sh: screenshots shown to a text model" {
+  model
+  mkdir -p "$DATA/tasks"
+  printf '{"task_id": "a", "task_name": "a", "metadata": {"miniwob_task": "click-test", "seed": 1}}\n' \
+    >"$DATA/tasks/test.jsonl"
+  bad env.observation=screenshot "is a text model" --rl-phase rollout --rollout-split eval-only --dry-run env=miniwob \
+    env.observation=screenshot
 }
 @test "run.sh: +policy_config.chat_template_kwargs.enable_thinking=false, a key nothing reads, names the one that is read" {
   model

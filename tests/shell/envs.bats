@@ -210,6 +210,21 @@ pins_copy() {
   [[ $output =~ ^[0-9a-f]{12}$ && $output != "$before" ]]
 }
 
+@test "pins.py: the serve-cpu hash covers the files its site step copies; a missing one is refused naming it" {
+  local repo before
+  repo=$(pins_copy)
+  cp -r "$ROOT/scripts/lib/site" "$repo/scripts/lib/"
+  before=$(python3 "$ROOT/scripts/lib/pins.py" serve-cpu --hash)
+  run -0 python3 "$repo/scripts/lib/pins.py" serve-cpu
+  [[ $output == *$'\nsite\tscripts/lib/site/baton_torchvision_cpu.py\tscripts/lib/site/baton_torchvision_cpu.pth\n'* ]]
+  printf '# changed\n' >>"$repo/scripts/lib/site/baton_torchvision_cpu.py"
+  run -0 python3 "$repo/scripts/lib/pins.py" serve-cpu --hash
+  [[ $output =~ ^[0-9a-f]{12}$ && $output != "$before" ]]
+  rm "$repo/scripts/lib/site/baton_torchvision_cpu.pth"
+  run -2 python3 "$repo/scripts/lib/pins.py" serve-cpu --hash
+  [[ $output == *"scripts/lib/site/baton_torchvision_cpu.pth is no file of the repository"* ]]
+}
+
 @test "pins.py: a missing lock names the command that makes it; a raw install step is refused" {
   local repo
   repo=$(pins_copy)

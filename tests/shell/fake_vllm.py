@@ -1,15 +1,17 @@
 """A stand-in for vLLM's OpenAI server in the shell and driver tests: answers /health and /v1/models, a
 greedy chat completion with logprobs (the fingerprint of the loaded weights), and the dev endpoints of an
-in-place reload (POST /collective_rpc, POST /reset_prefix_cache) and of sleep mode (POST /sleep, /wake_up).
+in-place reload (POST /collective_rpc, /reset_prefix_cache, /reset_encoder_cache, /reset_mm_cache) and of sleep
+mode (POST /sleep, /wake_up).
 
 python fake_vllm.py --port 8999 --served-model-name policy --model /data/models/m [--prefix-cache-held]
-    [--same-outputs] [--no-reload]
+    [--same-outputs] [--no-reload] [--no-encoder-reset]
 
 Other arguments (the rest of vLLM's command line: -m vllm.entrypoints.openai.api_server --dtype ...) are
 ignored, so a serve interpreter may run it with vLLM's arguments as they are.
 --prefix-cache-held: /reset_prefix_cache answers {"success":false}, as vLLM does while requests hold blocks.
 --same-outputs: the completion is the same whatever the weights (an update too small to show).
 --no-reload: /collective_rpc is not there (404), as on a server without VLLM_SERVER_DEV_MODE.
+--no-encoder-reset: /reset_encoder_cache is not there (404).
 GET /fake/completions (not vLLM's) answers how many chat completions it served.
 """
 
@@ -28,15 +30,20 @@ def main() -> None:
     parser.add_argument("--prefix-cache-held", action="store_true")
     parser.add_argument("--same-outputs", action="store_true")
     parser.add_argument("--no-reload", action="store_true")
+    parser.add_argument("--no-encoder-reset", action="store_true")
     args, _vllm_args = parser.parse_known_args()
     # compact, as vLLM answers: PolicyServer.serves matches "id" to the name and "root" to the model
     models = {"object": "list", "data": [{"id": args.served_model_name, "object": "model", "root": args.model}]}
     answers = {"/health": b"", "/v1/models": json.dumps(models, separators=(",", ":")).encode()}
     posts = {
         "/reset_prefix_cache": b'{"success":%s}' % (b"false" if args.prefix_cache_held else b"true"),
+        "/reset_encoder_cache": b"",
+        "/reset_mm_cache": b"",
         "/sleep?level=1": b"",
         "/wake_up": b"",
     }
+    if args.no_encoder_reset:
+        del posts["/reset_encoder_cache"]
     if not args.no_reload:
         posts["/collective_rpc"] = b'{"results":[null]}'
     weights = {"path": args.model}

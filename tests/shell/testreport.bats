@@ -1,7 +1,8 @@
 #!/usr/bin/env bats
 # test.sh's tally (scripts/lib/testreport.sh): passed, failed, skipped and
 # deselected tests from JUnit, TAP and deselected-list reports; a skip fails the
-# run and is named; the `gpu` tests are deselected on a machine without a GPU.
+# run and is named; the `gpu` tests are deselected on a machine without a GPU,
+# the `long` ones without BATON_TEST_LONG=1.
 
 bats_require_minimum_version 1.5.0
 
@@ -87,6 +88,7 @@ fake_nvidia_smi() {
 }
 
 @test "testreport_pytest_filter: deselects the gpu tests without a GPU, nothing with one" {
+  export BATON_TEST_LONG=1 # the long tests kept: the next test deselects them
   fake_nvidia_smi 'echo "NVIDIA-SMI has failed" >&2; exit 9'
   PATH="$FAKEBIN:$PATH" run -0 testreport_pytest_filter
   [ "$output" = $'-m\nnot gpu' ]
@@ -108,4 +110,18 @@ fake_nvidia_smi() {
   run -1 testreport_summary "$REPORTS" 0
   [ "${lines[0]}" = "skipped: test_gone (not here)" ]
   [ "${lines[2]}" = "tests: 1 passed, 0 failed, 1 skipped, 1 deselected (gpu)" ]
+}
+
+@test "testreport_pytest_filter: the long tests deselected unless BATON_TEST_LONG=1, beside the gpu ones" {
+  unset BATON_TEST_LONG
+  # shellcheck disable=SC2329 # called by testreport_pytest_filter
+  envs_device() { echo cpu; }
+  run -0 testreport_pytest_filter
+  [ "$output" = $'-m\nnot gpu and not long' ]
+  # shellcheck disable=SC2329 # called by testreport_pytest_filter
+  envs_device() { echo cuda; }
+  run -0 testreport_pytest_filter
+  [ "$output" = $'-m\nnot long' ]
+  BATON_TEST_LONG=1 run -0 testreport_pytest_filter
+  [ -z "$output" ]
 }

@@ -75,7 +75,9 @@ def test_a_hub_id_no_cache_holds_is_to_be_downloaded_and_anything_else_is_refuse
             find_model(tmp_path / "data", ModelConfig(model=bad))
 
 
-def test_a_folder_without_config_tokenizer_or_chat_template_or_with_vision_is_refused(tmp_path: Path) -> None:
+def test_a_folder_without_config_tokenizer_or_chat_template_or_of_an_unknown_vision_family_is_refused(
+    tmp_path: Path,
+) -> None:
     assert model_problems(model(tmp_path / "ok")) == []
     assert "holds no config.json" in model_problems(tmp_path / "nothing")[0]
     bare = model(tmp_path / "bare")
@@ -85,8 +87,13 @@ def test_a_folder_without_config_tokenizer_or_chat_template_or_with_vision_is_re
     jinja = model(tmp_path / "jinja", template=None)
     (jinja / "chat_template.jinja").write_text("{{ messages }}")
     assert model_problems(jinja) == []
-    vision = model_problems(model(tmp_path / "vl", vision_config={"depth": 2}))
-    assert "is a vision-language model" in vision[0]
+    # a vision-language model is served and trained when its family's whole way is known (Qwen-VL)
+    vision = {"vision_config": {"depth": 2}, "text_config": {"num_hidden_layers": 2}}
+    assert model_problems(model(tmp_path / "qwen3vl", **{**vision, "model_type": "qwen3_vl"})) == []
+    assert model_problems(model(tmp_path / "qwen25vl", **{**vision, "model_type": "qwen2_5_vl"})) == []
+    llava = model_problems(model(tmp_path / "llava", **{**vision, "model_type": "llava"}))
+    assert len(llava) == 1 and "of a family Baton does not send images to yet (model_type 'llava')" in llava[0]
+    assert "Qwen3-VL (model_type qwen3_vl, qwen3_vl_moe)" in llava[0]
 
 
 def test_reasoning_auto_is_think_when_the_chat_template_knows_the_closing_tag(tmp_path: Path) -> None:

@@ -70,3 +70,12 @@ def test_chromium_comes_from_the_variable_first(tmp_path: Path, monkeypatch: pyt
 def test_bad_budget_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"env\.max_steps must be >= 1"):
         MiniWobEnv(context=_context(tmp_path), max_steps=0)
+
+
+def test_an_unknown_observation_or_a_bad_viewport_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"env\.observation must be one of text, screenshot, both \(got 'image'\)"):
+        MiniWobEnv(context=_context(tmp_path), observation="image")
+    for bad in ([500], [50, 300], [500, "300"]):
+        with pytest.raises(ConfigError, match=r"env\.viewport must be \[width, height\] in pixels"):
+            MiniWobEnv(context=_context(tmp_path), viewport=bad)
+    assert MiniWobEnv(context=_context(tmp_path), observation="both", viewport=[1280, 800]).viewport == (1280, 800)

@@ -228,3 +228,22 @@ def test_trackers_reach_llamafactory_through_report_to_and_the_environment(tmp_p
 def test_a_bad_wandb_mode_names_the_field_and_the_choices(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"tracker\.wandb\.mode must be offline or online \(got 'onlin'\)"):
         validate(load(tmp_path, "tracker=wandb", "tracker.wandb.mode=onlin"))
+
+
+def test_a_vision_language_recipe_resizes_images_as_the_models_processor_does(tmp_path: Path) -> None:
+    """LLaMA-Factory's default image_max_pixels (589,824) shrinks a 1280x800 screenshot to 570 Qwen3-VL tokens
+    where vLLM, with the model's processor settings, makes 1,000: the recipe carries the model's."""
+    from training.dataset import DatasetFiles
+
+    files, cpu = DatasetFiles(tmp_path, 4, 0), Device("cpu", 1)
+    size = {"shortest_edge": 65536, "longest_edge": 16777216}
+    nested, flat, text = tmp_path / "nested", tmp_path / "flat", tmp_path / "text"
+    for folder in (nested, flat, text):
+        folder.mkdir()
+    # transformers 5 saves the image processor inside processor_config.json; Qwen's Hub folders keep it apart
+    (nested / "processor_config.json").write_text(json.dumps({"image_processor": {"size": size}}))
+    (flat / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 3136, "max_pixels": 12845056}))
+    recipes = [build_recipe(load(tmp_path), files, m, tmp_path / "out", cpu, CHOSEN) for m in (nested, flat, text)]
+    assert (recipes[0]["image_min_pixels"], recipes[0]["image_max_pixels"]) == (65536, 16777216)
+    assert (recipes[1]["image_min_pixels"], recipes[1]["image_max_pixels"]) == (3136, 12845056)
+    assert "image_max_pixels" not in recipes[2]

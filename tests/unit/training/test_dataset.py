@@ -10,6 +10,7 @@ import pytest
 
 from rollout_engine.envs.base import Env, EpisodeState, Score, StepResult
 from rollout_engine.errors import ConfigError
+from rollout_engine.images import file_url
 from rollout_engine.journal import Journal, read_journal
 from rollout_engine.progress import Progress
 from rollout_engine.scheduler import Scheduler, SchedulerSettings
@@ -43,7 +44,7 @@ def test_sft_row_holds_history_and_the_sampled_reply_last() -> None:
     ]
 
 
-def test_image_parts_become_placeholders_and_paths() -> None:
+def test_image_parts_become_placeholders_and_paths(tmp_path: Path) -> None:
     messages = [
         {
             "role": "user",
@@ -54,6 +55,11 @@ def test_image_parts_become_placeholders_and_paths() -> None:
         }
     ]
     assert convert_messages(messages, "x") == ("", [{"from": "human", "value": "Screen: <image>"}], ["/l/s.png"])
+    # the URL the episode loop sends (rollout_engine.images.file_url: `#` in an episode id percent-encoded) names
+    # the file again
+    shot = tmp_path / "images" / "mw-click-test-0000#0" / "step_000.png"
+    sent = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": file_url(shot)}}]}]
+    assert convert_messages(sent, "x")[2] == [str(shot)]
     with pytest.raises(ConfigError, match="inline"):
         convert_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:a"}}]}], "x")
     with pytest.raises(ConfigError, match="role 'critic'"):

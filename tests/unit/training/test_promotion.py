@@ -51,6 +51,22 @@ def test_optimizer_state_is_kept_only_when_asked(tmp_path: Path) -> None:
     assert (root / "v0001" / "optimizer" / "optimizer.pt").read_text() == "opt"
 
 
+def test_a_vision_language_policy_keeps_its_processor_files_taking_missing_ones_from_its_parent(
+    tmp_path: Path,
+) -> None:
+    parent = tmp_path / "base"
+    parent.mkdir()
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json", "chat_template.jinja"):
+        (parent / name).write_text(f"parent's {name}")
+    out = fake_output(tmp_path / "out", "w")
+    (out / "preprocessor_config.json").write_text("trained with")  # what the trainer saved wins
+    promote(out, tmp_path / "policy", 0, parent, keep_last=3)
+    v1 = tmp_path / "policy" / "v0001"
+    assert (v1 / "preprocessor_config.json").read_text() == "trained with"
+    assert (v1 / "video_preprocessor_config.json").read_text() == "parent's video_preprocessor_config.json"
+    assert (v1 / "chat_template.jinja").is_file() and not (v1 / "processor_config.json").exists()
+
+
 def test_failed_promotion_leaves_current_and_can_be_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "policy"
     promote(fake_output(tmp_path / "out1", "w1"), root, 0, tmp_path, keep_last=3)

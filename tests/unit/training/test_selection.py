@@ -7,7 +7,7 @@ from collections import Counter
 
 from rollout_engine.types import Failure
 from tests.unit.training.trajectories import traj, turn
-from training.selection import DPOSelector, KTOSelector, RFTSelector
+from training.selection import DPOSelector, KTOSelector, RFTSelector, bound_images
 
 
 def test_rft_keeps_successful_steps_only_and_counts_each_rule() -> None:
@@ -154,3 +154,17 @@ def test_rft_balance_families_gives_each_family_an_equal_share_of_the_draw() -> 
         shares[balance] = counts["click-tab"] / 400
     # 20 of 200 steps: a tenth of the draw by default; balanced, half (1/20 weight each against 1/180)
     assert 0.05 < shares[False] < 0.16 and 0.38 < shares[True] < 0.62
+
+
+def test_a_sample_whose_prompt_holds_more_images_than_max_images_per_sample_is_left_out_and_counted() -> None:
+    shot = {"type": "image_url", "image_url": {"url": "file:///log/images/a%230/step_000.png"}}
+    many, one = turn(0), turn(1)
+    many.messages = [{"role": "user", "content": [shot, shot, shot, {"type": "text", "text": "page"}]}]
+    one.messages = [{"role": "user", "content": [shot, {"type": "text", "text": "page"}]}]
+    trajectories = [traj("a", 0, True, turns=[many, one])]
+    selection = RFTSelector(positive_samples_to_train=100).select(trajectories, iteration=0, cutoff_len=2048)
+    assert len(selection.samples) == 2
+    bound_images(selection, 2)
+    assert [s.source for s in selection.samples] == ["a#0@1"] and selection.filtered["too_many_images"] == 1
+    bound_images(selection, 0)
+    assert selection.samples == [] and selection.filtered["too_many_images"] == 2
