@@ -56,17 +56,22 @@ def hub_snapshot(cache: Path, repo_id: str, source: Path) -> Path:
     return repo / "snapshots" / "0123456789abcdef"
 
 
-@pytest.fixture(scope="module")
-def toy_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("toy") / "qwen3"
+def build_toy(tmp_path_factory: pytest.TempPathFactory, script: str, name: str) -> Path:
+    """The toy model `script` (tests/e2e/) builds, in the train environment, its downloads cached across runs."""
+    out = tmp_path_factory.mktemp("toy") / name
     cache = Path.home() / ".cache" / "baton" / "toy-models"
     run_waiting(
-        [env_python("train"), str(REPO / "tests/e2e/toy_model.py"), "--out", str(out), "--cache", str(cache)],
-        waiting_for="the toy Qwen3 to be built",
+        [env_python("train"), str(REPO / "tests/e2e" / script), "--out", str(out), "--cache", str(cache)],
+        waiting_for=f"the toy model {name} to be built",
         timeout=300,
         check=True,
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def toy_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_toy(tmp_path_factory, "toy_model.py", "qwen3")
 
 
 @pytest.fixture
@@ -187,15 +192,7 @@ TOKENS_PER_SCREENSHOT = 80
 
 @pytest.fixture(scope="module")
 def toy_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("toy") / "qwen3-vl"
-    cache = Path.home() / ".cache" / "baton" / "toy-models"
-    run_waiting(
-        [env_python("train"), str(REPO / "tests/e2e/toy_vlm.py"), "--out", str(out), "--cache", str(cache)],
-        waiting_for="the toy Qwen3-VL to be built",
-        timeout=300,
-        check=True,
-    )
-    return out
+    return build_toy(tmp_path_factory, "toy_vlm.py", "qwen3-vl")
 
 
 def image_urls(messages: list[dict]) -> list[str]:

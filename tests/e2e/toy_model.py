@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,21 +212,25 @@ def save_model(out: Path) -> None:
 
 
 def build(out: Path, cache: Path) -> Path:
+    return build_with(out, lambda work: (save_tokenizer(fetch_tiktoken(cache), work), save_model(work)))
+
+
+def build_with(out: Path, save: Callable[[Path], object]) -> Path:
+    """`out` as `save` writes it into a folder beside it, renamed into place: a build cut short leaves no model."""
     if (out / "config.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_tokenizer(fetch_tiktoken(cache), work)
-        save_model(work)
+        save(work)
         os.replace(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(build: Callable[[Path, Path], Path] = build) -> None:
+    parser = argparse.ArgumentParser(description=(sys.modules["__main__"].__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "baton" / "toy-models")
     args = parser.parse_args()

@@ -21,12 +21,8 @@ into place; one that exists is kept.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -137,27 +133,13 @@ def save_processor(out: Path) -> None:
 
 
 def build(out: Path, cache: Path) -> Path:
-    if (out / "config.json").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    def save(work: Path) -> None:
         toy_model.save_tokenizer(toy_model.fetch_tiktoken(cache), work, TEMPLATE)
         save_model(work)
         save_processor(work)
-        os.replace(work, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return out
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "baton" / "toy-models")
-    args = parser.parse_args()
-    print(build(args.out.resolve(), args.cache))
+    return toy_model.build_with(out, save)
 
 
 if __name__ == "__main__":
-    main()
+    toy_model.main(build)
