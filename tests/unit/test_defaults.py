@@ -84,6 +84,7 @@ def test_bash_spells_the_table_s_defaults():
         "BATON_QUICKSTART_DIR",
         "BATON_QUICKSTART_ITERATIONS",
         "BATON_REPO",
+        "BATON_TEST_LONG",
         "BATON_TRACE",
         "BATON_VLLM_DTYPE",
     }, "a new numeric default belongs in rollout_engine/defaults.py"
