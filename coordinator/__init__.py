@@ -11,7 +11,7 @@ heartbeat.py, barrier.py). scripts/run.sh asks it through one entry point:
     python -m coordinator table --log-path L
     python -m coordinator fingerprint --base-url URL --model NAME
     python -m coordinator serving --device cpu|cuda --model DIR [--sessions N] [--max-model-len L] [--record F]
-    python -m coordinator start-run|join|heartbeat|arrive|wait|fail|stop|evict|status ...   (protocol_cli.py)
+    python -m coordinator heartbeat|stop|status ...   (protocol_cli.py; the driver runs the rest in-process)
     python -m coordinator takeover-plan --config C --dead D --survivors 0,2   (reassign.py; the driver calls it)
     python -m coordinator aggregate ... [--takeover-plan trajectories/<split>/iter_NNNN/takeover.json]
     python -m coordinator dashboard --log-path L [--port P] [--host H]   (the run's web page: dashboard/)

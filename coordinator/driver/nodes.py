@@ -65,9 +65,9 @@ if TYPE_CHECKING:
     from coordinator.driver.procs import Groups
     from coordinator.driver.supervise import Child, Supervisor
 
-#: how often a barrier or a join looks (the protocol CLI's --poll)
+#: how often a barrier or a join looks
 POLL_S = 0.2
-#: how often the master looks whether every rank joined (members' --poll)
+#: how often the master looks whether every rank joined (`members`)
 MEMBERS_POLL_S = 0.5
 #: how often a node in a training looks whether a partner's part failed (s): against a wait of launch.timeout_s
 PARTNERS_S = 2.0
@@ -125,7 +125,7 @@ class Synced:
 
     def merged(self) -> dict[str, Any]:
         """Every arrival's data in rank order, a later rank's key over an earlier one's, and `gone` (csv) when
-        ranks were dropped: what `coordinator wait --print-data` printed for run.sh."""
+        ranks were dropped."""
         merged: dict[str, Any] = {}
         for rank in sorted(self.data):
             merged |= self.data[rank]
@@ -410,7 +410,7 @@ class Node:
         return Synced({rank: result.arrivals[rank].data for rank in result.ranks}, list(result.gone))
 
     def _barrier(self, iteration: int, phase: str, ranks: list[int] | None, report_s: float) -> BarrierResult:
-        """`coordinator wait`: every rank of `ranks` (default: all); a continue run waits for the workers its
+        """Wait at a barrier: every rank of `ranks` (default: all); a continue run waits for the workers its
         step was planned with (none: {}), never for one that joined since; a lost worker is dropped, only the
         master's loss ends the wait. A barrier of every rank: the master waits for them and opens it, a worker
         waits for the master's word (coordinator/barrier.py: two tiers)."""

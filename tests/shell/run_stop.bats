@@ -5,6 +5,7 @@
 bats_require_minimum_version 1.5.0
 
 setup() {
+  load run_record
   ROOT=$(cd "$BATS_TEST_DIRNAME/../.." && pwd -P)
   source "$ROOT/scripts/lib/common.sh"
   source "$ROOT/scripts/lib/envs.sh"
@@ -49,8 +50,7 @@ stale_multi_node() {
   sleep 0 &
   dead=$!
   wait "$dead"
-  STALE=$("${CLI[@]}" start-run --log-path "$LOG" --num-nodes 2 --rank-weights 1,1 --heartbeat-interval 0.1 \
-    --dead-after 1 --pid "$dead")
+  STALE=$(start_run "$LOG" 2 "$dead")
   mkdir -p "$LOG/cluster/runs/$STALE/heartbeat"
   printf '7 1700000000.000 %s %s\n' "$(hostname)" "$dead" >"$LOG/cluster/runs/$STALE/heartbeat/rank_0"
 }
@@ -72,8 +72,7 @@ stale_multi_node() {
   local master=$!
   BG+=("$master")
   local run_id
-  run_id=$("${CLI[@]}" start-run --log-path "$LOG" --num-nodes 2 --rank-weights 1,1 --heartbeat-interval 0.1 \
-    --dead-after 1 --pid "$master")
+  run_id=$(start_run "$LOG" 2 "$master")
   "${CLI[@]}" heartbeat --log-path "$LOG" --run-id "$run_id" --rank 0 --node-pid "$master" 3>&- &
   local beat=$!
   BG+=("$beat")

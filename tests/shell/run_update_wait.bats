@@ -18,9 +18,6 @@ setup() {
 teardown() {
   # the background run started by a test, by the pid it recorded: nothing else
   [[ -z ${BG:-} ]] || kill -KILL "$BG" 2>/dev/null || true
-  local join
-  # a worker's wait for its master, orphaned by a failed test (it holds bats' fd 3: bats would wait for it)
-  for join in $(join_of "$LOG"); do kill "$join" 2>/dev/null || true; done
 }
 
 # wait_for <seconds> <cmd...>: poll until <cmd> succeeds.
@@ -43,11 +40,6 @@ wait_for() {
   [ ! -e "$LOG/policy" ]
   # the run released its role: the next one may start
   [ ! -e "$LOG/run/rank_0/owner.update" ]
-}
-
-# join_of <log>: the pids of the `coordinator join` of <log>, one per line (false while there is none).
-join_of() {
-  ps -eo pid=,args= | awk -v dir="$1" '/coordinator join/ && index($0, dir) {print $1; found=1} END {exit !found}'
 }
 
 @test "the wait polls until --wait-timeout, saying what it waits for" {
@@ -95,15 +87,11 @@ join_of() {
   BG=$!
   wait_for 60 grep -q "rank 1: waiting for the master (rank 0)" "$BATS_TEST_TMPDIR/bg.log"
   local rc=0
-  wait_for 30 join_of "$LOG"
   kill -TERM "$BG"
   # SIGTERM ends the join (in seconds): a join it did not end would wait its 600 s
   ends_within 60 "$BG" "run.sh after SIGTERM while the worker waits for its master"
   wait "$BG" || rc=$?
   [ "$rc" -eq 143 ]
-  # no process of the join is left (python itself, not only a subshell around it)
-  # shellcheck disable=SC2016 # $1 is the inner bash's argument, expanded there
-  wait_for 10 bash -c '! ps -eo args= | grep -F "$1" | grep -q "coordinator joi[n]"' _ "$LOG"
   [ ! -e "$LOG/run/rank_1/owner.update" ]
   [ -z "$(find "$LOG/run/rank_1" -name '.join.*')" ]
 }

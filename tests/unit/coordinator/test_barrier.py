@@ -233,47 +233,6 @@ def test_a_silent_master_that_finished_the_run_ends_the_wait_as_the_run_s_end(tm
         wait_barrier(node(tmp_path, 1), 2, "plan", [0], watcher, **QUICK)
 
 
-def test_continue_mode_a_step_s_barrier_waits_only_for_the_ranks_it_was_planned_with(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Issue 24, bug 1: a worker killed in iteration 1 and started again (`--worker 1`) while the master rolls
-    out iteration 2 registers again, but step 2 was planned without it (`--planned ""`): the master's barrier
-    of that step must not wait for it (it skips the step and joins at the next one)."""
-    from coordinator.__main__ import build_parser
-    from coordinator.cluster import NodeRecord
-    from coordinator.protocol_cli import dispatch
-
-    record = old_run(tmp_path, on_rank_failure="continue", dead_after_s=600)
-    master = node(tmp_path, 0, record.run_id)
-    master.register(NodeRecord(1, "n1", "a", 4242, None, 0.0, 81234))  # the restarted worker
-    arrive(master, 2, "train_rollout")
-    argv = ["wait", "--log-path", str(tmp_path), "--run-id", record.run_id, "--rank", "0", "--iteration", "2"]
-    # --timeout only bounds a hang: a wait for rank 1, which never arrives at step 2, ends with exit 1 there
-    argv += ["--phase", "train_rollout", "--planned", "", "--print-data", "--timeout", "5", "--poll", "0.02"]
-    assert dispatch(build_parser().parse_args(argv)) == 0
-    assert "waiting for ranks 1" not in capsys.readouterr().err
-    # a step planned with rank 1's registration waits for it
-    argv[argv.index("--planned") + 1] = "1=n1:4242:81234"
-    argv[argv.index("--timeout") + 1] = "0.3"
-    assert dispatch(build_parser().parse_args(argv)) == 1
-    assert "ranks 1 missing after 0.3 s" in capsys.readouterr().err
-
-
-def test_fence_exits_4_once_a_newer_master_start_superseded_the_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Issue 24, bug 7: the master asks before it writes run/state (`python -m coordinator fence`)."""
-    from coordinator.__main__ import build_parser
-    from coordinator.protocol_cli import dispatch
-
-    old = old_run(tmp_path)
-    argv = ["fence", "--log-path", str(tmp_path), "--run-id", old.run_id]
-    assert dispatch(build_parser().parse_args(argv)) == 0
-    new = old_run(tmp_path)  # a new master start rewrote run.json
-    assert dispatch(build_parser().parse_args(argv)) == 4
-    assert f"run stopped: run {old.run_id} was superseded by run {new.run_id}" in capsys.readouterr().err
-
-
 def test_on_poll_ticks_during_the_wait_and_what_it_raises_ends_it(tmp_path: Path) -> None:
     class Signalled(Exception):
         pass

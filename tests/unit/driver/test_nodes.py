@@ -510,6 +510,21 @@ def test_a_worker_in_a_training_reads_the_masters_arrival_alone_the_master_each_
     assert failed_partner(cluster[1], 3, 1, mine) == (0, 143)
 
 
+def test_a_partner_s_part_that_succeeded_and_this_node_s_own_failed_part_are_no_partner_failure(
+    tmp_path: Path,
+) -> None:
+    record = old_run(tmp_path)
+    master, worker = Cluster(tmp_path, record.run_id, rank=0), Cluster(tmp_path, record.run_id, rank=1)
+    arrive(worker, 3, "update", data={"train_exit": 0})
+    arrive(master, 3, "update", data={"train_exit": 1})  # the master's own part: not a partner's
+    assert failed_partner(master, 3, 0, {}) is None
+    arrive(master, 4, "update", data={"train_exit": 0})
+    arrive(worker, 4, "update", data={"train_exit": 1})
+    assert failed_partner(worker, 4, 1, {}) is None
+    arrive(master, 5, "update", data={"exit": 1, "train_exit": 1})
+    assert failed_partner(worker, 5, 1, {}) == (0, 1)
+
+
 def test_the_first_step_of_a_continue_run_waits_for_every_rank_to_join(nodes: Nodes) -> None:
     master, worker = nodes.make(0, on_failure="continue"), nodes.make(1, on_failure="continue")
     master.start(1)
