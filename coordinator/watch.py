@@ -124,6 +124,13 @@ class NodeView:
             return build_frame(self.view, self.stalls, self.phase, self.iteration)
         return self._master() if self.rank == 0 else self._worker()
 
+    def final(self) -> Frame:
+        """The frame when the view is stopped (after the phase's barrier): read afresh, not the last look's
+        cache, so that the lines a log keeps are every rank's final numbers."""
+        self._full_at = self._totals_at = None
+        self._own = None
+        return self.frame()
+
     def _mine(self, rollout: RankRollout | None) -> bool:
         return rollout is not None and (rollout.split, rollout.iteration) == (self.split, self.iteration)
 
@@ -266,4 +273,4 @@ def run_watch(
         view_loop(source, output.show, poll_s)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # run.sh's one SIGTERM: let the last frame out
-        output.close(source.frame())
+        output.close(source.final())

@@ -279,3 +279,23 @@ def test_beyond_a_screenful_of_ranks_the_master_shows_its_own_line_and_the_total
         status(tmp_path, rank)
     lines = NodeView(tmp_path, "rollout-train", 2, rank=0).frame().lines
     assert [line.split(":")[0] for line in lines] == ["train rollout rank 0", f"train rollout, {RANK_LINES + 1} ranks"]
+
+
+def test_when_stopped_every_view_reads_afresh_so_the_last_lines_are_every_ranks_final_numbers(tmp_path: Path) -> None:
+    """run.sh stops the view after the barrier: the master's last lines must be every rank's final numbers even
+    when a rank finished within TOTALS_S of its last look, a worker's its own and the master's latest totals."""
+    old_run(tmp_path, num_nodes=2, rank_weights=[1, 1])
+    for rank in (0, 1):
+        status(tmp_path, rank, finished=2)
+    clock = Clock()
+    master = NodeView(tmp_path, "rollout-train", 2, rank=0, clock=clock)
+    worker = NodeView(tmp_path, "rollout-train", 2, rank=1, clock=clock)
+    master.frame(), worker.frame()
+    for rank in (0, 1):
+        status(tmp_path, rank, finished=8, counts={"done": 8})
+    clock.now += 1
+    assert ": 2/8 episodes" in master.frame().lines[1]  # between its looks at every rank
+    last = master.final().lines
+    assert [": 8/8 episodes" in line for line in last] == [True, True], last
+    last = worker.final().lines
+    assert last[0].startswith("train rollout rank 1: 8/8 episodes") and "16/16 episodes" in last[1], last
