@@ -9,7 +9,8 @@ journal into a dataset (training.dataset, as an update writes it), then recomput
 log-probabilities with Hugging Face transformers in float32 and in bfloat16 (training.logprob_check, train
 environment) and print the gap to vLLM's. With `--cost`, the same server also answers `--requests` requests of
 exactly `--tokens` tokens with and without `logprobs` (alternating, twice each): tokens/s and response bytes
-per token, side by side.
+per token, side by side. With `--mismatch`, also what a real mistake gives (bench.logprob_mismatch: a trainer
+dividing its logits by a temperature).
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=4, help="samples per task")
     parser.add_argument("--tokens", type=int, default=128, help="max_new_tokens of the rollout")
     parser.add_argument("--cost", action="store_true", help="also measure tokens/s and bytes with/without logprobs")
+    parser.add_argument(
+        "--mismatch", action="store_true", help="also a trainer applying temperature (logprob_mismatch)"
+    )
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--cost-tokens", type=int, default=64)
     return parser.parse_args(argv)
@@ -140,6 +144,12 @@ def main(argv: list[str] | None = None) -> None:
         for trainer in ("float32", "bfloat16"):
             found = gap(work / f"data-{served}", model_dir, trainer)
             print(f"vLLM {served} vs transformers {trainer} ({rows} rows): {json.dumps(found)}")
+        if args.mismatch:
+            cmd = [env_python("train"), "-m", "bench.logprob_mismatch", str(work / f"data-{served}"), str(model_dir)]
+            out = subprocess.run(
+                cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True, stdout=subprocess.PIPE
+            )
+            print("".join(f"vLLM {served}, {line}\n" for line in out.stdout.splitlines()), end="")
     print(f"journals and datasets kept in {work}")
 
 
