@@ -8,7 +8,16 @@ import math
 import pytest
 
 from rollout_engine.errors import ConfigError
-from training.logprob_check import REFUSE_MEAN_GAP, WARN_MEAN_GAP, Reply, compare, replies_of, verdict
+from training import logprob_check
+from training.logprob_check import (
+    REFUSE_MEAN_GAP,
+    WARN_MEAN_GAP,
+    Reply,
+    compare,
+    replies_of,
+    trainer_dtype,
+    verdict,
+)
 
 
 def row(source: str, ids: list[int] | None, logprobs: list[float] | None, **more) -> dict:
@@ -74,3 +83,23 @@ def test_the_verdict_warns_then_refuses_on_the_mean_gap() -> None:
     assert verdict(gap_of(WARN_MEAN_GAP * 1.5)) == "warn"
     assert verdict(gap_of(REFUSE_MEAN_GAP * 1.5)) == "refuse"
     assert compare([], []).tokens == 0 and verdict(compare([], [])) == "ok"
+
+
+def test_the_update_checks_in_the_precision_its_trainer_computes_in() -> None:
+    assert trainer_dtype({"bf16": False}) == "float32"
+    assert trainer_dtype({"bf16": True}) == "bfloat16"
+    assert trainer_dtype({"bf16": False, "deepspeed": {"torch_autocast": {"enabled": True}}}) == "bfloat16"
+
+
+def test_a_gap_beyond_numerics_refuses_the_update_by_name(monkeypatch, caplog, tmp_path) -> None:
+    def measured(mean: float):
+        return lambda *args, **kwargs: compare([Reply("a#0@0", [1], [4], [-1.0])], [[-1.0 + mean]])
+
+    monkeypatch.setattr(logprob_check, "load_model", lambda model_dir, dtype: None)
+    monkeypatch.setattr(logprob_check, "measure", measured(REFUSE_MEAN_GAP * 2))
+    with pytest.raises(ConfigError, match=r"log-probability fidelity \(train, float32\).*data.logprob_samples=0"):
+        logprob_check.check_logprobs(tmp_path, tmp_path)
+    monkeypatch.setattr(logprob_check, "measure", measured((WARN_MEAN_GAP + REFUSE_MEAN_GAP) / 2))
+    assert logprob_check.check_logprobs(tmp_path, tmp_path, dtype="bfloat16").tokens == 1
+    (warned,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "log-probability fidelity (train, bfloat16)" in warned.getMessage()
