@@ -72,7 +72,7 @@ class EpisodeSpec:
 
 @dataclass
 class Completion:
-    """One chat-completion reply with the token ids vLLM returns on request."""
+    """One chat-completion reply with the token ids and log-probabilities vLLM returns on request."""
 
     text: str
     finish_reason: str | None = None
