@@ -249,3 +249,20 @@ def test_a_qwen3_vl_sees_miniwob_screenshots_and_trains_on_them(
         assert (Layout(log).policy_version(iteration) / "processor_config.json").is_file()
     assert os.path.realpath(Layout(log).policy_current) == str(Layout(log).policy_version(2))
     assert text.count("reloaded") == 2 and "restarting vLLM" not in text, text[-4000:]  # served in place
+
+    # the fidelity check refuses an image setting LLaMA-Factory would expand differently from vLLM, naming it: at
+    # least 262,144 pixels, a 320x240 screenshot grows to more tokens than the model's processor gave vLLM
+    recipe_path = Layout(log).training_dir(2) / "train_config.yaml"
+    mismatched = tmp_path / "mismatched.yaml"
+    mismatched.write_text(recipe_path.read_text().replace("image_min_pixels: 65536", "image_min_pixels: 262144"))
+    check = subprocess.run(
+        [env_python("train"), "-m", "training.fidelity", str(mismatched)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert check.returncode == 2, check.stdout[-2000:] + check.stderr[-3000:]
+    expands = f"an image expands to {TOKENS_PER_SCREENSHOT} tokens in vLLM's prompt and"
+    assert expands in check.stderr and "image_min_pixels 262144" in check.stderr, check.stderr[-3000:]
