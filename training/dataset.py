@@ -14,7 +14,10 @@ Writes into `out_dir`:
 - `dataset_info.json`: `baton_train` (and `baton_val`) with their columns.
 - `train.token_ids.jsonl` (and `val.token_ids.jsonl`): per row, the ids the
   policy sampled (`training.fidelity` compares them with LLaMA-Factory's);
-  a demonstration's row has none and says `"demonstration": true`.
+  a demonstration's row has none and says `"demonstration": true`. With
+  algorithm=grpo each row also has its episode's `"advantage"`, and, where the
+  rollout recorded them, `"completion_logprobs"` (the behaviour policy's, one
+  per completion id), which the policy-gradient trainer reads (training.pg_trainer).
 
 `dataset_digest(out_dir, recipe)` is the sha256 of those files and the training
 YAML: the master publishes it, and every node checks what it trains on against it.
@@ -158,6 +161,8 @@ def token_ids(sample: Sample) -> dict[str, Any]:
     }
     if sample.demonstration:
         out["demonstration"] = True
+    if sample.advantage is not None:
+        out["advantage"] = sample.advantage
     if sample.rejected is not None:
         out["rejected_source"] = sample.rejected.source
         out["rejected_prompt_token_ids"] = sample.rejected.prompt_token_ids

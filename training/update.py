@@ -274,10 +274,12 @@ def check_tokens(cfg: UpdateConfig, files: DatasetFiles, recipe: dict, selection
         return
     from training.fidelity import check_fidelity
 
+    # grpo: every row, since each row's advantage and log-probabilities go onto exactly the sampled tokens
+    samples = -1 if cfg.algorithm.policy_gradient is not None else cfg.data.fidelity_samples
     for split, rows in (("train", files.train_rows), ("val", files.val_rows)):
         if not rows:
             continue
-        report = check_fidelity(recipe, cfg.data.fidelity_samples, cfg.algorithm.selection.seed, split)
+        report = check_fidelity(recipe, samples, cfg.algorithm.selection.seed, split)
         if report.noncanonical and cfg.data.noncanonical == "fail":
             raise ConfigError(
                 f"token fidelity: {len(report.noncanonical)} {split} rows (first: row "
