@@ -20,19 +20,23 @@ sequences of the step (GRPO's original).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from training.config import PolicyGradientConfig
 
+#: torch.Tensor: torch is the train environment's, imported in the functions (the app environment imports this
+#: module, and tests/unit/test_declared_deps.py allows module-level imports of the app's packages only)
+Tensor = Any
+
 IGNORE_INDEX = -100
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     """log p(label_{t+1} | tokens up to t) at every trained position (0 elsewhere), and the trained positions:
     [B, T-1] each. Only the trained positions' logits are taken to fp32 ([N, V], not [B, T, V])."""
+    import torch
+
     targets = labels[:, 1:]
     mask = targets != IGNORE_INDEX
     chosen = logits[:, :-1][mask].float()
@@ -42,18 +46,20 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
 
 
 def policy_gradient_loss(
-    logp: torch.Tensor,
-    behaviour: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
+    logp: Tensor,
+    behaviour: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
     settings: PolicyGradientConfig,
-    ref_logp: torch.Tensor | None = None,
-    normaliser: torch.Tensor | float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ref_logp: Tensor | None = None,
+    normaliser: Tensor | float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch (module doc) and its sums for the log: `tokens`, `clipped_low` (tokens whose
     ratio fell below 1 - clip_low with A < 0: no gradient), `clipped_high` (above 1 + clip_high with A > 0),
     `ratio` (sum of r) and `kl` (sum of the k3 terms). `logp`, `behaviour`, `ref_logp`, `mask`: [B, T];
     `advantages`: [B]. `normaliser` None: this micro-batch's own tokens (token_mean) or sequences."""
+    import torch
+
     mask_f = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp((logp - behaviour.detach()) * mask_f)  # 1 off the mask (no overflow from padding)

@@ -19,15 +19,13 @@ out before LLaMA-Factory's parser reads the rest.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
-from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 
 from training.config import PolicyGradientConfig
 from training.dataset import load_token_ids
@@ -105,6 +103,8 @@ class PolicyGradientCollator:
         self.inner = inner
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
         extra = [{key: f[key] for key in (ADVANTAGE, POLICY_TOKENS, LOGPROBS)} for f in features]
         batch = self.inner([{k: v for k, v in f.items() if k not in extra[0]} for f in features])
         labels = batch["labels"]
@@ -123,63 +123,72 @@ class PolicyGradientCollator:
         return batch
 
 
-class PolicyGradientTrainer(CustomSeq2SeqTrainer):
-    """LLaMA-Factory's SFT trainer whose loss is training.pg_loss's."""
+@functools.cache
+def trainer_class() -> type:
+    """`PolicyGradientTrainer`: LLaMA-Factory's SFT trainer whose loss is training.pg_loss's. Defined on first
+    use: the app environment imports every module of training/, and LLaMA-Factory is the train environment's."""
+    import torch
+    from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 
-    def __init__(self, settings: PolicyGradientConfig, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.settings = settings
-        # a loss function of our own: the HF Trainer then counts the optimizer step's trained tokens
-        # (num_items_in_batch, across devices too) and leaves the scaling over accumulation to compute_loss
-        self.compute_loss_func = policy_gradient_loss
-        self.sums: dict[str, float] = defaultdict(float)
+    class PolicyGradientTrainer(CustomSeq2SeqTrainer):
+        """LLaMA-Factory's SFT trainer whose loss is training.pg_loss's."""
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        advantages, behaviour, has_behaviour = (inputs.pop(key) for key in BATCH_KEYS)
-        labels = inputs.pop("labels")
-        outputs = model(**inputs)  # no labels: the model computes no loss of its own
-        logp, mask = token_logprobs(outputs.logits, labels)
-        behaviour = torch.where(has_behaviour.unsqueeze(-1), behaviour[:, 1:].to(logp.dtype), logp.detach())
-        ref_logp = self.reference_logprobs(model, inputs, labels) if self.settings.kl_beta > 0 else None
-        loss, stats = policy_gradient_loss(
-            logp, behaviour, advantages, mask, self.settings, ref_logp, self.normaliser(num_items_in_batch)
-        )
-        if self.settings.aggregation == "token_mean" and num_items_in_batch is not None:
-            # the count is the step's on every device and DDP / DeepSpeed average the gradients: undo that
-            loss = loss * (self.accelerator.num_processes if self.args.average_tokens_across_devices else 1)
-        for key, value in stats.items():
-            self.sums[key] += float(value)
-        return (loss, outputs) if return_outputs else loss
+        def __init__(self, settings: PolicyGradientConfig, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.settings = settings
+            # a loss function of our own: the HF Trainer then counts the optimizer step's trained tokens
+            # (num_items_in_batch, across devices too) and leaves the scaling over accumulation to compute_loss
+            self.compute_loss_func = policy_gradient_loss
+            self.sums: dict[str, float] = defaultdict(float)
 
-    def normaliser(self, num_items_in_batch) -> Any:
-        """What the micro-batch's sum is divided by: the optimizer step's trained tokens (token_mean), or its
-        sequences on this device (sequence_mean; the last step of an epoch may hold fewer)."""
-        if self.settings.aggregation == "token_mean":
-            return num_items_in_batch
-        return self.args.per_device_train_batch_size * self.current_gradient_accumulation_steps
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            advantages, behaviour, has_behaviour = (inputs.pop(key) for key in BATCH_KEYS)
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)  # no labels: the model computes no loss of its own
+            logp, mask = token_logprobs(outputs.logits, labels)
+            behaviour = torch.where(has_behaviour.unsqueeze(-1), behaviour[:, 1:].to(logp.dtype), logp.detach())
+            ref_logp = self.reference_logprobs(model, inputs, labels) if self.settings.kl_beta > 0 else None
+            loss, stats = policy_gradient_loss(
+                logp, behaviour, advantages, mask, self.settings, ref_logp, self.normaliser(num_items_in_batch)
+            )
+            if self.settings.aggregation == "token_mean" and num_items_in_batch is not None:
+                # the count is the step's on every device and DDP / DeepSpeed average the gradients: undo that
+                loss = loss * (self.accelerator.num_processes if self.args.average_tokens_across_devices else 1)
+            for key, value in stats.items():
+                self.sums[key] += float(value)
+            return (loss, outputs) if return_outputs else loss
 
-    @torch.no_grad()
-    def reference_logprobs(self, model, inputs: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
-        """The reference model's log-probabilities of the labels: a LoRA's base (the adapter off), else the
-        reference LLaMA-Factory loads (the model the update starts from, or its `ref_model`)."""
-        if self.ref_model is None:
-            with self.accelerator.unwrap_model(model).disable_adapter():
-                logits = model(**inputs).logits
-        else:
-            logits = self.ref_model(**inputs).logits
-        return token_logprobs(logits, labels)[0]
+        def normaliser(self, num_items_in_batch) -> Any:
+            """What the micro-batch's sum is divided by: the optimizer step's trained tokens (token_mean), or its
+            sequences on this device (sequence_mean; the last step of an epoch may hold fewer)."""
+            if self.settings.aggregation == "token_mean":
+                return num_items_in_batch
+            return self.args.per_device_train_batch_size * self.current_gradient_accumulation_steps
 
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        """The step's clip fractions, mean ratio and KL beside the loss (this process's tokens)."""
-        tokens = self.sums.get("tokens", 0.0)
-        if "loss" in logs and tokens:
-            logs["pg_clipped_low"] = round(self.sums["clipped_low"] / tokens, 6)
-            logs["pg_clipped_high"] = round(self.sums["clipped_high"] / tokens, 6)
-            logs["pg_ratio"] = round(self.sums["ratio"] / tokens, 6)
-            if self.settings.kl_beta > 0:
-                logs["pg_kl"] = round(self.sums["kl"] / tokens, 6)
-            self.sums.clear()
-        super().log(logs, *args, **kwargs)
+        @torch.no_grad()
+        def reference_logprobs(self, model, inputs: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
+            """The reference model's log-probabilities of the labels: a LoRA's base (the adapter off), else the
+            reference LLaMA-Factory loads (the model the update starts from, or its `ref_model`)."""
+            if self.ref_model is None:
+                with self.accelerator.unwrap_model(model).disable_adapter():
+                    logits = model(**inputs).logits
+            else:
+                logits = self.ref_model(**inputs).logits
+            return token_logprobs(logits, labels)[0]
+
+        def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+            """The step's clip fractions, mean ratio and KL beside the loss (this process's tokens)."""
+            tokens = self.sums.get("tokens", 0.0)
+            if "loss" in logs and tokens:
+                logs["pg_clipped_low"] = round(self.sums["clipped_low"] / tokens, 6)
+                logs["pg_clipped_high"] = round(self.sums["clipped_high"] / tokens, 6)
+                logs["pg_ratio"] = round(self.sums["ratio"] / tokens, 6)
+                if self.settings.kl_beta > 0:
+                    logs["pg_kl"] = round(self.sums["kl"] / tokens, 6)
+                self.sums.clear()
+            super().log(logs, *args, **kwargs)
+
+    return PolicyGradientTrainer
 
 
 def with_columns(dataset: Any, directory: Path) -> Any:
@@ -226,7 +235,7 @@ def run_policy_gradient(model_args, data_args, training_args, finetuning_args, c
         compute_dtype=model_args.compute_dtype,
         **tokenizer_module,
     )
-    trainer = PolicyGradientTrainer(
+    trainer = trainer_class()(
         settings=settings,
         model=model,
         args=training_args,
