@@ -1,5 +1,6 @@
 """The policy-gradient loss of algorithm=grpo against a hand-computed example (training.pg_loss, pg_trainer's
-collator), run in the train environment by pg_cases.py (its docstring: the inputs).
+collator), run in the train environment by pg_cases.py (its docstring: the inputs); the columns that carry each
+row's advantage and behaviour log-probabilities onto its sampled tokens (pg_trainer.build_columns).
 
 Sequence 0 (advantage +1), ratios 1.5, 0.5, 1.0:  per-token loss -min(r A, clip(r, 0.8, 1.28) A)
     1.5 -> -min(1.5, 1.28) = -1.28 (clipped high: no gradient), 0.5 -> -min(0.5, 0.8) = -0.5, 1.0 -> -1.0
@@ -13,10 +14,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, env_python
+from training.pg_trainer import Columns, build_columns
 
 TOKENS = 5
 SEQ0 = [-1.28, -0.5, -1.0]
@@ -90,3 +93,24 @@ def test_collator_trains_only_the_sampled_tokens_and_aligns_their_logprobs(cases
     assert got["pg_has_behaviour"] == [True, False]
     assert got["pg_advantages"] == [0.5, -0.5]
     assert "pg_logprobs" not in got and "pg_policy_tokens" not in got  # taken out before LLaMA-Factory's collator
+
+
+def test_columns_put_each_rows_advantage_and_logprobs_on_its_sampled_tokens(tmp_path: Path) -> None:
+    """build_columns (app environment): the rows must be the encoded dataset's, one for one, token for token."""
+    sidecar = tmp_path / "train.token_ids.jsonl"
+    labels = [[-100, -100, 5, 6, 2, 198], [-100, 7, 2, 198]]
+    rows = [
+        {"source": "a#0@0", "completion_token_ids": [5, 6, 2], "completion_logprobs": [-0.1, -0.2, -0.3],
+         "advantage": 0.5},
+        {"source": "a#1@0", "completion_token_ids": None, "advantage": -0.5},
+    ]  # fmt: skip
+    columns = build_columns(labels, rows, sidecar)
+    assert columns == Columns([0.5, -0.5], [3, -1], [[-0.1, -0.2, -0.3], []]) and columns.without_logprobs == 1
+    with pytest.raises(ValueError, match="has 1 rows but LLaMA-Factory encoded 2"):
+        build_columns(labels, rows[:1], sidecar)
+    with pytest.raises(ValueError, match=r"row 0 \(a#0@0\): LLaMA-Factory's trained tokens are not the sampled"):
+        build_columns(labels, [{**rows[0], "completion_token_ids": [5, 7, 2]}, rows[1]], sidecar)
+    with pytest.raises(ValueError, match="has 2 completion_logprobs for 3 completion_token_ids"):
+        build_columns(labels, [{**rows[0], "completion_logprobs": [-0.1, -0.2]}, rows[1]], sidecar)
+    with pytest.raises(ValueError, match=r"row 1 .* has no advantage: prepare the data with algorithm=grpo"):
+        build_columns(labels, [rows[0], {"source": "a#1@0", "completion_token_ids": None}], sidecar)
