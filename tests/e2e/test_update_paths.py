@@ -156,7 +156,7 @@ def check_grpo(log: Path, run_dir: Path, recipe: dict) -> None:
     rows = [json.loads(line) for line in (run_dir / "data" / "train.token_ids.jsonl").read_text().splitlines()]
     assert min(row["advantage"] for row in rows) < 0 < max(row["advantage"] for row in rows)
     train_log = (run_dir / "train.log").read_text()
-    assert "training.pg_trainer" in train_log and "pg_clipped_high" in train_log
+    assert "grpo: the policy-gradient loss with" in train_log and "pg_clipped_high" in train_log
     on_policy = [row for row in rows if not row.get("completion_logprobs")]
     assert (f"grpo: {len(on_policy)} of {len(rows)} rows have no behaviour log-probabilities" in train_log) == bool(
         on_policy
