@@ -7,7 +7,8 @@ Per trained token t of a sequence with advantage A (the episode's, training.adva
 
     r_t  = exp(logp_t - behaviour_t)                                (the importance ratio)
     l_t  = -min(r_t * A, clip(r_t, 1 - clip_low, 1 + clip_high) * A)
-         + kl_beta * (exp(ref_t - logp_t) - (ref_t - logp_t) - 1)   (k3, Schulman's unbiased KL estimate)
+         + kl_beta * (exp(ref_t - logp_t) - (ref_t - logp_t) - 1)   (k3, Schulman's unbiased KL estimate;
+                                                                  at most 10, ref_t - logp_t within +-20: verl's)
 
 `behaviour` are the log-probabilities the rollout sampled with (vLLM's); where a row has none, the trainer passes
 `logp` detached, so r = 1 and the term is plain REINFORCE with the advantage. Clipping follows PPO, with DAPO's
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 Tensor = Any
 
 IGNORE_INDEX = -100
+#: bounds of the k3 term, verl's ("low_var_kl"): exp(ref - logp) grows without bound where the policy has moved far
+#: below the reference on a token (one such token put 1e7 into a loss on the default model); beyond them no gradient
+KL_DELTA_BOUND, KL_BOUND = 20.0, 10.0
 
 
 def token_logprobs(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -69,8 +73,8 @@ def policy_gradient_loss(
     if settings.kl_beta > 0:
         if ref_logp is None:
             raise ValueError("kl_beta > 0 needs the reference model's log-probabilities (ref_logp)")
-        delta = (ref_logp.detach() - logp) * mask_f
-        kl = torch.exp(delta) - delta - 1.0
+        delta = torch.clamp((ref_logp.detach() - logp) * mask_f, -KL_DELTA_BOUND, KL_DELTA_BOUND)
+        kl = torch.clamp(torch.exp(delta) - delta - 1.0, max=KL_BOUND)
         per_token = per_token + settings.kl_beta * kl
     per_token = per_token * mask_f
     if settings.aggregation == "token_mean":

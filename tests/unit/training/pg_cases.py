@@ -45,6 +45,18 @@ def loss_case(settings: PolicyGradientConfig, normaliser: float | None = None) -
     return {"loss": loss.item(), "grad": logp.grad.tolist(), "stats": {k: float(v) for k, v in stats.items()}}
 
 
+def kl_bound_case() -> dict:
+    """One token 30 nats below its reference: k3 = e^30 - 31 were it not bounded; bounded, 10 and no gradient."""
+    import torch
+
+    logp = torch.tensor([[-31.0]], dtype=torch.float64, requires_grad=True)
+    settings = PolicyGradientConfig(kl_beta=1.0)
+    ref = torch.tensor([[-1.0]], dtype=torch.float64)
+    loss, stats = policy_gradient_loss(logp, logp.detach(), torch.tensor([0.0]), torch.tensor([[True]]), settings, ref)
+    loss.backward()
+    return {"loss": loss.item(), "kl": float(stats["kl"]), "grad": logp.grad.item()}
+
+
 def logprob_case() -> dict:
     """token_logprobs against log_softmax on a 3-token vocabulary: labels shifted, -100 positions zero."""
     import torch
@@ -86,6 +98,7 @@ def main() -> None:
         "token_mean_step": loss_case(token, normaliser=10.0),
         "sequence_mean": loss_case(sequence),
         "kl": loss_case(kl),
+        "kl_bound": kl_bound_case(),
         "logprobs": logprob_case(),
         "collator": collator_case(),
     }

@@ -78,6 +78,11 @@ def test_kl_term_is_the_k3_estimate_to_the_reference(cases: dict) -> None:
     assert got["grad"][0][0] == pytest.approx(0.1 * (1.0 - 2.0) / TOKENS)  # the clipped token: the KL's alone
 
 
+def test_kl_term_is_bounded_where_the_policy_fell_far_below_the_reference(cases: dict) -> None:
+    """exp(ref - logp) is unbounded: a token 30 nats below its reference would add e^30 to the loss."""
+    assert cases["kl_bound"] == pytest.approx({"loss": 10.0, "kl": 10.0, "grad": 0.0})
+
+
 def test_token_logprobs_are_the_shifted_log_softmax_of_the_trained_labels(cases: dict) -> None:
     got = cases["logprobs"]
     lse = math.log(math.exp(1) + math.exp(2) + math.exp(3))
