@@ -1,8 +1,8 @@
 """Every update path trains for real, is promoted, and is then served by vLLM with changed outputs.
 
 On copies of one real train rollout of the default model (the session's `train_journal`), the update phase
-(`python -m training`, train environment) runs two optimizer steps of each path, three paths covering every
-axis (CI time: one training each instead of six):
+(`python -m training`, train environment) runs two optimizer steps of each path (grpo one), four paths covering
+every axis (CI time: one training each instead of one per combination):
 
 - KTO (successful steps desirable, failed ones undesirable) under DeepSpeed ZeRO-2;
 - DPO (a success and a failure of the same task) under DeepSpeed ZeRO-3;
