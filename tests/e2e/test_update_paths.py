@@ -119,7 +119,7 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     if path.startswith("lora"):
         assert (run_dir / "merged" / "model.safetensors").exists(), "the LoRA is merged before promotion"
     if path == "grpo":
-        check_grpo(log, run_dir, recipe)
+        check_grpo(log, run_dir, recipe, training)
 
     policy = log / "policy" / "v0001"
     record = json.loads((policy / "baton_policy.json").read_text())
@@ -134,7 +134,7 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     SERVED[path] = (promoted / path, now)
 
 
-def check_grpo(log: Path, run_dir: Path, recipe: dict) -> None:
+def check_grpo(log: Path, run_dir: Path, recipe: dict, training: dict) -> None:
     """Every episode of each task whose rewards differ is one row with its advantage (failures negative), the
     tasks whose rewards are all equal are dropped and counted, and the loss is the policy-gradient one."""
     assert recipe["baton_policy_gradient"] == {
@@ -153,6 +153,11 @@ def check_grpo(log: Path, run_dir: Path, recipe: dict) -> None:
     assert filtered["same_reward_groups"] == len(rewards) - len(differ) > 0, (filtered, len(rewards))
     left_out = filtered.get("noncanonical_tokens", 0) + filtered.get("over_cutoff", 0)
     assert selection["train_rows"] + left_out == sum(len(r) for r in differ), selection
+    assert (training["train_rows"], training["same_reward_groups"]) == (
+        selection["train_rows"],
+        len(rewards) - len(differ),
+    )
+    assert len(training["pg"]["ratio"]) == len(training["pg"]["clipped_high"]) == 1 and "kl" not in training["pg"]
     rows = [json.loads(line) for line in (run_dir / "data" / "train.token_ids.jsonl").read_text().splitlines()]
     assert min(row["advantage"] for row in rows) < 0 < max(row["advantage"] for row in rows)
     train_log = (run_dir / "train.log").read_text()
