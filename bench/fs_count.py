@@ -9,8 +9,8 @@
     counter.calls, counter.creates, counter.renames
 
 A call is what a filesystem client sends the server for a name or an open file: open, stat, a listing, rename,
-unlink, mkdir, fsync, fchmod, utime (reads and writes of an open file's bytes are not counted). A create is an open
-or mkdir that makes a new name; a rename is os.replace / os.rename.
+unlink, mkdir, fsync, fchmod, ftruncate, utime (reads and writes of an open file's bytes are not counted). A create
+is an open or mkdir that makes a new name; a rename is os.replace / os.rename.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class SteppedClock:
 
 
 _PATH_CALLS = ("stat", "lstat", "scandir", "listdir", "unlink", "remove", "rmdir", "utime")
-_FD_CALLS = ("fsync", "fchmod", "fdatasync")
+_FD_CALLS = ("fsync", "fchmod", "fdatasync", "ftruncate")
 
 
 class Counter:

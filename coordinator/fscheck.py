@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rollout_engine.files import save_text
+from rollout_engine.files import overwrite_text, save_text
 from rollout_engine.shared_read import exists_either_way, read_fresh
 
 #: how often a side looks (s)
@@ -147,7 +147,7 @@ def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = N
         _write(folder / f"a.{r}.name", {})
         _write(folder / f"a.{r}.list", {})
         (folder / f"a.{r}.gone").unlink()
-        _write(folder / f"a.{r}.content", {"version": 2})
+        overwrite_text(folder / f"a.{r}.content", json.dumps({"version": 2}) + "\n")  # as a heartbeat is
     locks = {}
     for r in ponged:
         locks[r] = os.open(folder / f"a.{r}.lock", os.O_RDWR)
@@ -250,7 +250,7 @@ def summary(findings: Findings) -> str:
     return (
         f"ranks {_ranks([pair.rank for pair in answered])} see rank 0's writes: a new file by name"
         f" {worst('new_by_name_s')}, by listing {worst('new_by_listing_s')}; a deleted file for"
-        f" {worst('deleted_visible_s')}; a replaced file's old content for {worst('old_content_s')}; locks shared:"
+        f" {worst('deleted_visible_s')}; a rewritten file's old content for {worst('old_content_s')}; locks shared:"
         f" {locks}; clocks within {offset:.3f} s" + (f"; not in time: ranks {_ranks(late)}" if late else "")
     )
 
@@ -266,13 +266,13 @@ def verdict(findings: Findings, dead_after_s: float, heartbeat_s: float) -> list
     findings = Findings(findings.budget_s, findings.folder, answered)
     problems = []
     old = findings.worst("old_content_s")
-    # a heartbeat is a file replaced every heartbeat_s; another node sees each change up to `old` late, so the
+    # a heartbeat is a file rewritten every heartbeat_s; another node sees each change up to `old` late, so the
     # changes it sees can be heartbeat_s + old apart: a node is dead only after more than that, and a beat more
     need = 2 * heartbeat_s + (findings.budget_s if old is None else old)
     if findings.pairs and dead_after_s <= need:
         seen = f"more than {findings.budget_s:.0f} s" if old is None else f"{old:.1f} s"
         problems.append(
-            f"BATON_DEAD_AFTER_S={dead_after_s:g} is too short here: another node saw a replaced file's old content "
+            f"BATON_DEAD_AFTER_S={dead_after_s:g} is too short here: another node saw a rewritten file's old content "
             f"for {seen} (heartbeats every {heartbeat_s:g} s), so a live node could be counted dead. Set "
             f"BATON_DEAD_AFTER_S to {math.floor(need) + 1} or more, or mount the log path with shorter attribute "
             'caches (NFS: actimeo=1; GlusterFS: --attribute-timeout=1; docs/multinode.md "Filesystems")'

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rollout_engine.defaults import DEAD_AFTER_S
-from rollout_engine.files import save_text
+from rollout_engine.files import overwrite_text
 from rollout_engine.layout import rank_file_name
 from rollout_engine.shared_read import read_fresh
 
@@ -82,9 +82,11 @@ FAILED = "failed"
 
 
 def write_beat(cluster: Cluster, rank: int, beat: Beat) -> None:
-    """Replace the rank's heartbeat file: atomic for readers, no fsync (a beat must never wait for the disk's
-    writeback of others' data; a beat lost in a crash is as stale as the one before it)."""
-    save_text(cluster.heartbeat_dir / rank_file_name(rank), beat.line(), durable=False)
+    """Rewrite the rank's heartbeat file in place, no fsync (rollout_engine.files.overwrite_text: no create or
+    rename a beat; a beat must never wait for the disk's writeback of others' data; a beat lost in a crash is as
+    stale as the one before it). A reader that catches it mid-write sees a line that differs (the writer is
+    alive) or one that does not parse (skipped)."""
+    overwrite_text(cluster.heartbeat_dir / rank_file_name(rank), beat.line())
 
 
 def read_beats(cluster: Cluster, ranks: Iterable[int] | None = None) -> dict[int, Beat]:

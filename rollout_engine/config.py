@@ -105,9 +105,19 @@ class PolicyConfig:
     retry_backoff_max_s: float = setting(8.0, Range(low=0, unit="seconds"))
     #: ask vLLM for prompt and completion token ids (`return_token_ids`)
     return_token_ids: bool = True
+    #: also ask for each sampled token's log-probability (chat completions `logprobs`, `top_logprobs` 0) and keep
+    #: them beside the ids (Turn.completion_logprobs): what a policy-gradient update's importance ratio needs.
+    #: Costs about 10 bytes of journal per reply token (docs/rollout.md)
+    return_logprobs: bool = True
 
     def __post_init__(self) -> None:
         p: list[str] = []
+        _check(
+            p,
+            self.return_token_ids or not self.return_logprobs,
+            "policy_config.return_logprobs needs policy_config.return_token_ids=true (got return_token_ids=false): "
+            "the log-probabilities are kept aligned with the token ids; set return_logprobs=false too",
+        )
         _check(
             p,
             self.base_url.startswith(("http://", "https://")),

@@ -1,7 +1,7 @@
 """The live view of a rollout and its status.json snapshot.
 
 `run_live` refreshes `<log>/status.json` (`<log>/status.rank_<r>.json` with several ranks)
-(atomically, every `env_config.status_interval_s` seconds) and the terminal
+(in place, every `env_config.status_interval_s` seconds; the last atomically) and the terminal
 view chosen by `env_config.live_view`:
 
 - `rich`: a grid with one cell per episode (`.` waiting, `s` setup,
@@ -16,11 +16,12 @@ view chosen by `env_config.live_view`:
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from rollout_engine.files import save_json
+from rollout_engine.files import overwrite_text, save_json
 from rollout_engine.progress import Progress
 
 _GLYPHS = {
@@ -130,6 +131,10 @@ async def run_live(progress: Progress, view: View, status_path: Path, interval_s
 
 
 def write_status(path: Path, snap: dict, final: bool = False) -> None:
-    """Replace status.json atomically; fsync only the last one (`final`): the next second's snapshot replaces
-    one lost in a crash, and an fsync a second on every node only loads the filesystem."""
-    save_json(path, snap, durable=final)
+    """Rewrite status.json in place, no fsync (rollout_engine.files.overwrite_text: a create and a rename a second
+    on every node were most of a large cluster's metadata load; the next second's snapshot replaces one torn or
+    lost); the last one (`final`) replaces it atomically and durably."""
+    if final:
+        save_json(path, snap)
+    else:
+        overwrite_text(path, json.dumps(snap, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

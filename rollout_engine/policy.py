@@ -4,7 +4,9 @@
 settings of `policy_config`, at most `max_vllm_sessions` at a time (one
 semaphore), and returns a `Completion` with the reply, token counts and, when
 the server returns them (vLLM with `return_token_ids`), the prompt and
-completion token ids. `model_config.chat_template_kwargs` (enable_thinking:
+completion token ids, and with `return_logprobs` (chat completions `logprobs`,
+`top_logprobs` 0) the sampled tokens' log-probabilities, one per completion id
+(a count that differs is a `ModelError`, never padded). `model_config.chat_template_kwargs` (enable_thinking:
 false), when set, goes with every request as vLLM's `chat_template_kwargs`.
 
 Retries (`rollout_engine.retries`, the one retry layer): connection errors,
@@ -33,12 +35,15 @@ import openai
 from rollout_engine.config import PolicyConfig
 from rollout_engine.errors import ConfigError, ContextOverflowError, ModelError, PolicyDown
 from rollout_engine.retries import Backoff, build_openai_client, call_with_retries, is_retryable
-from rollout_engine.types import Completion, Message
+from rollout_engine.types import Completion, Message, logprobs_problem
 
 logger = logging.getLogger(__name__)
 
 #: seconds the health probe after a failed request may take
 PROBE_S = 10.0
+#: decimals kept of a sampled token's log-probability: vLLM computes them in float32 (about 7 significant
+#: digits); 1e-6 moves an importance ratio by 1e-6 and halves the journal's bytes per value
+LOGPROB_DECIMALS = 6
 
 
 @dataclass
@@ -77,7 +82,7 @@ class PolicyClient:
             extra["top_k"] = self.cfg.top_k
         if self.chat_template_kwargs:
             extra["chat_template_kwargs"] = self.chat_template_kwargs
-        return {
+        args = {
             "model": self.cfg.model,
             "messages": messages,
             "temperature": self.cfg.temperature,
@@ -85,6 +90,10 @@ class PolicyClient:
             "max_tokens": self.cfg.max_new_tokens,
             "extra_body": extra or None,
         }
+        if self.cfg.return_logprobs:
+            # the sampled token's own log-probability only: top_logprobs 0 adds no alternatives to the reply
+            args |= {"logprobs": True, "top_logprobs": 0}
+        return args
 
     async def _once(self, args: dict[str, Any]) -> Any:
         async with self.sessions:
@@ -149,11 +158,26 @@ def parse_completion(resp: Any) -> Completion:
         raise ModelError("the server returned no choices")
     choice = resp.choices[0]
     usage = resp.usage
+    completion_ids = getattr(choice, "token_ids", None)
+    logprobs = parse_logprobs(choice)
+    problem = logprobs_problem(completion_ids, logprobs)
+    if problem:
+        raise ModelError(f"the server's reply does not align its log-probabilities with its tokens: {problem}")
     return Completion(
         text=choice.message.content or "",
         finish_reason=choice.finish_reason,
         prompt_tokens=usage.prompt_tokens if usage else 0,
         completion_tokens=usage.completion_tokens if usage else 0,
         prompt_token_ids=getattr(resp, "prompt_token_ids", None),
-        completion_token_ids=getattr(choice, "token_ids", None),
+        completion_token_ids=completion_ids,
+        completion_logprobs=logprobs,
     )
+
+
+def parse_logprobs(choice: Any) -> list[float] | None:
+    """The sampled tokens' log-probabilities of one choice (`logprobs.content[i].logprob`), rounded to
+    LOGPROB_DECIMALS; None when the server sent none. vLLM reports -9999.0 for a token it has no value for."""
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    if content is None:
+        return None
+    return [round(float(entry.logprob), LOGPROB_DECIMALS) for entry in content]

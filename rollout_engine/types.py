@@ -72,7 +72,7 @@ class EpisodeSpec:
 
 @dataclass
 class Completion:
-    """One chat-completion reply with the token ids vLLM returns on request."""
+    """One chat-completion reply with the token ids and log-probabilities vLLM returns on request."""
 
     text: str
     finish_reason: str | None = None
@@ -80,6 +80,8 @@ class Completion:
     completion_tokens: int = 0
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
+    #: the log-probability of each sampled token, 1:1 with completion_token_ids (vLLM's `logprobs`)
+    completion_logprobs: list[float] | None = None
 
 
 #: the finish_reason of a reply cut at the token limit (policy_config.max_new_tokens)
@@ -107,6 +109,9 @@ class Turn:
     response: str
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
+    #: the policy's log-probability of each sampled token, 1:1 with completion_token_ids (docs/formats.md);
+    #: None when not recorded (policy_config.return_logprobs off, or a journal written before the field)
+    completion_logprobs: list[float] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
@@ -176,4 +181,23 @@ class Trajectory:
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
             raise ValueError(f"turns must be a list of objects (got {str(turns)[:80]})")
         row["turns"] = [Turn(**t) for t in turns]
+        for turn in row["turns"]:
+            problem = logprobs_problem(turn.completion_token_ids, turn.completion_logprobs)
+            if problem:
+                raise ValueError(f"turn {turn.index}: {problem}")
         return cls(**row)
+
+
+def logprobs_problem(token_ids: list[int] | None, logprobs: list[float] | None) -> str:
+    """Why `logprobs` cannot be the sampled tokens' log-probabilities of `token_ids` ("" if they can): one per
+    id, in order. Never padded or cut to fit: a ratio formed against the wrong token would train on noise."""
+    if logprobs is None:
+        return ""
+    if token_ids is None:
+        return f"completion_logprobs has {len(logprobs)} values but completion_token_ids is null"
+    if len(logprobs) != len(token_ids):
+        return (
+            f"completion_logprobs has {len(logprobs)} values for {len(token_ids)} completion_token_ids "
+            "(they must align 1:1)"
+        )
+    return ""

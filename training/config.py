@@ -193,6 +193,10 @@ class DataConfig:
     fidelity_samples: int = setting(-1, Range(low=0, special={-1: "all"}, note="0 = off"))
     #: a checked reply whose text LLaMA-Factory tokenizes differently from the sampled ids: drop | fail
     noncanonical: str = setting("drop", Choice(NONCANONICAL))
+    #: rows whose sampled tokens' log-probabilities the trainer's model recomputes and compares with vLLM's
+    #: (training.logprob_check: warns, or refuses the update, when the mean gap is beyond numerics): -1 = all,
+    #: 0 = off. It loads the model on this node's CPU in the trainer's precision (docs/update.md)
+    logprob_samples: int = setting(0, Range(low=0, special={-1: "all"}, note="0 = off"))
     #: images per sample at most: a sample whose prompt holds more is not trained on (too_many_images)
     max_images_per_sample: int = setting(5, Range(low=0))
     #: expert demonstrations to mix in (python -m rollout_engine.demonstrations): one absolute path or a list,

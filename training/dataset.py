@@ -13,11 +13,12 @@ Writes into `out_dir`:
   end on the human turn and carry `chosen` / `rejected`.
 - `dataset_info.json`: `baton_train` (and `baton_val`) with their columns.
 - `train.token_ids.jsonl` (and `val.token_ids.jsonl`): per row, the ids the
-  policy sampled (`training.fidelity` compares them with LLaMA-Factory's);
-  a demonstration's row has none and says `"demonstration": true`. With
-  algorithm=grpo each row also has its episode's `"advantage"`, and, where the
-  rollout recorded them, `"completion_logprobs"` (the behaviour policy's, one
-  per completion id), which the policy-gradient trainer reads (training.pg_trainer).
+  policy sampled (`training.fidelity` compares them with LLaMA-Factory's) and
+  the log-probabilities it sampled them with, one per reply id
+  (`completion_logprobs`; `training.logprob_check` and a policy-gradient loss
+  read them); a demonstration's row has none and says `"demonstration": true`.
+  With algorithm=grpo each row also has its episode's `"advantage"`, which
+  the policy-gradient trainer reads (training.pg_trainer).
 
 `dataset_digest(out_dir, recipe)` is the sha256 of those files and the training
 YAML: the master publishes it, and every node checks what it trains on against it.
@@ -37,7 +38,7 @@ from typing import Any
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import read_jsonl, save_json, save_jsonl
 from rollout_engine.images import url_path
-from rollout_engine.types import Message
+from rollout_engine.types import Message, logprobs_problem
 from training.selection import Sample
 
 ROLE_TAGS = {"user": "human", "assistant": "gpt", "tool": "observation"}
@@ -153,11 +154,12 @@ def to_row(sample: Sample, stage: str) -> dict[str, Any]:
 
 
 def token_ids(sample: Sample) -> dict[str, Any]:
-    """The sampled ids of one row, for the fidelity check."""
+    """The sampled ids and log-probabilities of one row (the fidelity checks', a policy-gradient loss's)."""
     out: dict[str, Any] = {
         "source": sample.source,
         "prompt_token_ids": sample.prompt_token_ids,
         "completion_token_ids": sample.completion_token_ids,
+        "completion_logprobs": aligned_logprobs(sample),
     }
     if sample.demonstration:
         out["demonstration"] = True
@@ -167,7 +169,16 @@ def token_ids(sample: Sample) -> dict[str, Any]:
         out["rejected_source"] = sample.rejected.source
         out["rejected_prompt_token_ids"] = sample.rejected.prompt_token_ids
         out["rejected_completion_token_ids"] = sample.rejected.completion_token_ids
+        out["rejected_completion_logprobs"] = aligned_logprobs(sample.rejected)
     return out
+
+
+def aligned_logprobs(sample: Sample) -> list[float] | None:
+    """`sample.completion_logprobs`, or ConfigError naming the step when they do not align 1:1 with its ids."""
+    problem = logprobs_problem(sample.completion_token_ids, sample.completion_logprobs)
+    if problem:
+        raise ConfigError(f"{sample.source}: {problem}; the journal line is corrupt: move it aside and roll out again")
+    return sample.completion_logprobs
 
 
 def convert_messages(messages: list[Message], source: str) -> tuple[str, list[dict[str, str]], list[str]]:

@@ -53,6 +53,8 @@ class Sample:
     images: list[str] = field(default_factory=list)
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
+    #: the policy's log-probability of each sampled reply token, 1:1 with completion_token_ids (None: not recorded)
+    completion_logprobs: list[float] | None = None
     #: KTO: desirable (True) or undesirable (False)
     label: bool | None = None
     #: DPO: the failed step answering the same prompt
@@ -330,6 +332,7 @@ def _sample(traj: Trajectory, turn: Turn) -> Sample:
         images=list(turn.images),
         prompt_token_ids=turn.prompt_token_ids,
         completion_token_ids=turn.completion_token_ids,
+        completion_logprobs=turn.completion_logprobs,
         family=traj.family,
     )
 

@@ -235,7 +235,12 @@ def prepare(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
             cfg.data.val_split_ratio,
             cfg.algorithm.selection.seed + cfg.iteration,
         )
-        check_tokens(cfg, files, recipe_of(cfg, paths, files, device), selection)
+        recipe = recipe_of(cfg, paths, files, device)
+        check_tokens(cfg, files, recipe, selection)
+        if cfg.data.logprob_samples and files.train_rows:
+            from training.logprob_check import check_recipe
+
+            check_recipe(recipe, cfg.data.logprob_samples, cfg.algorithm.selection.seed)
         check_batch(cfg, files.train_rows + files.val_rows, selection.describe(), device)
         shutil.rmtree(paths.data, ignore_errors=True)
         staging.rename(paths.data)

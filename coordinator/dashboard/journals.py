@@ -21,8 +21,8 @@ from typing import Any
 from rollout_engine.files import read_jsonl
 from rollout_engine.layout import Layout, iterations, parse_journal_name
 
-#: token ids are long and of no use to a person reading an episode
-_HEAVY = ("prompt_token_ids", "completion_token_ids")
+#: token ids and their log-probabilities are long and of no use to a person reading an episode
+_HEAVY = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 
 
 @dataclass

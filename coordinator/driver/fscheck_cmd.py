@@ -112,7 +112,7 @@ def describe(findings: Findings) -> list[str]:
             f"    a new file, looked up by name:     {_delay(pair.new_by_name_s, b)}",
             f"    a new file, in a listing:          {_delay(pair.new_by_listing_s, b)}",
             f"    a deleted file, still there for:   {_delay(pair.deleted_visible_s, b)}",
-            f"    a replaced file, old content for:  {_delay(pair.old_content_s, b)}",
+            f"    a rewritten file, old content for: {_delay(pair.old_content_s, b)}",
             f"    locks shared with rank 0:          {locks}",
             f"    clock offset from rank 0:          {pair.clock_offset_s:+.3f} s (+- {pair.round_trip_s / 2:.3f})",
         ]

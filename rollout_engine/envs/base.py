@@ -225,6 +225,7 @@ def _turn(
         env_reply=split.answer if split.has_reasoning else None,
         prompt_token_ids=reply.prompt_token_ids,
         completion_token_ids=reply.completion_token_ids,
+        completion_logprobs=reply.completion_logprobs,
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=reply.completion_tokens,
         finish_reason=reply.finish_reason,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -45,6 +46,12 @@ def test_reasoning_gym_rollout_writes_journal_manifest_metrics(vllm_server, data
         assert turn["messages"][-1]["content"].endswith("Answer with only the final number.")
         assert turn["prompt_token_ids"] and len(turn["prompt_token_ids"]) == turn["prompt_tokens"]
         assert turn["completion_token_ids"] and len(turn["completion_token_ids"]) == turn["completion_tokens"]
+        # the sampled tokens' log-probabilities (policy_config.return_logprobs, default on): one per reply id,
+        # each a finite log-probability, and not all 0 (at temperature 1 a 16-token reply is no certainty)
+        logprobs = turn["completion_logprobs"]
+        assert len(logprobs) == len(turn["completion_token_ids"])
+        assert all(math.isfinite(lp) and -100 < lp <= 0 for lp in logprobs), logprobs
+        assert sum(logprobs) < 0
         assert row["success"] == (row["reward"] >= 1.0)
     iter_dir = log / "trajectories" / "test" / "iter_0000"
     manifest = json.loads((iter_dir / "rank_0.manifest.json").read_text())

@@ -107,5 +107,5 @@ def test_check_shared_fs_refuses_a_dead_after_no_longer_than_two_heartbeats_and_
     (pair,) = json.loads((check / "findings.json").read_text())["pairs"]
     least = math.floor(2 * 1 + pair["old_content_s"]) + 1  # the advice: above two beats and what was measured
     for out in outs:
-        assert "[baton] error: BATON_DEAD_AFTER_S=2 is too short here: another node saw a replaced file's old" in out
+        assert "[baton] error: BATON_DEAD_AFTER_S=2 is too short here: another node saw a rewritten file's old" in out
         assert f"Set BATON_DEAD_AFTER_S to {least} or more" in out and "actimeo=1" in out, out

@@ -28,6 +28,7 @@ import pytest
 from tests.conftest import REPO, default_sigint, env_python
 from tests.e2e.conftest import processes_mentioning
 from tests.waits import UPDATE_S, communicate_waiting, run_waiting
+from training.logprob_check import WARN_MEAN_GAP
 
 pytestmark = pytest.mark.e2e
 
@@ -101,7 +102,8 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_resume_trai
     """`run.sh --rl-phase update` on a log path where a rollout run finished iteration 1's train rollout:
     Ctrl+C during the warm trainer's training ends run.sh (exit 130) and leaves no process of it (torchrun's
     workers run in sessions of their own); `--resume`, in fresh processes (BATON_WARM_TRAINER=0), selects
-    the successes, passes the fidelity check, trains one optimizer step of a full fine-tune and promotes it."""
+    the successes, passes the fidelity checks (tokens, log-probabilities), trains one optimizer step of a full
+    fine-tune and promotes it."""
     log = tmp_path / "log"
     shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train/iter_0001")
     state = log / "run/state/iter_0001"
@@ -109,7 +111,7 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_resume_trai
     (state / "train_rollout.done").write_text("done\n")  # what the rollout run writes when its rollout ends
     base = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]
     small = ["algorithm.per_device_train_batch_size=2", "algorithm.gradient_accumulation_steps=1"]
-    small += ["algorithm.cutoff_len=512", "algorithm.warmup_steps=0"]
+    small += ["algorithm.cutoff_len=512", "algorithm.warmup_steps=0", "data.logprob_samples=-1"]
 
     proc = subprocess.Popen(
         [*base, "--rl-phase", "update", "--wait-timeout", "0", "algorithm.max_steps=200", *small],
@@ -136,6 +138,11 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_resume_trai
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     update_log = (log / "run" / "rank_0" / "logs" / "iter_0001.update.log").read_text()
     assert "token fidelity (train, template smollm2)" in update_log, update_log[-3000:]
+    # log-probability fidelity on the real rows: the trainer's float32 log-probabilities of the sampled tokens
+    # against those vLLM recorded, within what numerics give (vLLM in bf16 on a CPU with native bf16: ~0.03)
+    said = r"log-probability fidelity \(train, float32\): (\d+) tokens .* mean \|gap\| ([0-9.]+)"
+    gaps = re.findall(said, update_log)
+    assert gaps and all(int(tokens) > 0 and float(mean) < WARN_MEAN_GAP for tokens, mean in gaps), update_log[-3000:]
     run_dir = log / "training" / "iter_0001"
     selection = json.loads((run_dir / "selection.json").read_text())
     rows = json.loads((run_dir / "data" / "train.json").read_text())

@@ -31,7 +31,7 @@ def test_the_verdict_refuses_a_dead_after_two_beats_and_the_staleness_reach() ->
     fresh = findings(new_by_name_s=0.0, new_by_listing_s=None, deleted_visible_s=None, old_content_s=5.0)
     assert verdict(fresh, dead_after_s=30, heartbeat_s=5) == []  # 2 x 5 + 5 = 15 < 30
     (problem,) = verdict(fresh, dead_after_s=15, heartbeat_s=5)
-    assert problem.startswith("BATON_DEAD_AFTER_S=15 is too short here: another node saw a replaced file's old")
+    assert problem.startswith("BATON_DEAD_AFTER_S=15 is too short here: another node saw a rewritten file's old")
     assert "for 5.0 s (heartbeats every 5 s)" in problem and "Set BATON_DEAD_AFTER_S to 16 or more" in problem
     (problem,) = verdict(findings(new_by_name_s=0.0, old_content_s=1.04), dead_after_s=2, heartbeat_s=1)
     assert "Set BATON_DEAD_AFTER_S to 4 or more" in problem  # 2 x 1 + 1.04 = 3.04: more than 3, not "above 3"

@@ -259,7 +259,8 @@ async def test_the_policy_request_carries_chat_template_kwargs_only_when_set() -
     assert fake.calls[0]["extra_body"] == {"return_token_ids": True, "top_k": 20, "chat_template_kwargs": kwargs}
     plain = PolicyClient(PolicyConfig(), 2, client=fake)
     assert "chat_template_kwargs" not in plain.request_args([])["extra_body"]
-    assert PolicyClient(PolicyConfig(return_token_ids=False), 2, client=fake).request_args([])["extra_body"] is None
+    bare = PolicyConfig(return_token_ids=False, return_logprobs=False)
+    assert PolicyClient(bare, 2, client=fake).request_args([])["extra_body"] is None
 
 
 # --- a reply cut at the token limit ---------------------------------------------------------------------------

@@ -80,6 +80,25 @@ def test_files_kto_and_dpo_columns(tmp_path: Path) -> None:
     assert info["ranking"] is True and info["columns"]["rejected"] == "rejected"
     (ids,) = [json.loads(line) for line in (dpo.directory / "train.token_ids.jsonl").read_text().splitlines()]
     assert ids["rejected_source"] == "a#1@0" and ids["completion_token_ids"] == [4, 5]
+    assert ids["completion_logprobs"] == [-0.5, -1.25] and ids["rejected_completion_logprobs"] == [-0.5, -1.25]
+
+
+def test_each_row_carries_the_sampled_logprobs_aligned_or_none(tmp_path: Path) -> None:
+    recorded = turn(response="7")
+    recorded.completion_logprobs = [-0.125, -2.0]
+    old = turn(response="8")
+    old.completion_logprobs = None  # a journal from before the field, or policy_config.return_logprobs=false
+    samples = RFTSelector().select([traj("a", 0, True, turns=[recorded]), traj("b", 0, True, turns=[old])], 0, 99)
+    save_dataset(samples.samples, tmp_path, "sft")
+    rows = [json.loads(line) for line in (tmp_path / "train.token_ids.jsonl").read_text().splitlines()]
+    by_source = {r["source"]: r["completion_logprobs"] for r in rows}
+    assert by_source == {"a#0@0": [-0.125, -2.0], "b#0@0": None}
+    bad = turn(response="9")
+    bad.completion_logprobs = [-0.125]
+    samples = RFTSelector().select([traj("c", 0, True, turns=[bad])], 0, 99)
+    with pytest.raises(ConfigError, match=r"c#0@0: completion_logprobs has 1 values for 2 completion_token_ids"):
+        save_dataset(samples.samples, tmp_path / "bad", "sft")
+    assert not (tmp_path / "bad").exists()
 
 
 def test_validation_split_and_dropping_rows(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ def demo(task: str, turns: int = 2, success: bool = True, prompt: str = "") -> T
     steps = [turn(i, response=f"step {i}", prompt=prompt or f"{task} obs {i}") for i in range(turns)]
     out = traj(task, 0, success, turns=steps)
     for step in out.turns:
-        step.prompt_token_ids = step.completion_token_ids = None
+        step.prompt_token_ids = step.completion_token_ids = step.completion_logprobs = None
     out.policy_model = "expert:script"
     return out
 
@@ -153,6 +153,7 @@ def test_demonstration_rows_are_rendered_like_sampled_rows_and_marked_in_the_tok
         "source": "demo:a#0@0",
         "prompt_token_ids": None,
         "completion_token_ids": None,
+        "completion_logprobs": None,
         "demonstration": True,
     }
     assert "demonstration" not in by_source["a#0@0"]

@@ -12,6 +12,7 @@ def turn(index: int = 0, response: str = "7", changed: bool = True, prompt: str 
         response=response,
         prompt_token_ids=[1, 2, 3],
         completion_token_ids=[4, 5],
+        completion_logprobs=[-0.5, -1.25],
         state_changed=changed,
     )
 
