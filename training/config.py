@@ -51,6 +51,8 @@ LR_SCHEDULERS = (
 #: LLaMA-Factory's preference losses (FinetuningArguments.pref_loss)
 PREF_LOSSES = ("sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo")
 NONCANONICAL = ("drop", "fail")
+#: how the policy-gradient loss averages its per-token terms (training.pg_loss)
+PG_AGGREGATIONS = ("token_mean", "sequence_mean")
 WANDB_MODES = ("offline", "online")
 #: seeds are unsigned 32-bit (numpy's, which the trainer seeds)
 MAX_SEED = (1 << 32) - 1
@@ -110,6 +112,30 @@ class DPOSelectionConfig(SelectionConfig):
 
 
 @dataclass
+class GroupSelectionConfig(SelectionConfig):
+    """Policy gradient (algorithm=grpo): every episode of a task's group of samples whose rewards differ, each
+    step carrying the episode's advantage (its reward normalised within the group: training.advantages)."""
+
+    _target_: str = "training.selection.GroupSelector"
+    #: GRPO divides each group's centred rewards by their standard deviation; false = Dr. GRPO's centred rewards
+    scale_by_std: bool = True
+
+
+@dataclass
+class PolicyGradientConfig:
+    """The clipped policy-gradient loss of algorithm=grpo (training.pg_loss), inside LLaMA-Factory's SFT trainer."""
+
+    #: the ratio's clip range [1 - clip_low, 1 + clip_high] (DAPO's decoupled "clip-higher": 0.2 / 0.28)
+    clip_low: float = setting(0.2, Range(0, 1, high_open=True))
+    clip_high: float = setting(0.28, Range(low=0))
+    #: token_mean: every trained token of an optimizer step weighs the same (DAPO); sequence_mean: each
+    #: sequence's tokens are averaged first, then the sequences (GRPO's original)
+    aggregation: str = setting("token_mean", Choice(PG_AGGREGATIONS))
+    #: weight of the k3 KL estimate to the reference model; 0 = off (no reference model is loaded)
+    kl_beta: float = setting(0.0, Range(low=0))
+
+
+@dataclass
 class AlgorithmConfig:
     """Sample selection plus every LLaMA-Factory hyperparameter WebGym exposes."""
 
@@ -150,6 +176,8 @@ class AlgorithmConfig:
     pref_loss: str = setting("sigmoid", Choice(PREF_LOSSES))
     kto_chosen_weight: float = setting(1.0, Range(low=0))
     kto_rejected_weight: float = setting(1.0, Range(low=0))
+    #: algorithm=grpo: the policy-gradient loss that replaces the SFT loss of stage sft (null = the stage's own)
+    policy_gradient: PolicyGradientConfig | None = None
     seed: int = setting(42, Range(0, MAX_SEED))
     #: extra LLaMA-Factory keys passed verbatim (they override the generated ones)
     llamafactory_overrides: dict[str, Any] = field(default_factory=dict)
@@ -309,6 +337,7 @@ def register_configs() -> None:
     store.store(group="algorithm/selection", name="rft_schema", node=RFTSelectionConfig)
     store.store(group="algorithm/selection", name="kto_schema", node=KTOSelectionConfig)
     store.store(group="algorithm/selection", name="dpo_schema", node=DPOSelectionConfig)
+    store.store(group="algorithm/selection", name="group_schema", node=GroupSelectionConfig)
 
 
 def model_path(cfg: UpdateConfig) -> Path:
@@ -338,6 +367,7 @@ def validate(cfg: UpdateConfig) -> None:
     if launch.node_rank >= launch.nnodes >= 1:
         problems.append(f"launch.node_rank must be in [0, launch.nnodes={launch.nnodes}) (got {launch.node_rank})")
     problems += _check_demonstrations(cfg)
+    problems += _check_policy_gradient(cfg)
     if cfg.promotion.keep_optimizer and alg.save_only_model:
         problems.append("promotion.keep_optimizer needs algorithm.save_only_model=false (no optimizer state is saved)")
     if problems:
@@ -377,14 +407,46 @@ def _check_demonstrations(cfg: UpdateConfig) -> list[str]:
 
 
 def _check_stage(alg: AlgorithmConfig) -> list[str]:
-    """The selector must produce what the stage trains on."""
+    """The selector must produce what the stage trains on (the policy-gradient loss: GroupSelector's rows)."""
+    if alg.policy_gradient is not None and alg.stage != "sft":
+        return [
+            f"algorithm.policy_gradient replaces the loss of stage sft, not of {alg.stage!r}; set "
+            "algorithm.stage=sft (or algorithm=grpo)"
+        ]
     wanted = {"sft": "RFTSelector", "kto": "KTOSelector", "dpo": "DPOSelector"}.get(alg.stage)
     if wanted is None:  # an unknown stage: the schema's problem
         return []
+    if alg.policy_gradient is not None:
+        wanted = "GroupSelector"
     target = str(getattr(alg.selection, "_target_", ""))
-    if not target.endswith(wanted):
+    if target.endswith("GroupSelector") and alg.policy_gradient is None:
         return [
-            f"algorithm.selection._target_ {target!r} does not produce {alg.stage} samples; use "
-            f"training.selection.{wanted} (or algorithm={alg.stage if alg.stage != 'sft' else 'rft'})"
+            "algorithm.selection._target_ training.selection.GroupSelector gives each row an advantage that only "
+            "the policy-gradient loss reads; use algorithm=grpo (or set algorithm.policy_gradient)"
+        ]
+    if not target.endswith(wanted):
+        algorithm = "grpo" if alg.policy_gradient is not None else (alg.stage if alg.stage != "sft" else "rft")
+        return [
+            f"algorithm.selection._target_ {target!r} does not produce {algorithm} samples; use "
+            f"training.selection.{wanted} (or algorithm={algorithm})"
         ]
     return []
+
+
+def _check_policy_gradient(cfg: UpdateConfig) -> list[str]:
+    """The policy-gradient loss trains sampled episodes only, and has no evaluation loss."""
+    if cfg.algorithm.policy_gradient is None:
+        return []
+    problems = []
+    if cfg.data.val_split_ratio > 0:
+        problems.append(
+            f"data.val_split_ratio={cfg.data.val_split_ratio} but algorithm=grpo has no validation loss (its loss "
+            "needs each row's advantage); set data.val_split_ratio=0"
+        )
+    if cfg.data.demonstrations:
+        problems.append(
+            f"data.demonstrations is set ({cfg.data.demonstrations}) but algorithm=grpo trains sampled episodes "
+            "(a demonstration has no reward within a group of samples); use algorithm=rft or algorithm=kto, or set "
+            "data.demonstrations=[]"
+        )
+    return problems

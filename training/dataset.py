@@ -17,6 +17,8 @@ Writes into `out_dir`:
   the log-probabilities it sampled them with, one per reply id
   (`completion_logprobs`; `training.logprob_check` and a policy-gradient loss
   read them); a demonstration's row has none and says `"demonstration": true`.
+  With algorithm=grpo each row also has its episode's `"advantage"`, which
+  the policy-gradient trainer reads (training.pg_trainer).
 
 `dataset_digest(out_dir, recipe)` is the sha256 of those files and the training
 YAML: the master publishes it, and every node checks what it trains on against it.
@@ -161,6 +163,8 @@ def token_ids(sample: Sample) -> dict[str, Any]:
     }
     if sample.demonstration:
         out["demonstration"] = True
+    if sample.advantage is not None:
+        out["advantage"] = sample.advantage
     if sample.rejected is not None:
         out["rejected_source"] = sample.rejected.source
         out["rejected_prompt_token_ids"] = sample.rejected.prompt_token_ids

@@ -1,4 +1,5 @@
-"""Run `llamafactory-cli train <yaml>` under torchrun, in a tracked process group.
+"""Run `llamafactory-cli train <yaml>` under torchrun, in a tracked process group (a grpo recipe: torchrun
+on training.pg_trainer, as that command would start LLaMA-Factory's launcher).
 
     with hidden_gpus() as device:   # this process never initialises CUDA; the trainer gets the GPUs
         result = run_training(recipe_path, log_file, launch_cfg, device)
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import yaml
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import signal_exit
@@ -47,7 +49,7 @@ from training.groups import (
     reap_adopted,
     stop_groups,
 )
-from training.recipe import Device
+from training.recipe import POLICY_GRADIENT, REPO, Device
 
 log = logging.getLogger(__name__)
 _POLL_S = 1.0
@@ -189,7 +191,22 @@ def run_training(
     """Run the training to the end or the time limit; never leaves the group running. `extra_env` is added to
     the launch environment (the trackers' variables)."""
     env = launch_env(cfg, device) | (extra_env or {})
-    return run_group([*cli_command(), "train", str(recipe)], log_file, env, cfg.timeout_s, cfg.grace_s)
+    return run_group(train_command(recipe, env), log_file, env, cfg.timeout_s, cfg.grace_s)
+
+
+def train_command(recipe: Path, env: dict[str, str]) -> list[str]:
+    """`llamafactory-cli train <recipe>`, or for a grpo recipe (training.recipe.POLICY_GRADIENT) the torchrun
+    that command would start, on training.pg_trainer (LLaMA-Factory's SFT workflow with the policy-gradient
+    loss) instead of LLaMA-Factory's launcher; `env` (launch_env's) gets the repository on PYTHONPATH."""
+    if POLICY_GRADIENT not in (yaml.safe_load(recipe.read_text()) or {}):
+        return [*cli_command(), "train", str(recipe)]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    if env.get("OPTIM_TORCH", "1").lower() in ("true", "y", "1"):  # what LLaMA-Factory's launcher sets for its torchrun
+        env |= {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}
+    layout = [f"--nnodes={env['NNODES']}", f"--node_rank={env['NODE_RANK']}"]
+    layout += [f"--nproc_per_node={env['NPROC_PER_NODE']}", f"--master_addr={env['MASTER_ADDR']}"]
+    layout += [f"--master_port={env['MASTER_PORT']}"]
+    return [sys.executable, "-m", "torch.distributed.run", *layout, "-m", "training.pg_trainer", str(recipe)]
 
 
 def run_group(cmd: list[str], log_file: Path, env: dict[str, str], timeout_s: float, grace_s: float) -> TrainResult:

@@ -4,7 +4,9 @@ LLaMA-Factory writes `trainer_log.jsonl` (one line per logging step: loss,
 lr, epoch, elapsed) and `train_results.json` (train_runtime,
 train_samples_per_second, train_loss, ...) into its output directory;
 `parse_training` reads both (and, when they are missing, the HF Trainer's
-`{'loss': ...}` lines in the console log).
+`{'loss': ...}` lines in the console log). `policy_gradient_stats` reads the
+per-step values algorithm=grpo's trainer logs beside the loss (`pg_clipped_low`,
+`pg_clipped_high`, `pg_ratio`, `pg_kl`) from the HF Trainer's `trainer_state.json`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ def parse_training(output_dir: Path, console_log: Path | None = None) -> dict[st
         "train_samples_per_second": summary.get("train_samples_per_second"),
         "train_steps_per_second": summary.get("train_steps_per_second"),
     }
+
+
+#: the values training.pg_trainer logs at each logging step, by their record key
+PG_KEYS = {"clipped_low": "pg_clipped_low", "clipped_high": "pg_clipped_high", "ratio": "pg_ratio", "kl": "pg_kl"}
+
+
+def policy_gradient_stats(output_dir: Path) -> dict[str, list[float]]:
+    """Each logged step's policy-gradient values, as lists (a key the run did not log is left out)."""
+    history = _read_json(output_dir / "trainer_state.json").get("log_history", [])
+    steps = [entry for entry in history if isinstance(entry, dict) and "loss" in entry]
+    found = {key: [entry[name] for entry in steps if name in entry] for key, name in PG_KEYS.items()}
+    return {key: values for key, values in found.items() if values}
 
 
 def _parse_console(text: str) -> tuple[list[dict], dict]:

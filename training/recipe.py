@@ -13,7 +13,9 @@ that LLaMA-Factory expands each image into the tokens vLLM did. The DeepSpeed pr
 file under configs/deepspeed/ (`auto`: none on CPU, ZeRO-1 on GPU), written into the YAML as a dict
 (`deepspeed_config`). bf16 `null` means bf16 on GPU and fp32 on CPU; with DeepSpeed a full (or freeze)
 fine-tune computes in bf16 through DeepSpeed's `torch_autocast` on fp32 parameters, so that the trainer saves
-fp32 weights for the next update to start from (`precision`). `parse_recipe` / `load_template` read
+fp32 weights for the next update to start from (`precision`). With `algorithm.policy_gradient` (algorithm=grpo) the
+YAML carries it as `baton_policy_gradient`, which Baton's trainer reads and takes out (training.pg_trainer).
+`parse_recipe` / `load_template` read
 a recipe back the way `llamafactory-cli train` does, as one CPU process (token
 fidelity and `phase=check` use them; a value LLaMA-Factory refuses is a
 `ConfigError` naming the setting, its value and the fix); `check_deepspeed` checks the preset's file and package.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,9 +71,12 @@ HYPERPARAMETERS = (
 )
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_target")
 PREF_KEYS = {"dpo": ("pref_beta", "pref_loss"), "kto": ("pref_beta", "kto_chosen_weight", "kto_rejected_weight")}
+#: the recipe's key for algorithm.policy_gradient: Baton's trainer (training.pg_trainer) takes it out before
+#: LLaMA-Factory reads the rest (its parser refuses keys it does not know)
+POLICY_GRADIENT = "baton_policy_gradient"
 #: keys left out when one process parses a recipe: DeepSpeed needs torchrun's workers; the evaluation keys
 #: are Baton's own (token fidelity reads each split by name)
-ONE_PROCESS_DROPPED = ("deepspeed", "eval_dataset", "do_eval", "eval_strategy")
+ONE_PROCESS_DROPPED = ("deepspeed", "eval_dataset", "do_eval", "eval_strategy", POLICY_GRADIENT)
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,8 @@ def build_recipe(
         recipe |= {"eval_dataset": val_name, "eval_strategy": "epoch", "do_eval": True}
     if ds is not None:
         recipe["deepspeed"] = ds
+    if alg.policy_gradient is not None:
+        recipe[POLICY_GRADIENT] = asdict(alg.policy_gradient)
     recipe |= dict(alg.llamafactory_overrides)
     return recipe
 
@@ -230,6 +237,7 @@ SETTING_OF = {
     "image_max_pixels": "the model's image processor (preprocessor_config.json: size.longest_edge)",
     "deepspeed": "launch.deepspeed",
     "disable_gradient_checkpointing": "algorithm.gradient_checkpointing",
+    POLICY_GRADIENT: "algorithm.policy_gradient",
 }
 
 

@@ -8,6 +8,10 @@ Selectors are chosen by Hydra `_target_` (configs/algorithm/*.yaml):
   steps of failed ones undesirable.
 - `DPOSelector` (stage dpo): the first step of a successful and of a failed
   sample of the same task (same iteration, same prompt) make a pair.
+- `GroupSelector` (algorithm=grpo, stage sft with the policy-gradient loss):
+  every step of every episode of the (iteration, task) groups whose rewards
+  differ, successes and failures, each carrying its episode's advantage
+  (training.advantages); the other groups are dropped and counted.
 
 Every selector drops infrastructure-failed trajectories (status other than
 `ok`) and empty ones, optionally keeps only tasks whose samples disagree, skips
@@ -29,6 +33,7 @@ from typing import Any
 
 from rollout_engine.images import count_images
 from rollout_engine.types import Failure, Message, Trajectory, Turn
+from training.advantages import episode_return, group_advantages
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,8 @@ class Sample:
     demonstration: bool = False
     #: the task's family (Trajectory.family): what `balance_families` balances
     family: str = ""
+    #: algorithm=grpo: the episode's reward normalised within its task's group (training.advantages)
+    advantage: float | None = None
 
     @property
     def source(self) -> str:
@@ -271,6 +278,42 @@ class DPOSelector(_Rules):
             chosen.rejected = rejected
             out.append(chosen)
         return out
+
+
+@dataclass
+class GroupSelector(_Rules):
+    """Policy gradient: each episode of a group of samples (one task, one iteration) whose rewards differ, every
+    step of it with the episode's advantage. Groups whose rewards are all equal teach nothing (every advantage
+    is 0): they are dropped and counted (`same_reward_groups`, and their episodes `same_reward_episodes`)."""
+
+    #: divide by the group's standard deviation (GRPO); false: only centre (Dr. GRPO)
+    scale_by_std: bool = True
+
+    def select(self, trajectories: list[Trajectory], iteration: int, cutoff_len: int) -> Selection:
+        filtered: Counter[str] = Counter()
+        groups: dict[tuple[int, str], list[Trajectory]] = defaultdict(list)
+        for traj in self.usable_trajectories(self.window(trajectories, iteration, filtered), filtered):
+            groups[(traj.iteration, traj.task_id)].append(traj)
+        samples: list[Sample] = []
+        filtered["same_reward_groups"] += 0  # said even when none is dropped: the count a user looks for
+        for group in groups.values():
+            advantages = group_advantages([episode_return(t) for t in group], self.scale_by_std)
+            if advantages is None:
+                filtered["same_reward_groups"] += 1
+                filtered["same_reward_episodes"] += len(group)
+                continue
+            for traj, advantage in zip(group, advantages, strict=True):
+                for sample in self.steps(traj, cutoff_len, filtered):
+                    sample.advantage = advantage
+                    samples.append(sample)
+        dropped = filtered["same_reward_groups"]
+        log.info(
+            "grpo: %d groups of samples whose rewards differ give %d rows; %d groups dropped (rewards all equal)",
+            len(groups) - dropped,
+            len(samples),
+            dropped,
+        )
+        return Selection(samples, dict(filtered), len(trajectories))
 
 
 def _first(traj: Trajectory) -> Trajectory:

@@ -47,7 +47,7 @@ from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
 from training.demonstrations import add_demonstrations, demonstrations_for
 from training.launch import TrainResult, run_group, run_training
-from training.metrics import parse_training
+from training.metrics import parse_training, policy_gradient_stats
 from training.precision import parameter_count, training_weights, weights_dtype
 from training.promotion import promote, revert
 from training.recipe import (
@@ -279,10 +279,12 @@ def check_tokens(cfg: UpdateConfig, files: DatasetFiles, recipe: dict, selection
         return
     from training.fidelity import check_fidelity
 
+    # grpo: every row, since each row's advantage and log-probabilities go onto exactly the sampled tokens
+    samples = -1 if cfg.algorithm.policy_gradient is not None else cfg.data.fidelity_samples
     for split, rows in (("train", files.train_rows), ("val", files.val_rows)):
         if not rows:
             continue
-        report = check_fidelity(recipe, cfg.data.fidelity_samples, cfg.algorithm.selection.seed, split)
+        report = check_fidelity(recipe, samples, cfg.algorithm.selection.seed, split)
         if report.noncanonical and cfg.data.noncanonical == "fail":
             raise ConfigError(
                 f"token fidelity: {len(report.noncanonical)} {split} rows (first: row "
@@ -378,6 +380,8 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
         )
     if cfg.launch.node_rank == 0 and (_in_process is None or _in_process.rank == 0):
         stats = parse_training(paths.output, paths.train_log)
+        if cfg.algorithm.policy_gradient is not None:
+            stats |= policy_gradient_record(paths)
         append_update(
             cfg.log_path,
             {
@@ -391,6 +395,20 @@ def train(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
             },
         )
         log.info("trained in %.1f s: %s", result.wall_s, stats)
+
+
+def policy_gradient_record(paths: RunPaths) -> dict:
+    """grpo's part of the training record: the rows, the groups dropped for equal rewards (selection.json), and
+    the per-step clip shares, ratio and KL (`pg`: training.metrics.policy_gradient_stats)."""
+    try:
+        selection = json.loads((paths.run_dir / "selection.json").read_text())
+    except (OSError, ValueError):
+        selection = {}
+    return {
+        "train_rows": selection.get("train_rows"),
+        "same_reward_groups": selection.get("filtered", {}).get("same_reward_groups"),
+        "pg": policy_gradient_stats(paths.output),
+    }
 
 
 def clear_outputs(paths: RunPaths) -> None:

@@ -98,7 +98,8 @@ def environment(extra: dict[str, str]) -> Iterator[None]:
 
 
 def train_in_process(recipe: Path, log_file: Path, extra_env: dict[str, str]):
-    """LLaMA-Factory's training function on `recipe` in this process (every rank calls it), its output
+    """LLaMA-Factory's training function on `recipe` in this process (every rank calls it; a grpo recipe's is
+    training.pg_trainer.run, the same with the policy-gradient loss), its output
     appended to `log_file`; the process group it would destroy at the end is kept (the next job uses it).
     Returns a launch.TrainResult; an exception propagates (the worker then exits: see the module doc)."""
     import torch
@@ -107,6 +108,7 @@ def train_in_process(recipe: Path, log_file: Path, extra_env: dict[str, str]):
     from llamafactory.train import tuner
 
     from training.launch import TrainResult
+    from training.recipe import POLICY_GRADIENT
 
     args = yaml.safe_load(recipe.read_text())
     started = time.monotonic()
@@ -115,7 +117,12 @@ def train_in_process(recipe: Path, log_file: Path, extra_env: dict[str, str]):
     try:
         with output_to(log_file), environment(extra_env):
             try:
-                tuner._training_function({"args": args, "callbacks": []})
+                if POLICY_GRADIENT in args:  # algorithm=grpo: LLaMA-Factory's SFT workflow with our loss
+                    from training import pg_trainer
+
+                    pg_trainer.run(args, [])
+                else:
+                    tuner._training_function({"args": args, "callbacks": []})
             except Exception:
                 traceback.print_exc()  # the log's last lines: training.update.refusal reads them
                 if int(os.environ.get("WORLD_SIZE", "1")) > 1:

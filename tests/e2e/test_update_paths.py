@@ -1,12 +1,14 @@
 """Every update path trains for real, is promoted, and is then served by vLLM with changed outputs.
 
 On copies of one real train rollout of the default model (the session's `train_journal`), the update phase
-(`python -m training`, train environment) runs two optimizer steps of each path, three paths covering every
-axis (CI time: one training each instead of six):
+(`python -m training`, train environment) runs two optimizer steps of each path (grpo one), four paths covering
+every axis (CI time: one training each instead of one per combination):
 
 - KTO (successful steps desirable, failed ones undesirable) under DeepSpeed ZeRO-2;
 - DPO (a success and a failure of the same task) under DeepSpeed ZeRO-3;
-- LoRA (RFT), merged into the base weights, trained by a 2-process torchrun on this one machine.
+- LoRA (RFT), merged into the base weights, trained by a 2-process torchrun on this one machine;
+- GRPO (the policy-gradient loss in LLaMA-Factory's SFT trainer, training.pg_trainer), one optimizer step: every
+  episode of the tasks whose rewards differ is a row, failures too, and the tasks whose rewards do not are counted.
 
 Each promoted policy is loaded into one running vLLM in place (`PolicyServer.reload`, as the loop serves a
 new policy), and its greedy outputs must differ from the base model's. Last, a fresh vLLM started on one
@@ -29,13 +31,14 @@ import pytest
 import yaml
 
 from rollout_engine.checkpoint import HEAD, tensor_files
+from rollout_engine.history import load_trajectories
+from rollout_engine.types import Failure
 from tests.conftest import REPO
 from tests.e2e.conftest import VllmServer, policy_server, run_update, start_vllm, stop_vllm
 
 pytestmark = pytest.mark.e2e
 
 SMALL = [
-    "algorithm.max_steps=2",
     "algorithm.per_device_train_batch_size=2",
     "algorithm.gradient_accumulation_steps=1",
     "algorithm.learning_rate=1e-4",
@@ -47,12 +50,16 @@ PATHS = {
     "dpo-zero3": ["algorithm=dpo", "launch.deepspeed=zero3"],
     # LoRA's B starts at zero: a larger step so that two of them move the greedy outputs
     "lora-2proc": ["algorithm.finetuning_type=lora", "algorithm.learning_rate=1e-3", "launch.nproc_per_node=2"],
+    "grpo": ["algorithm=grpo"],
 }
+#: optimizer steps of each path (2 unless said): grpo's one keeps the time it adds small
+STEPS = {"grpo": 1}
 #: what each path's generated LLaMA-Factory recipe must say
 RECIPE = {
     "kto-zero2": {"stage": "kto", "finetuning_type": "full", "deepspeed": 2},
     "dpo-zero3": {"stage": "dpo", "finetuning_type": "full", "deepspeed": 3},
     "lora-2proc": {"stage": "sft", "finetuning_type": "lora", "deepspeed": None},
+    "grpo": {"stage": "sft", "finetuning_type": "full", "deepspeed": None},
 }
 #: each path's served outputs once reloaded: {path: (its policy folder, kept in `promoted`; fingerprint)}
 SERVED: dict[str, tuple[Path, list]] = {}
@@ -88,7 +95,8 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
 ) -> None:
     log = tmp_path / "log"
     shutil.copytree(train_journal / "trajectories", log / "trajectories")
-    out = run_update(log, f"model_path={model_dir}", *SMALL, *PATHS[path])
+    steps = STEPS.get(path, 2)
+    out = run_update(log, f"model_path={model_dir}", *SMALL, f"algorithm.max_steps={steps}", *PATHS[path])
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
 
     run_dir = log / "training" / "iter_0000"
@@ -101,7 +109,7 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     )
     metrics = [json.loads(line) for line in (log / "metrics" / "update.jsonl").read_text().splitlines()]
     training = next(m for m in metrics if m.get("kind") == "training")
-    assert training["steps"] == 2 and len(training["losses"]) == 2, training
+    assert training["steps"] == steps and len(training["losses"]) == steps, training
     if path.startswith("dpo"):  # pairs: a chosen and a rejected reply of one task
         rows = json.loads((run_dir / "data" / "train.json").read_text())
         assert rows and all(row["chosen"]["value"] != row["rejected"]["value"] for row in rows)
@@ -110,6 +118,8 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
         assert tags == {True, False}
     if path.startswith("lora"):
         assert (run_dir / "merged" / "model.safetensors").exists(), "the LoRA is merged before promotion"
+    if path == "grpo":
+        check_grpo(log, run_dir, recipe, training)
 
     policy = log / "policy" / "v0001"
     record = json.loads((policy / "baton_policy.json").read_text())
@@ -122,6 +132,40 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     assert now != base, f"{path}: the promoted policy serves the base model's greedy outputs"
     shutil.copytree(policy, promoted / path, copy_function=os.link)  # hard links: no second copy on disk
     SERVED[path] = (promoted / path, now)
+
+
+def check_grpo(log: Path, run_dir: Path, recipe: dict, training: dict) -> None:
+    """Every episode of each task whose rewards differ is one row with its advantage (failures negative), the
+    tasks whose rewards are all equal are dropped and counted, and the loss is the policy-gradient one."""
+    assert recipe["baton_policy_gradient"] == {
+        "clip_low": 0.2,
+        "clip_high": 0.28,
+        "aggregation": "token_mean",
+        "kl_beta": 0.0,
+    }
+    rewards: dict[str, list[float]] = {}
+    for episode in load_trajectories(str(log), "train", range(1)):
+        if episode.status is Failure.OK and episode.turns:
+            rewards.setdefault(episode.task_id, []).append(episode.reward)
+    differ = [r for r in rewards.values() if len(set(r)) > 1]
+    selection = json.loads((run_dir / "selection.json").read_text())
+    filtered = selection["filtered"]
+    assert filtered["same_reward_groups"] == len(rewards) - len(differ) > 0, (filtered, len(rewards))
+    left_out = filtered.get("noncanonical_tokens", 0) + filtered.get("over_cutoff", 0)
+    assert selection["train_rows"] + left_out == sum(len(r) for r in differ), selection
+    assert (training["train_rows"], training["same_reward_groups"]) == (
+        selection["train_rows"],
+        len(rewards) - len(differ),
+    )
+    assert len(training["pg"]["ratio"]) == len(training["pg"]["clipped_high"]) == 1 and "kl" not in training["pg"]
+    rows = [json.loads(line) for line in (run_dir / "data" / "train.token_ids.jsonl").read_text().splitlines()]
+    assert min(row["advantage"] for row in rows) < 0 < max(row["advantage"] for row in rows)
+    train_log = (run_dir / "train.log").read_text()
+    assert "grpo: the policy-gradient loss with" in train_log and "pg_clipped_high" in train_log
+    on_policy = [row for row in rows if not row.get("completion_logprobs")]
+    assert (f"grpo: {len(on_policy)} of {len(rows)} rows have no behaviour log-probabilities" in train_log) == bool(
+        on_policy
+    )
 
 
 def test_a_reloaded_policy_serves_what_a_fresh_server_serves(

@@ -29,7 +29,13 @@ from rollout_engine.config import RolloutConfig
 from rollout_engine.config import register_configs as register_rollout
 from rollout_engine.errors import ConfigError
 from rollout_engine.schema import Choice, Range, Setting, settings
-from training.config import DPOSelectionConfig, KTOSelectionConfig, RFTSelectionConfig, UpdateConfig
+from training.config import (
+    DPOSelectionConfig,
+    GroupSelectionConfig,
+    KTOSelectionConfig,
+    RFTSelectionConfig,
+    UpdateConfig,
+)
 from training.config import register_configs as register_update
 
 #: (config class, its path, the group choices that bring it in, the config run.sh composes it into)
@@ -39,9 +45,10 @@ ROOTS = [
     (RFTSelectionConfig, "algorithm.selection", (), "update"),
     (KTOSelectionConfig, "algorithm.selection", ("algorithm=kto",), "update"),
     (DPOSelectionConfig, "algorithm.selection", ("algorithm=dpo",), "update"),
+    (GroupSelectionConfig, "algorithm.selection", ("algorithm=grpo",), "update"),
 ]
 #: settings under a path that a group choice brings in
-CHOICES_FOR = {"tracker.wandb.": ("tracker=wandb",)}
+CHOICES_FOR = {"tracker.wandb.": ("tracker=wandb",), "algorithm.policy_gradient.": ("algorithm=grpo",)}
 UNKNOWN = "no_such_choice"
 MODEL_CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}
 

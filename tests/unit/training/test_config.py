@@ -14,7 +14,7 @@ from rollout_engine.errors import ConfigError
 from training.chat_template import Choice
 from training.config import UpdateConfig, register_configs, validate
 from training.recipe import AUTOCAST_BF16, Device, build_recipe, check_deepspeed, deepspeed_file, precision
-from training.selection import DPOSelector, KTOSelector, RFTSelector
+from training.selection import DPOSelector, GroupSelector, KTOSelector, RFTSelector
 
 #: the template training.chat_template finds for the shipped model
 CHOSEN = Choice("smollm2", "You are a helpful AI assistant named SmolLM, trained by Hugging Face")
@@ -31,7 +31,12 @@ def load(tmp_path: Path, *overrides: str) -> UpdateConfig:
 
 @pytest.mark.parametrize(
     ("algorithm", "stage", "selector"),
-    [("rft", "sft", RFTSelector), ("kto", "kto", KTOSelector), ("dpo", "dpo", DPOSelector)],
+    [
+        ("rft", "sft", RFTSelector),
+        ("kto", "kto", KTOSelector),
+        ("dpo", "dpo", DPOSelector),
+        ("grpo", "sft", GroupSelector),
+    ],
 )
 def test_each_algorithm_composes_and_instantiates(tmp_path: Path, algorithm: str, stage: str, selector) -> None:
     (tmp_path / "config.json").write_text("{}")
@@ -62,6 +67,32 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
         "algorithm.selection.shortest_per_task must be >= 0, 0 = every success (got -1)",
     ):
         assert needle in text
+
+
+def test_grpo_carries_its_loss_to_the_trainer_and_refuses_what_it_cannot_train(tmp_path: Path) -> None:
+    """The loss settings reach the recipe under Baton's own key (taken out before LLaMA-Factory parses it); a
+    validation split and demonstrations have no advantage, and GroupSelector's rows mean nothing to rft."""
+    from training.dataset import DatasetFiles
+    from training.recipe import ONE_PROCESS_DROPPED, POLICY_GRADIENT
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg = load(tmp_path, "algorithm=grpo", "algorithm.policy_gradient.kl_beta=0.01")
+    recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1), CHOSEN)
+    assert recipe["stage"] == "sft" and recipe["mask_history"] is True and POLICY_GRADIENT in ONE_PROCESS_DROPPED
+    assert recipe[POLICY_GRADIENT] == {"clip_low": 0.2, "clip_high": 0.28, "aggregation": "token_mean", "kl_beta": 0.01}
+    assert POLICY_GRADIENT not in build_recipe(
+        load(tmp_path), DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1), CHOSEN
+    )
+    demo = tmp_path / "demonstrations.jsonl"
+    demo.write_text("")
+    with pytest.raises(ConfigError) as err:
+        validate(load(tmp_path, "algorithm=grpo", "data.val_split_ratio=0.1", f"data.demonstrations={demo}"))
+    assert "data.val_split_ratio=0.1 but algorithm=grpo has no validation loss" in str(err.value)
+    assert "algorithm=grpo trains sampled episodes" in str(err.value)
+    with pytest.raises(ConfigError, match="GroupSelector gives each row an advantage that only the policy-gradient"):
+        validate(load(tmp_path, "algorithm.selection._target_=training.selection.GroupSelector"))
+    with pytest.raises(ConfigError, match=r"algorithm\.policy_gradient replaces the loss of stage sft, not of 'kto'"):
+        validate(load(tmp_path, "algorithm=grpo", "algorithm.stage=kto"))
 
 
 def test_an_update_on_demonstrations_alone_is_a_valid_rft_setting(tmp_path: Path) -> None:

@@ -146,3 +146,31 @@ def test_the_trainer_gets_the_gpus_the_update_process_hid_from_itself(monkeypatc
     assert launch_env(LaunchConfig(), Device("cuda", 2, "2,3"))["NPROC_PER_NODE"] == "2"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert launch_env(LaunchConfig(), Device("cpu", 1))["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_grpo_recipe_runs_torchrun_on_baton_trainer_with_the_layout_llamafactory_cli_would_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fresh path: a recipe with the policy-gradient settings is trained by training.pg_trainer under the
+    torchrun `llamafactory-cli train` would start (same layout), any other by llamafactory-cli itself."""
+    from training import launch as launch_mod
+    from training.config import LaunchConfig
+    from training.launch import launch_env, train_command
+    from training.recipe import POLICY_GRADIENT, Device
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(launch_mod, "cli_command", lambda: ["/train-env/bin/llamafactory-cli"])  # the train env's
+    launch = LaunchConfig(nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29511, nproc_per_node=3)
+    env = launch_env(launch, Device("cpu", 1))
+    sft = tmp_path / "sft.yaml"
+    sft.write_text("stage: sft\n")
+    cmd = train_command(sft, dict(env))
+    assert cmd == ["/train-env/bin/llamafactory-cli", "train", str(sft)]
+    grpo = tmp_path / "grpo.yaml"
+    grpo.write_text(f"stage: sft\n{POLICY_GRADIENT}:\n  clip_low: 0.2\n")
+    cmd = train_command(grpo, env)
+    assert cmd == [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=1", "--nproc_per_node=3",
+        "--master_addr=10.0.0.1", "--master_port=29511", "-m", "training.pg_trainer", str(grpo),
+    ]  # fmt: skip
+    assert env["PYTHONPATH"] == f"{ROOT}{os.pathsep}/elsewhere"  # the workers import training/

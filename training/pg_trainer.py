@@ -1,0 +1,285 @@
+"""algorithm=grpo in LLaMA-Factory's own training loop: its SFT workflow with the policy-gradient loss.
+
+    run(recipe_args, callbacks)                      # the warm trainer's workers (training.warm), every rank
+    python -m training.pg_trainer train_config.yaml  # under torchrun: the fresh path (training.launch)
+
+What LLaMA-Factory's `run_sft` does, with three changes: the dataset's rows (encoded by LLaMA-Factory's own
+template and processor, as the token-fidelity check compared them with the sampled ids) get three columns
+from `train.token_ids.jsonl` (the episode's `advantage`, how many of the row's trained tokens the policy
+produced, and the behaviour policy's `completion_logprobs` where the rollout recorded them); a collator
+wrapper (`PolicyGradientCollator`) takes those columns out before LLaMA-Factory's collator pads the rest,
+masks the labels the policy did not produce (the template's end-of-turn tokens after the sampled ones), and
+aligns the behaviour log-probabilities with the labels; and `PolicyGradientTrainer`, a CustomSeq2SeqTrainer,
+overrides `compute_loss` with training.pg_loss. The HF Trainer's loop, optimizer, scheduler, DeepSpeed,
+LoRA, saving and logging are LLaMA-Factory's and transformers' own.
+
+The recipe's `baton_policy_gradient` (training.recipe.POLICY_GRADIENT) holds the loss settings; it is taken
+out before LLaMA-Factory's parser reads the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.config import PolicyGradientConfig
+from training.dataset import load_token_ids
+from training.pg_loss import IGNORE_INDEX, policy_gradient_loss, token_logprobs
+from training.recipe import POLICY_GRADIENT
+
+log = logging.getLogger(__name__)
+
+#: the dataset columns added to LLaMA-Factory's encoded rows, taken out again by the collator wrapper
+ADVANTAGE, POLICY_TOKENS, LOGPROBS = "pg_advantage", "pg_policy_tokens", "pg_logprobs"
+#: the batch keys the collator wrapper adds, which compute_loss takes out before the model's forward
+BATCH_KEYS = ("pg_advantages", "pg_behaviour", "pg_has_behaviour")
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The per-row values of the policy-gradient loss, in dataset order."""
+
+    advantages: list[float]
+    #: how many of the row's trained labels the policy produced (-1: all; a row without sampled ids)
+    policy_tokens: list[int]
+    #: the behaviour log-probabilities of those tokens ([] where the rollout recorded none)
+    logprobs: list[list[float]]
+
+    @property
+    def without_logprobs(self) -> int:
+        return sum(1 for lp in self.logprobs if not lp)
+
+
+def build_columns(labels: list[list[int]], rows: list[dict[str, Any]], sidecar: Path) -> Columns:
+    """The columns of the encoded dataset (`labels`, LLaMA-Factory's) from `rows` of `train.token_ids.jsonl`.
+
+    The rows must be the dataset's, one for one, and each row's trained labels must begin with the ids the
+    policy sampled (`completion_token_ids`; what follows them is the template's end of turn, not trained):
+    otherwise the advantages and log-probabilities would land on other tokens, so ValueError naming the row."""
+    if len(rows) != len(labels):
+        raise ValueError(
+            f"{sidecar} has {len(rows)} rows but LLaMA-Factory encoded {len(labels)} (it drops malformed rows); "
+            "prepare the data again (phase=prepare)"
+        )
+    out = Columns([], [], [])
+    for index, (row_labels, row) in enumerate(zip(labels, rows, strict=True)):
+        where = f"{sidecar} row {index} ({row.get('source')})"
+        if not isinstance(row.get("advantage"), int | float):
+            raise ValueError(f"{where} has no advantage: prepare the data with algorithm=grpo")
+        trained = [t for t in row_labels if t != IGNORE_INDEX]
+        ids = row.get("completion_token_ids")
+        logprobs = row.get("completion_logprobs") or []
+        if ids is None:  # a journal without token ids: the labels are all the trainer knows
+            out.advantages.append(float(row["advantage"]))
+            out.policy_tokens.append(-1)
+            out.logprobs.append([])
+            continue
+        if trained[: len(ids)] != ids:
+            raise ValueError(
+                f"{where}: LLaMA-Factory's trained tokens are not the sampled completion_token_ids; run the update "
+                "with data.fidelity_samples=-1 (the token-fidelity check names the difference and drops "
+                "re-tokenized replies)"
+            )
+        if logprobs and len(logprobs) != len(ids):
+            raise ValueError(
+                f"{where} has {len(logprobs)} completion_logprobs for {len(ids)} completion_token_ids; they must "
+                "pair one for one (the rollout's journal is damaged: roll it out again)"
+            )
+        out.advantages.append(float(row["advantage"]))
+        out.policy_tokens.append(len(ids))
+        out.logprobs.append([float(x) for x in logprobs])
+    return out
+
+
+class PolicyGradientCollator:
+    """LLaMA-Factory's collator with the policy-gradient columns carried beside it (module doc)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        extra = [{key: f[key] for key in (ADVANTAGE, POLICY_TOKENS, LOGPROBS)} for f in features]
+        batch = self.inner([{k: v for k, v in f.items() if k not in extra[0]} for f in features])
+        labels = batch["labels"]
+        # the n-th trained label of each row (0-based) at its position; -1 off the labels
+        rank = torch.cumsum(labels != IGNORE_INDEX, dim=-1) - 1
+        rank = torch.where(labels != IGNORE_INDEX, rank, torch.full_like(rank, -1))
+        produced = torch.tensor([e[POLICY_TOKENS] for e in extra]).unsqueeze(-1)
+        batch["labels"] = torch.where((produced >= 0) & (rank >= produced), IGNORE_INDEX, labels)
+        width = max([len(e[LOGPROBS]) for e in extra] + [1])
+        table = torch.zeros(len(extra), width, dtype=torch.float32)
+        for row, e in enumerate(extra):
+            table[row, : len(e[LOGPROBS])] = torch.tensor(e[LOGPROBS], dtype=torch.float32)
+        batch["pg_behaviour"] = torch.gather(table, 1, rank.clamp(0, width - 1))
+        batch["pg_has_behaviour"] = torch.tensor([bool(e[LOGPROBS]) for e in extra])
+        batch["pg_advantages"] = torch.tensor([e[ADVANTAGE] for e in extra], dtype=torch.float32)
+        return batch
+
+
+@functools.cache
+def trainer_class() -> type:
+    """`PolicyGradientTrainer`: LLaMA-Factory's SFT trainer whose loss is training.pg_loss's. Defined on first
+    use: the app environment imports every module of training/, and LLaMA-Factory is the train environment's."""
+    import torch
+    from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
+
+    class PolicyGradientTrainer(CustomSeq2SeqTrainer):
+        """LLaMA-Factory's SFT trainer whose loss is training.pg_loss's."""
+
+        def __init__(self, settings: PolicyGradientConfig, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.settings = settings
+            # a loss function of our own: the HF Trainer then counts the optimizer step's trained tokens
+            # (num_items_in_batch, across devices too) and leaves the scaling over accumulation to compute_loss
+            self.compute_loss_func = policy_gradient_loss
+            self.sums: dict[str, float] = defaultdict(float)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            advantages, behaviour, has_behaviour = (inputs.pop(key) for key in BATCH_KEYS)
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)  # no labels: the model computes no loss of its own
+            logp, mask = token_logprobs(outputs.logits, labels)
+            behaviour = torch.where(has_behaviour.unsqueeze(-1), behaviour[:, 1:].to(logp.dtype), logp.detach())
+            ref_logp = self.reference_logprobs(model, inputs, labels) if self.settings.kl_beta > 0 else None
+            loss, stats = policy_gradient_loss(
+                logp, behaviour, advantages, mask, self.settings, ref_logp, self.normaliser(num_items_in_batch)
+            )
+            if self.settings.aggregation == "token_mean" and num_items_in_batch is not None:
+                # the count is the step's on every device and DDP / DeepSpeed average the gradients: undo that
+                loss = loss * (self.accelerator.num_processes if self.args.average_tokens_across_devices else 1)
+            for key, value in stats.items():
+                self.sums[key] += float(value)
+            return (loss, outputs) if return_outputs else loss
+
+        def normaliser(self, num_items_in_batch) -> Any:
+            """What the micro-batch's sum is divided by: the optimizer step's trained tokens (token_mean), or its
+            sequences on this device (sequence_mean; the last step of an epoch may hold fewer)."""
+            if self.settings.aggregation == "token_mean":
+                return num_items_in_batch
+            return self.args.per_device_train_batch_size * self.current_gradient_accumulation_steps
+
+        @torch.no_grad()
+        def reference_logprobs(self, model, inputs: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
+            """The reference model's log-probabilities of the labels: a LoRA's base (the adapter off), else the
+            reference LLaMA-Factory loads (the model the update starts from, or its `ref_model`)."""
+            if self.ref_model is None:
+                with self.accelerator.unwrap_model(model).disable_adapter():
+                    logits = model(**inputs).logits
+            else:
+                logits = self.ref_model(**inputs).logits
+            return token_logprobs(logits, labels)[0]
+
+        def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+            """The step's clip fractions, mean ratio and KL beside the loss (this process's tokens)."""
+            tokens = self.sums.get("tokens", 0.0)
+            if "loss" in logs and tokens:
+                logs["pg_clipped_low"] = round(self.sums["clipped_low"] / tokens, 6)
+                logs["pg_clipped_high"] = round(self.sums["clipped_high"] / tokens, 6)
+                logs["pg_ratio"] = round(self.sums["ratio"] / tokens, 6)
+                if self.settings.kl_beta > 0:
+                    logs["pg_kl"] = round(self.sums["kl"] / tokens, 6)
+                self.sums.clear()
+            super().log(logs, *args, **kwargs)
+
+    return PolicyGradientTrainer
+
+
+def with_columns(dataset: Any, directory: Path) -> Any:
+    """The encoded train dataset with the policy-gradient columns (`build_columns`); says how many rows train
+    on-policy for want of behaviour log-probabilities."""
+    sidecar = directory / "train.token_ids.jsonl"
+    columns = build_columns(dataset["labels"], load_token_ids(directory, "train"), sidecar)
+    if columns.without_logprobs:
+        log.warning(
+            "grpo: %d of %d rows have no behaviour log-probabilities (completion_logprobs in %s): their ratio is "
+            "1, the trainer's own log-probabilities detached (on-policy)",
+            columns.without_logprobs,
+            len(columns.advantages),
+            sidecar,
+        )
+    dataset = dataset.add_column(ADVANTAGE, columns.advantages)
+    dataset = dataset.add_column(POLICY_TOKENS, columns.policy_tokens)
+    return dataset.add_column(LOGPROBS, columns.logprobs)
+
+
+def run_policy_gradient(model_args, data_args, training_args, finetuning_args, callbacks, settings) -> None:
+    """LLaMA-Factory's SFT workflow (`llamafactory.train.sft.workflow.run_sft`, its training part) with the
+    policy-gradient columns, collator and trainer."""
+    from llamafactory.data import SFTDataCollatorWith4DAttentionMask, get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.model import load_model, load_tokenizer
+    from llamafactory.train.trainer_utils import create_ref_model
+
+    tokenizer_module = load_tokenizer(model_args)
+    tokenizer = tokenizer_module["tokenizer"]
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    dataset_module = get_dataset(template, model_args, data_args, training_args, stage="sft", **tokenizer_module)
+    dataset_module["train_dataset"] = with_columns(dataset_module["train_dataset"], Path(data_args.dataset_dir))
+    model = load_model(tokenizer, model_args, finetuning_args, training_args.do_train)
+    # no reference model unless the KL term is on; a LoRA's reference is its base (create_ref_model: None)
+    ref_model = create_ref_model(model_args, finetuning_args) if settings.kl_beta > 0 else None
+    collator = SFTDataCollatorWith4DAttentionMask(
+        template=template,
+        model=model,
+        pad_to_multiple_of=8,
+        label_pad_token_id=IGNORE_INDEX,
+        block_diag_attn=model_args.block_diag_attn,
+        neat_packing=data_args.neat_packing,
+        attn_implementation=getattr(model.config, "_attn_implementation", None),
+        compute_dtype=model_args.compute_dtype,
+        **tokenizer_module,
+    )
+    trainer = trainer_class()(
+        settings=settings,
+        model=model,
+        args=training_args,
+        finetuning_args=finetuning_args,
+        data_collator=PolicyGradientCollator(collator),
+        callbacks=callbacks,
+        ref_model=ref_model,
+        **dataset_module,
+        **tokenizer_module,
+    )
+    result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model()
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
+
+
+def run(args: dict[str, Any], callbacks: list[Any]) -> None:
+    """LLaMA-Factory's training function (`llamafactory.train.tuner._training_function`) for a grpo recipe:
+    its argument parser and callbacks, this module's workflow, the process group destroyed at the end."""
+    import torch.distributed as dist
+    from llamafactory.hparams import get_train_args
+    from llamafactory.train.callbacks import LogCallback, ReporterCallback
+
+    args = dict(args)
+    settings = PolicyGradientConfig(**args.pop(POLICY_GRADIENT))
+    model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(args)
+    if finetuning_args.stage != "sft" or training_args.do_eval:
+        raise ValueError(f"{POLICY_GRADIENT} trains stage sft without evaluation (got {finetuning_args.stage})")
+    callbacks = [*callbacks, LogCallback(), ReporterCallback(model_args, data_args, finetuning_args, generating_args)]
+    log.info("grpo: the policy-gradient loss with %s", settings)
+    run_policy_gradient(model_args, data_args, training_args, finetuning_args, callbacks, settings)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import yaml
+
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", stream=sys.stderr)
+    run(yaml.safe_load(Path(argv[0]).read_text()), [])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
