@@ -1,6 +1,6 @@
 """Benchmark: a vision-language agent's rollouts on MiniWoB++ text-only against with screenshots, side by side.
 
-    PYTHONPATH=. $BATON_APP_PY -m bench.vlm_observations                  # 3 modes x 2 repeats, 16 episodes (~6 min)
+    PYTHONPATH=. $BATON_APP_PY -m bench.vlm_observations                  # 3 modes x 2 repeats, 16 episodes (~4 min)
     PYTHONPATH=. $BATON_APP_PY -m bench.vlm_observations --repeats 3 --modes text,both
 
 One vLLM serves the toy Qwen3-VL of tests/e2e/toy_vlm.py (random vision tower, a designed text part that answers
