@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -35,7 +37,7 @@ from rollout_engine.images import url_path
 from rollout_engine.layout import Layout
 from tests.conftest import REPO, env_python
 from tests.e2e.conftest import free_port
-from tests.waits import VLLM_START_S, run_waiting
+from tests.waits import START_S, VLLM_START_S, run_waiting, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -266,3 +268,53 @@ def test_a_qwen3_vl_sees_miniwob_screenshots_and_trains_on_them(
     assert check.returncode == 2, check.stdout[-2000:] + check.stderr[-3000:]
     expands = f"an image expands to {TOKENS_PER_SCREENSHOT} tokens in vLLM's prompt and"
     assert expands in check.stderr and "image_min_pixels 262144" in check.stderr, check.stderr[-3000:]
+
+    # the dashboard's episode viewer shows each turn's screenshot beside the reply, in Chromium
+    shown_images = dashboard_episode_images(log, tmp_path)
+    assert shown_images and all(size == [320, 240] for size in shown_images), shown_images
+
+
+def dashboard_episode_images(log: Path, tmp_path: Path) -> list[list[int]]:
+    """The natural sizes of the images the dashboard shows for the first finished episode it lists, in Chromium."""
+    from playwright.sync_api import sync_playwright
+
+    from rollout_engine.envs.browser import CHROMIUM_FLAGS, find_chromium
+    from tests.e2e.rollout_cli import engine_env
+
+    chromium = find_chromium()
+    assert chromium is not None, "no Chromium (set BATON_CHROMIUM)"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    dashboard = subprocess.Popen(
+        [env_python("app"), "-m", "coordinator", "dashboard", "--log-path", str(log), "--port", str(port)],
+        cwd=REPO,
+        env=engine_env(),
+        stderr=(tmp_path / "dashboard.err").open("w"),
+        start_new_session=True,
+    )
+    try:
+
+        def answers() -> bool:
+            try:
+                with urllib.request.urlopen(url + "api/state", timeout=2):
+                    return True
+            except OSError:
+                return False
+
+        wait_until(answers, waiting_for=f"the dashboard to answer on {url}", timeout=START_S)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium, args=list(CHROMIUM_FLAGS))
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url)
+            page.locator('#grid .cell[data-state="done"]').first.click()
+            page.wait_for_selector("#episode .turn img", timeout=30_000)
+            page.wait_for_function("[...document.querySelectorAll('#episode img')].every(i => i.complete)")
+            sizes = page.eval_on_selector_all(
+                "#episode img", "imgs => imgs.map(i => [i.naturalWidth, i.naturalHeight])"
+            )
+            page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+            browser.close()
+        return sizes
+    finally:
+        os.killpg(dashboard.pid, signal.SIGTERM)
+        dashboard.wait(timeout=30)
