@@ -68,7 +68,13 @@ click(REF) or click(X, Y) to click an element or a point of the screenshot, for 
 type(REF, "TEXT") or type(X, Y, "TEXT") to type into a text box, for example: type(e5, "hello")
 answer("TEXT") to finish when the task needs no more page actions."""
 PROMPTS = {"text": TEXT_PROMPT, "screenshot": SCREENSHOT_PROMPT, "both": BOTH_PROMPT}
-INVALID_FEEDBACK = 'Invalid action ({why}). Reply with one action: click(REF), type(REF, "TEXT") or answer("TEXT").'
+#: what an invalid action is told, per observation: the actions that observation takes
+INVALID_FEEDBACK = {
+    "text": 'Invalid action ({why}). Reply with one action: click(REF), type(REF, "TEXT") or answer("TEXT").',
+    "screenshot": 'Invalid action ({why}). Reply with one action: click(X, Y), type(X, Y, "TEXT") or answer("TEXT").',
+    "both": "Invalid action ({why}). Reply with one action: click(REF) or click(X, Y), type(REF, \"TEXT\") or "
+    'type(X, Y, "TEXT"), or answer("TEXT").',
+}
 # focus is blurred so that nothing of the slot's previous episode shows in the snapshot
 _START_EPISODE = """([seed, ms]) => {
   if (document.activeElement) { document.activeElement.blur(); }
@@ -245,7 +251,7 @@ class MiniWobEnv(Env):
         if self.shows_screenshots:
             state.shot = (await self._screenshot(state, len(state.turns) + 1))[0]
         invalid = error is not None
-        feedback = INVALID_FEEDBACK.format(why=error) if invalid else ""
+        feedback = INVALID_FEEDBACK[self.observation].format(why=error) if invalid else ""
         text = f"{feedback}\n\n{state.snapshot}" if invalid else state.snapshot
         observation = self._shown(state, text, feedback or "The page after your action.")
         answered = action is not None and action.kind == "answer"
@@ -292,6 +298,8 @@ class MiniWobEnv(Env):
             return None
         if action.point is not None:
             return await self._act_at(state, action)
+        if self.observation == "screenshot":  # the model was never shown the elements' references
+            return f"the page is shown only as a screenshot here: act on a point of it, not on {action.ref}"
         locator = state.page.locator(f"aria-ref={action.ref}")
         try:
             if await locator.count() == 0:

@@ -100,6 +100,8 @@ async def test_a_screenshot_observation_shows_the_viewport_and_a_click_at_a_poin
 
     async def at_the_button(messages: list[Message]) -> Completion:  # a model that reads the screenshot well
         sent.append(messages)
+        if len(sent) == 1:  # but first names an element it was never shown
+            return Completion(text="click(e4)")
         box = await (await env.pool.slot(0)).page.locator("#subbtn").bounding_box()
         return Completion(text=f"click({box['x'] + box['width'] / 2:.0f}, {box['y'] + box['height'] / 2:.0f})")
 
@@ -111,7 +113,12 @@ async def test_a_screenshot_observation_shows_the_viewport_and_a_click_at_a_poin
         )
     finally:
         await env.close()
-    assert score.success and state.turns[0].action["point"]
+    # an element reference is refused where the page is shown only as a screenshot, the feedback naming the
+    # actions this observation takes; the click at the button's point then earns the reward
+    first, second = state.turns
+    assert first.invalid_action and "only as a screenshot" in first.observation, first.observation
+    assert 'click(X, Y), type(X, Y, "TEXT") or answer("TEXT")' in first.observation and "REF" not in first.observation
+    assert score.success and second.action["point"]
     # the model was shown the goal and the viewport's screenshot, sent by file:// URL of the saved PNG, no tree
     image, text = sent[0][1]["content"]
     assert text["text"].startswith("Task: ") and "[ref=" not in text["text"] and "320x240" in sent[0][0]["content"]
