@@ -72,7 +72,7 @@ PROMPTS = {"text": TEXT_PROMPT, "screenshot": SCREENSHOT_PROMPT, "both": BOTH_PR
 INVALID_FEEDBACK = {
     "text": 'Invalid action ({why}). Reply with one action: click(REF), type(REF, "TEXT") or answer("TEXT").',
     "screenshot": 'Invalid action ({why}). Reply with one action: click(X, Y), type(X, Y, "TEXT") or answer("TEXT").',
-    "both": "Invalid action ({why}). Reply with one action: click(REF) or click(X, Y), type(REF, \"TEXT\") or "
+    "both": 'Invalid action ({why}). Reply with one action: click(REF) or click(X, Y), type(REF, "TEXT") or '
     'type(X, Y, "TEXT"), or answer("TEXT").',
 }
 # focus is blurred so that nothing of the slot's previous episode shows in the snapshot
