@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rollout_engine.files import save_text
 from rollout_engine.layout import MARKER_SUFFIX, Layout, iterations
+from rollout_engine.shared_read import make_dirs
 
 
 def state_iterations(log: str | Path) -> list[int]:
@@ -84,14 +85,14 @@ def is_done(log: str | Path, iteration: int, phase: str) -> bool:
 def mark(log: str | Path, iteration: int, phase: str, content: str = "") -> None:
     """Record that `phase` of `iteration` finished (atomically), with what it did or the time."""
     marker = Layout(log).marker(iteration, phase)
-    marker.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(marker.parent)
     save_text(marker, (content or str(int(time.time()))) + "\n")
 
 
 def add_time(log: str | Path, iteration: int, phase: str, seconds: float) -> None:
     """Append how long `phase` took (one short line: an append of it is whole)."""
     path = Layout(log).times(iteration)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     with open(path, "a") as out:
         out.write(f"{phase} {int(seconds)}\n")
 

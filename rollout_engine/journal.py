@@ -37,7 +37,7 @@ from typing import Any
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import append_line, parse_jsonl, save_json
 from rollout_engine.layout import manifest_name
-from rollout_engine.shared_read import read_fresh
+from rollout_engine.shared_read import make_dirs, read_fresh
 from rollout_engine.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class Journal:
         self.manifest_path = path.with_name(manifest_name(path.name))
         self.done: list[Trajectory] = []
         self._writes: set[asyncio.Future] = set()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         if resume:
             self.done = read_journal(path)
             drop_torn_tail(path)

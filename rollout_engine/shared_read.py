@@ -63,12 +63,14 @@ def make_dirs(path: Path) -> None:
     """`path.mkdir(parents=True, exist_ok=True)` where another node may make the same folders at once. On a
     distributed filesystem (GlusterFS seen here) a folder another client is creating can answer EEXIST to this
     client's mkdir while a mkdir inside it still answers ENOENT for a moment: list the folders on the way
-    (which refreshes this client's entries) and try again, up to STALE_TRIES times within about 0.75 s."""
+    (which refreshes this client's entries) and try again, up to STALE_TRIES times within about 0.75 s. The same
+    when a folder another client just made answers EEXIST to this client's mkdir while its cached absence makes
+    Path.mkdir(exist_ok=True) take it for no folder (FileExistsError; 8 nodes starting at once)."""
     for attempt in range(STALE_TRIES):
         try:
             path.mkdir(parents=True, exist_ok=True)
             return
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):
             if attempt == STALE_TRIES - 1:
                 raise
             for folder in path.parents:

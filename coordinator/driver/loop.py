@@ -19,6 +19,7 @@ from coordinator.driver.rollout import ensure_server, keep_best, rollout, serve_
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.update import check_start, check_wait, update
 from rollout_engine.defaults import UPDATE_POLL_S
+from rollout_engine.shared_read import make_dirs
 
 
 def steps(run: Run) -> None:
@@ -221,7 +222,7 @@ def begin(run: Run, n: int, resume: bool) -> None:
         if not resume and runstate.restart(run.log, n):
             warn(f"iteration {n} was interrupted; starting it again (pass --resume to continue it)")
         folder = run.layout.state_dir(n)
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(folder)
         from rollout_engine.files import save_bytes
 
         save_bytes(folder / "config.yaml", run.layout.resolved(run.rank).read_bytes(), durable=False)

@@ -30,6 +30,7 @@ from coordinator.overrides import Request, override_key
 from rollout_engine.config import ModelConfig
 from rollout_engine.defaults import VLLM_PORT
 from rollout_engine.layout import Layout
+from rollout_engine.shared_read import make_dirs
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -216,7 +217,7 @@ def execute(run: Run, resolved: Path) -> int:
     try:
         claim(run)
         install_signals(run)
-        (run.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        make_dirs(run.run_dir / "logs")
         from rollout_engine.files import save_bytes
 
         save_bytes(run.layout.resolved(run.rank), resolved.read_bytes())

@@ -180,6 +180,26 @@ def test_make_dirs_tries_again_while_a_folder_another_client_makes_answers_enoen
         make_dirs(target)
 
 
+def test_make_dirs_tries_again_when_a_folder_another_client_made_answers_eexist_but_is_not_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GlusterFS, 8 nodes starting at once (bench/fs_real.py): Path.mkdir(exist_ok=True) of <log>/roles/rollout
+    raised FileExistsError, for the folder another node had just made answered EEXIST while this client's cached
+    absence still said it was no folder. The folders on the way are listed and the mkdir tried again."""
+    target = tmp_path / "exp" / "roles" / "rollout"
+    real = Path.mkdir
+    misses = iter([True])
+
+    def racing(self: Path, *args, **kwargs) -> None:
+        if self == target and next(misses, False):
+            raise FileExistsError(17, "File exists", str(self))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", racing)
+    make_dirs(target)
+    assert target.is_dir()
+
+
 def test_read_sealed_reads_again_while_a_client_shows_a_shorter_prefix_of_a_sealed_journal(tmp_path: Path) -> None:
     """sshfs keeps a file's size for 20 s and reads only up to it: the master read another node's journal a
     few seconds after it was sealed and found it changed (a soak on sshfs). The reader waits for all of it."""
