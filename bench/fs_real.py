@@ -52,6 +52,14 @@ CHANGES = ("CREATE", "MKNOD", "RENAME", "MKDIR", "SYMLINK", "LINK")
 SERVER_ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+ ns\s+[\d.]+ ns\s+[\d.]+ ns\s+(\d+)\s+([A-Z]+)\s*$")
 #: a row of a client's io-stats dump: FOP, calls, avg, min, max latency
 CLIENT_ROW = re.compile(r"^([A-Z]+)\s+(\d+)\s+[\d.]+ us")
+#: the system calls strace counts on a node: what bench/fs_count.py counts as a call (an open, which a listing
+#: begins with, a stat, rename, unlink, mkdir, fsync, fchmod, ftruncate, utime), not the bytes read or written
+TRACED = (
+    "openat,open,stat,lstat,newfstatat,statx,rename,renameat,renameat2,unlink,unlinkat,rmdir,mkdir,mkdirat,"
+    "fsync,fdatasync,fchmod,ftruncate,utimensat"
+)
+#: a line of `strace -f -y` output: pid, then the call's name and its opening parenthesis
+STRACE_LINE = re.compile(r"^\d+\s+([a-z0-9_]+)\(")
 
 logger = logging.getLogger("bench.fs_real")
 
@@ -150,6 +158,46 @@ def dump_client(node: Node, mount: Path) -> dict[str, int] | None:
     out.unlink()
     node.output.with_suffix(f".client.{node.state}.txt").write_text(text)
     return client_counts(text)
+
+
+def node_pids(proc: subprocess.Popen) -> list[int]:
+    """Every process of the node (this machine's ids) but its filesystem client (tracing it would slow every call)."""
+    found, todo = [], [proc.pid]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "glusterfs":
+                found.append(pid)
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+class Trace:
+    """`strace -f` on every process of one node for a while: its own calls on the shared path, counted."""
+
+    def __init__(self, node: Node, mount: Path, out: Path) -> None:
+        self.node, self.mount, self.out = node, mount, out
+        pids = [arg for pid in node_pids(node.proc) for arg in ("-p", str(pid))]
+        cmd = ["strace", "-f", "-y", "-qq", "-e", f"trace={TRACED}", "-o", str(out), *pids]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.since = time.monotonic()
+        self.seconds: float | None = None
+
+    def stop(self) -> None:
+        if self.seconds is None:
+            self.proc.send_signal(signal.SIGINT)  # it detaches from every process
+            self.proc.wait(timeout=30)
+            self.seconds = time.monotonic() - self.since
+
+    def counts(self) -> dict[str, int]:
+        """Calls on the shared path, by name (a stat of an open file, AT_EMPTY_PATH, is not a call)."""
+        counts: dict[str, int] = {}
+        for line in self.out.read_text(errors="replace").splitlines():
+            m = STRACE_LINE.match(line)
+            if m and str(self.mount) in line and "AT_EMPTY_PATH" not in line:
+                counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        return counts
 
 
 def start_nodes(n: int, args: argparse.Namespace, fs: SharedFs, url: str, outputs: Path) -> list[Node]:
@@ -251,6 +299,7 @@ def run_once(n: int, args: argparse.Namespace, url: str, tmp: Path) -> tuple[lis
         held_at: float | None = None
         began = last = time.monotonic()
         dumps = 0
+        traces: list[Trace] = []
         try:
             while any(node.proc.poll() is None for node in nodes):
                 if time.monotonic() - began > args.budget:
@@ -262,6 +311,12 @@ def run_once(n: int, args: argparse.Namespace, url: str, tmp: Path) -> tuple[lis
                     holder.tick(nodes)
                     if holder.since is not None and held_at is None:
                         held_at = holder.since - began
+                        # every rank but the held one waits: trace the master and a waiting worker
+                        for rank in sorted({0, 1} - {n - 1}):
+                            traces.append(Trace(nodes[rank], fs.path, outputs / f"node{rank}.strace"))
+                    if traces and time.monotonic() - holder.since >= args.hold - 2:
+                        for trace in traces:
+                            trace.stop()
                     time.sleep(0.2)
                 server = server_counts(fs.gluster("volume", "profile", "gv0", "info", "incremental"))
                 if dumps:  # the previous interval's dumps reached the brick in this one
@@ -280,6 +335,8 @@ def run_once(n: int, args: argparse.Namespace, url: str, tmp: Path) -> tuple[lis
                 intervals.append(Interval(last - began, now - began, phase, server, clients, waiting))
                 last = now
         finally:
+            for trace in traces:
+                trace.stop()
             holder.release()
             for node in nodes:
                 if node.proc.poll() is None:
@@ -293,7 +350,13 @@ def run_once(n: int, args: argparse.Namespace, url: str, tmp: Path) -> tuple[lis
         episodes = sum(
             len(path.read_text().splitlines()) for path in seen.glob("trajectories/train/iter_0001/rank_*.jsonl")
         )
-    return intervals, {"held_at_s": held_at, "episodes": episodes, "took_s": time.monotonic() - began}
+    traced = {trace.node.rank: {"seconds": trace.seconds, "calls": trace.counts()} for trace in traces if trace.seconds}
+    return intervals, {
+        "held_at_s": held_at,
+        "episodes": episodes,
+        "took_s": time.monotonic() - began,
+        "traced": traced,
+    }
 
 
 def per_phase(n: int, intervals: list[Interval]) -> dict[str, dict]:
@@ -377,6 +440,18 @@ def report(results: dict[int, dict], args: argparse.Namespace) -> None:
         info = got["info"]
         held = "not held (it finished first)" if info["held_at_s"] is None else f"held at {info['held_at_s']:.0f} s"
         print(f"- N={n}: {info['episodes']} episodes, {info['took_s']:.0f} s in all, the slow node {held}")
+    print("\nOne node's own calls on the shared path at the barrier (strace -f of its processes, the slow node held):")
+    print("| N | rank | s traced | calls/s | renames+mkdirs/s | simulated calls/s | the calls/s, by name |")
+    print("|---|---|---|---|---|---|---|")
+    for n, got in results.items():
+        for rank, trace in got["info"].get("traced", {}).items():
+            calls, seconds = trace["calls"], trace["seconds"]
+            total = sum(calls.values()) / seconds
+            changes = sum(v for k, v in calls.items() if k.startswith(("rename", "mkdir"))) / seconds
+            sim = got.get("simulated", {}).get("barrier")
+            expected = f"{sim['master' if int(rank) == 0 else 'worker'][0]:.1f}" if sim else "-"
+            names = ", ".join(f"{k} {v / seconds:.1f}" for k, v in sorted(calls.items(), key=lambda kv: -kv[1]))
+            print(f"| {n} | {rank} | {seconds:.0f} | {total:.1f} | {changes:.2f} | {expected} | {names} |")
 
 
 def main(argv: list[str] | None = None) -> None:
