@@ -17,8 +17,9 @@ incremental`) and each node's client's own (its io-stats, dumped with `setfattr 
 node's mount namespace; the dump's own SETXATTR is subtracted from the server's count). Each interval is given
 the phase the cluster was in throughout it, from what the nodes leave in the brick (read there, not through a
 client): `start` (no rank's rollout engine is running yet, or some are: start-up, join, the start's filesystem
-check), `rollout` (every rank's engine runs), `barrier` (some ranks have finished and wait, the others still roll
-out: with the slow node held, N - 1 wait), `end` (every engine done: the master merges, the nodes stop);
+check), `rollout` (every rank's engine runs), `arrivals` (some ranks have finished their share, sealed it and
+wait at the barrier, more than one still rolls out), `barrier` (every rank but the slow node waits: held, then
+finishing its share), `end` (every engine done: the master merges, the nodes stop);
 an interval that straddles two phases is left out of the per-phase figures. A per-second figure is the sum of
 the phase's intervals' operations over their length. Prints markdown tables (stdout; progress on stderr) and the
 CPU model; `--json` writes the figures.
@@ -45,7 +46,7 @@ from bench.server import add_server_args, free_port, serve
 from bench.sharedfs import SharedFs, shared_fs
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("start", "rollout", "barrier", "end")
+PHASES = ("start", "rollout", "arrivals", "barrier", "end")
 #: the metadata operations that make or move a name (Lustre's costly ones)
 CHANGES = ("CREATE", "MKNOD", "RENAME", "MKDIR", "SYMLINK", "LINK")
 #: a table row of `gluster volume profile ... info`: %-latency, avg, min, max (each "<n> ns"), calls, FOP
@@ -247,7 +248,8 @@ def observe(nodes: list[Node], seen: Path) -> str:
     if states == {"rollout"}:
         return "rollout"
     if "rollout" in states:
-        return "barrier"
+        waiting = sum(node.state == "barrier" for node in nodes)
+        return "barrier" if waiting == len(nodes) - 1 else "arrivals"
     return "end"
 
 
