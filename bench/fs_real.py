@@ -66,6 +66,11 @@ logger = logging.getLogger("bench.fs_real")
 
 
 @dataclass
+class NodeFailed(Exception):
+    """A node exited with an error: the run cannot be measured (the others would wait for it)."""
+
+
+@dataclass
 class Interval:
     start: float
     end: float
@@ -100,11 +105,12 @@ def cpu_model() -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench.fs_real", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="2,4,8", help="comma-separated node counts")
-    parser.add_argument("--tasks", type=int, default=48, help="train tasks of the rollout per node")
+    parser.add_argument("--tasks", type=int, default=80, help="train tasks of the rollout per node (the data has 320)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between two reads of the counters")
     parser.add_argument("--hold", type=float, default=40.0, help="seconds the slow node's engine is held")
     parser.add_argument("--budget", type=float, default=900.0, help="seconds a run may take before it is stopped")
+    parser.add_argument("--retries", type=int, default=1, help="runs of an N again after a node failed")
     parser.add_argument("--no-sim", action="store_true", help="skip bench/fs_load.py's simulated count")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--keep", type=Path, default=None, help="keep each run's node outputs under this folder")
@@ -306,6 +312,13 @@ def run_once(n: int, args: argparse.Namespace, url: str, tmp: Path) -> tuple[lis
             while any(node.proc.poll() is None for node in nodes):
                 if time.monotonic() - began > args.budget:
                     raise SystemExit(f"{n} nodes still ran after {args.budget:.0f} s; outputs in {outputs}")
+                failed = [node for node in nodes if node.proc.poll() not in (None, 0)]
+                if failed:
+                    said = failed[0].output.read_text(errors="replace")
+                    error = next((line for line in said.splitlines() if "error:" in line), "")
+                    raise NodeFailed(
+                        f"rank {failed[0].rank} exited {failed[0].proc.returncode}: {error}\n{said[-1500:]}"
+                    )
                 phases, waiting = set(), 0
                 while time.monotonic() - last < args.interval:
                     phases.add(observe(nodes, seen))
@@ -442,6 +455,8 @@ def report(results: dict[int, dict], args: argparse.Namespace) -> None:
         info = got["info"]
         held = "not held (it finished first)" if info["held_at_s"] is None else f"held at {info['held_at_s']:.0f} s"
         print(f"- N={n}: {info['episodes']} episodes, {info['took_s']:.0f} s in all, the slow node {held}")
+        for failure in info.get("failed_runs", []):
+            print(f"  - N={n}: a run before this one failed, run again: {failure.splitlines()[0]}")
     print("\nOne node's own calls on the shared path at the barrier (strace -f of its processes, the slow node held):")
     print("| N | rank | s traced | calls/s | renames+mkdirs/s | simulated calls/s | the calls/s, by name |")
     print("|---|---|---|---|---|---|---|")
@@ -465,11 +480,22 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[int, dict] = {}
     with serve(args) as url:
         for n in counts:
-            with tempfile.TemporaryDirectory(prefix="baton-fsreal-") as tmp:
-                logger.info("%d nodes", n)
-                intervals, info = run_once(n, args, url, Path(tmp))
-            results[n] = {"phases": per_phase(n, intervals), "info": info}
+            failures = []
+            while True:
+                with tempfile.TemporaryDirectory(prefix="baton-fsreal-") as tmp:
+                    logger.info("%d nodes", n)
+                    try:
+                        intervals, info = run_once(n, args, url, Path(tmp))
+                        break
+                    except NodeFailed as failed:  # said, kept in the figures, and run again on a fresh volume
+                        logger.warning("%d nodes: %s", n, failed)
+                        failures.append(str(failed))
+                        if len(failures) > args.retries:
+                            raise SystemExit(f"{n} nodes failed {len(failures)} times; the last: {failed}") from None
+            results[n] = {"phases": per_phase(n, intervals), "info": {**info, "failed_runs": failures}}
             results[n]["intervals"] = [vars(i) for i in intervals]
+            if args.json:  # what is measured so far, should a later N fail
+                args.json.write_text(json.dumps(results, indent=1))
     if not args.no_sim:
         for n in counts:
             logger.info("bench.fs_load --ranks %d --wait %g", n, args.hold)
