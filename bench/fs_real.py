@@ -65,7 +65,6 @@ STRACE_LINE = re.compile(r"^\d+\s+([a-z0-9_]+)\(")
 logger = logging.getLogger("bench.fs_real")
 
 
-@dataclass
 class NodeFailed(Exception):
     """A node exited with an error: the run cannot be measured (the others would wait for it)."""
 
@@ -111,6 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hold", type=float, default=40.0, help="seconds the slow node's engine is held")
     parser.add_argument("--budget", type=float, default=900.0, help="seconds a run may take before it is stopped")
     parser.add_argument("--retries", type=int, default=1, help="runs of an N again after a node failed")
+    parser.add_argument(
+        "--strace",
+        action="store_true",
+        help="strace -f the master and a waiting worker at the barrier (once, a 4-node run's master stalled 3 min)",
+    )
     parser.add_argument("--no-sim", action="store_true", help="skip bench/fs_load.py's simulated count")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--keep", type=Path, default=None, help="keep each run's node outputs under this folder")
@@ -168,8 +172,10 @@ def dump_client(node: Node, mount: Path) -> dict[str, int] | None:
 
 
 def node_pids(proc: subprocess.Popen) -> list[int]:
-    """Every process of the node (this machine's ids) but its filesystem client (tracing it would slow every call)."""
-    found, todo = [], [proc.pid]
+    """Every process run.sh started on the node (this machine's ids): not unshare, nor the node's pid 1, nor its
+    filesystem client (tracing it would slow every call)."""
+    pid1 = descendant(proc, 1)
+    found, todo = [], [int(c) for c in Path(f"/proc/{pid1}/task/{pid1}/children").read_text().split()]
     while todo:
         pid = todo.pop()
         with contextlib.suppress(OSError):
@@ -327,7 +333,7 @@ def run_once(n: int, args: argparse.Namespace, url: str, tmp: Path) -> tuple[lis
                     if holder.since is not None and held_at is None:
                         held_at = holder.since - began
                         # every rank but the held one waits: trace the master and a waiting worker
-                        for rank in sorted({0, 1} - {n - 1}):
+                        for rank in sorted({0, 1} - {n - 1}) if args.strace else []:
                             traces.append(Trace(nodes[rank], fs.path, outputs / f"node{rank}.strace"))
                     if traces and time.monotonic() - holder.since >= args.hold - 2:
                         for trace in traces:
