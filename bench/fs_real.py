@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--strace",
         action="store_true",
-        help="strace -f the master and a waiting worker at the barrier (once, a 4-node run's master stalled 3 min)",
+        help="strace -f the master and a waiting worker at the barrier (their own calls on the shared path)",
     )
     parser.add_argument("--no-sim", action="store_true", help="skip bench/fs_load.py's simulated count")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
