@@ -3,6 +3,7 @@ and on each node's client, beside bench/fs_load.py's simulated count at the same
 
     PYTHONPATH=. $BATON_APP_PY -m bench.fs_real                        # N = 2, 4, 8; starts its own vLLM
     PYTHONPATH=. $BATON_APP_PY -m bench.fs_real --nodes 2 --base-url http://127.0.0.1:8000/v1   # a running vLLM
+    PYTHONPATH=. $BATON_APP_PY -m bench.fs_real --nodes 2,4,8 --tasks 48 --strace   # docs/benchmarks.md §4d
 
 For each N, a GlusterFS volume is served here (bench/sharedfs.py, profile `gluster`: its clients' defaults) and
 N `scripts/run.sh` nodes run on it as in the multi-node e2e tests (bench/nodes.py: each in PID, UTS and mount
@@ -21,8 +22,12 @@ check), `rollout` (every rank's engine runs), `arrivals` (some ranks have finish
 wait at the barrier, more than one still rolls out), `barrier` (every rank but the slow node waits: held, then
 finishing its share), `end` (every engine done: the master merges, the nodes stop);
 an interval that straddles two phases is left out of the per-phase figures. A per-second figure is the sum of
-the phase's intervals' operations over their length. Prints markdown tables (stdout; progress on stderr) and the
-CPU model; `--json` writes the figures.
+the phase's intervals' operations over their length. With `--strace`, `strace -f` of the processes run.sh started
+on the master and on a waiting worker, during the hold, counts their own calls on the shared path (what
+bench/fs_count.py counts: opens, which listings begin with, stats, renames, ...), beside the simulated ones. A node
+that fails stops its run at once; the N is run again on a fresh volume (`--retries`) and the failure printed.
+Prints markdown tables (stdout; progress on stderr) and the CPU model; `--json` writes the figures, `--keep` each
+node's output and its client's last counter dump (the files and folders it opened and listed most).
 """
 
 from __future__ import annotations
