@@ -143,7 +143,7 @@ def promote(
 ) -> int:
     """Make `output_dir` the current policy, its weights cast to `dtype` when they are wider (None: as they are;
     the trainer's own kept in fp32/); return its version."""
-    check_fence()  # before any version folder is written
+    check_fence(fresh=True)  # before any version folder is written
     policy_root.mkdir(parents=True, exist_ok=True)
     with promotion_lock(policy_root):
         done = promoted_from(policy_root, iteration, output_dir)
@@ -216,7 +216,7 @@ def flip_current(policy_root: Path, target: str) -> None:
 
 
 def _flip_link(policy_root: Path, name: str, target: str) -> None:
-    check_fence()  # a node of a superseded run moves no link of the policy (rollout_engine.fence)
+    check_fence(fresh=True)  # a node of a superseded run moves no link of the policy (rollout_engine.fence)
     tmp = policy_root / f".{name}-{os.getpid()}"
     tmp.unlink(missing_ok=True)
     os.symlink(target, tmp)
@@ -233,7 +233,7 @@ def revert(source: Path, policy_root: Path, iteration: int, reverted_to: int, wh
     """Promote the weights of `source` (version `reverted_to`'s folder, or the base model's for 0) as the
     next version, current at once; its parent is the version it replaces (`current`). Returns the version;
     a revert of this iteration to `reverted_to` done before (a resumed run) is made current again instead."""
-    check_fence()  # before any version folder is written
+    check_fence(fresh=True)  # before any version folder is written
     policy_root.mkdir(parents=True, exist_ok=True)
     with promotion_lock(policy_root):
         done = reverted_from(policy_root, iteration, reverted_to)

@@ -73,17 +73,20 @@ class Supervisor:
         progress: Callable[[], object] | None = None,
     ) -> int:
         """The child's exit code; EXPIRED once it ran `total_s` seconds, or once `progress()` has not
-        changed for `stall_s` seconds (0: no such deadline). The caller stops the child then."""
-        start = last = self.clock()
+        changed for `stall_s` seconds (0: no such deadline). The caller stops the child then. `progress()` is
+        looked at every stall_s / 30 (a rollout's is a listing on the shared filesystem: every poll on every
+        node loaded it for a deadline of minutes)."""
+        start = last = looked = self.clock()
         seen = progress() if progress is not None else None
+        look_s = max(self.poll_s, stall_s / 30)
         while True:
             code = child.poll()
             if code is not None:
                 return code
             self.tick()
             now = self.clock()
-            if progress is not None:
-                current = progress()
+            if progress is not None and now - looked >= look_s:
+                looked, current = now, progress()
                 if current != seen:
                     seen, last = current, now
             if total_s > 0 and now - start >= total_s:

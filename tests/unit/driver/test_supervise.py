@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
@@ -55,6 +56,16 @@ def test_progress_keeps_a_child_alive_past_stall_s_but_not_past_total_s() -> Non
     assert time.monotonic() - start >= 1.0
     assert "still running after 1s" in supervisor.expired
     child.proc.kill()
+
+
+def test_progress_is_looked_at_a_thirtieth_of_stall_s_apart_not_every_poll() -> None:
+    """A rollout's progress is a listing of its journals on the shared filesystem: every poll (0.5 s) on every
+    node was a few calls a second each for a deadline of minutes (BATON_ROLLOUT_STALL_S, 900 s)."""
+    supervisor = Supervisor(poll_s=0.02)
+    child = Popen("import time; time.sleep(0.6)")
+    looks: list[float] = []
+    assert supervisor.wait(child, stall_s=9.0, progress=lambda: looks.append(time.monotonic())) == 0
+    assert len(looks) <= 3 and all(b - a >= 0.3 for a, b in itertools.pairwise(looks)), looks
 
 
 def test_a_watch_that_raises_ends_the_wait_at_once() -> None:
