@@ -28,7 +28,7 @@ from pathlib import Path
 
 import openai
 
-from bench.server import REPO, add_server_args, serve
+from bench.server import REPO, add_server_args, env_python, serve
 from coordinator.serving import parse_cpuinfo
 from rollout_engine.journal import read_journal
 from rollout_engine.layout import Layout
@@ -37,14 +37,6 @@ from training.selection import KTOSelector
 
 logger = logging.getLogger("bench.logprob_gap")
 PROMPT = "Write a short story about a lighthouse keeper. Question {i}: what is {i} + 7?"
-
-
-def env_python(name: str) -> str:
-    script = f'source scripts/lib/common.sh; source scripts/lib/envs.sh; envs_python "{name}"'
-    out = subprocess.run(["bash", "-c", script], cwd=REPO, text=True, check=False, stdout=subprocess.PIPE)
-    if out.returncode != 0:
-        raise SystemExit(f"the {name} environment is not set up (message above); run: bash scripts/setup.sh")
-    return out.stdout.strip()
 
 
 def rollout(base_url: str, model: str, data: Path, log: Path, tasks: int, samples: int, tokens: int) -> None:

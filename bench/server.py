@@ -44,14 +44,15 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None, help="where vLLM's log and pid go (default: a temp dir)")
 
 
-def serve_python() -> str:
-    """The serve environment's interpreter: BATON_SERVE_PY (envs_export), else the one envs.sh names."""
-    if os.environ.get("BATON_SERVE_PY"):
-        return os.environ["BATON_SERVE_PY"]
-    script = "source scripts/lib/common.sh; source scripts/lib/envs.sh; envs_python serve"
+def env_python(name: str) -> str:
+    """Environment `name`'s interpreter (app, serve, train): BATON_<NAME>_PY (envs_export), else the one envs.sh
+    names."""
+    if os.environ.get(f"BATON_{name.upper()}_PY"):
+        return os.environ[f"BATON_{name.upper()}_PY"]
+    script = f'source scripts/lib/common.sh; source scripts/lib/envs.sh; envs_python "{name}"'
     out = subprocess.run(["bash", "-c", script], cwd=REPO, text=True, check=False, stdout=subprocess.PIPE)
     if out.returncode != 0:
-        raise SystemExit("the serve environment is not set up (message above); run: bash scripts/setup.sh")
+        raise SystemExit(f"the {name} environment is not set up (message above); run: bash scripts/setup.sh")
     return out.stdout.strip()
 
 
@@ -89,7 +90,7 @@ def serve(args: argparse.Namespace) -> Iterator[str]:
     model_dir = prepare_data(args.data_path)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="baton-bench-"))
     port = free_port()
-    server = PolicyServer(run_dir, port, args.model, Groups(run_dir), Supervisor(), serve_python())
+    server = PolicyServer(run_dir, port, args.model, Groups(run_dir), Supervisor(), env_python("serve"))
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         logger.info("starting vLLM on port %d (log: %s)", port, server.log)

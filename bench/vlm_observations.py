@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.engine_vs_raw import reset_prefix_cache
-from bench.server import REPO, _raise_interrupt, free_port, serve_python
+from bench.server import REPO, _raise_interrupt, env_python, free_port
 from coordinator.driver import say
 from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import Supervisor
@@ -99,23 +99,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def train_python() -> str:
-    """The train environment's interpreter (BATON_TRAIN_PY, else the one envs.sh names): it builds the toy."""
-    if os.environ.get("BATON_TRAIN_PY"):
-        return os.environ["BATON_TRAIN_PY"]
-    script = "source scripts/lib/common.sh; source scripts/lib/envs.sh; envs_python train"
-    out = subprocess.run(["bash", "-c", script], cwd=REPO, text=True, check=False, stdout=subprocess.PIPE)
-    if out.returncode != 0:
-        raise SystemExit("the train environment is not set up (message above); run: bash scripts/setup.sh")
-    return out.stdout.strip()
-
-
 def toy_model(args: argparse.Namespace) -> Path:
     """The toy Qwen3-VL folder, built by tests/e2e/toy_vlm.py unless --model-dir holds one already."""
     if (args.model_dir / "config.json").is_file():
         return args.model_dir
     logger.info("building the toy Qwen3-VL into %s (tests/e2e/toy_vlm.py)", args.model_dir)
-    command = [train_python(), "tests/e2e/toy_vlm.py", "--out", str(args.model_dir), "--cache", str(args.toy_cache)]
+    toy = ["tests/e2e/toy_vlm.py", "--out", str(args.model_dir), "--cache", str(args.toy_cache)]
+    command = [env_python("train"), *toy]
     if subprocess.run(command, cwd=REPO, check=False, stdout=subprocess.DEVNULL).returncode != 0:
         raise SystemExit(f"tests/e2e/toy_vlm.py could not build {args.model_dir}; see above")
     return args.model_dir
@@ -183,7 +173,8 @@ def measure(args: argparse.Namespace, model: Path, work: Path) -> list[Rollout]:
     except ConfigError as exc:
         raise SystemExit("; ".join(exc.problems)) from exc
     port = free_port()
-    server = PolicyServer(run_dir, port, "policy", Groups(run_dir), Supervisor(), serve_python(), settings=settings)
+    serve_py = env_python("serve")
+    server = PolicyServer(run_dir, port, "policy", Groups(run_dir), Supervisor(), serve_py, settings=settings)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     results: list[Rollout] = []
     try:
