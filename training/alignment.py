@@ -17,6 +17,26 @@ def split_labels(input_ids: list[int], labels: list[int]) -> tuple[list[int], li
     return input_ids[:start], [t for t in labels[start:] if t != IGNORE_INDEX]
 
 
+def label_runs(labels: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of trained labels: one per trained assistant turn of a supervised example (its
+    reply and the template's end of turn; the next turn's prompt is not trained)."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for i, label in enumerate([*labels, IGNORE_INDEX]):
+        if label != IGNORE_INDEX and start is None:
+            start = i
+        elif label == IGNORE_INDEX and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def split_turns(input_ids: list[int], labels: list[int]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, trained reply ids) of each trained turn of a supervised example: a turn's prompt is every
+    id before its reply (the earlier turns included)."""
+    return [(input_ids[:start], labels[start:end]) for start, end in label_runs(labels)]
+
+
 def compare(
     prompt: list[int], reply: list[int], got_prompt: list[int], got_reply: list[int], end_of_turn: list[int]
 ) -> int | None:

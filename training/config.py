@@ -51,6 +51,8 @@ LR_SCHEDULERS = (
 #: LLaMA-Factory's preference losses (FinetuningArguments.pref_loss)
 PREF_LOSSES = ("sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo")
 NONCANONICAL = ("drop", "fail")
+#: data.episode_rows (training.episodes.EPISODE_ROWS)
+EPISODE_ROWS = ("auto", "per_turn")
 #: how the policy-gradient loss averages its per-token terms (training.pg_loss)
 PG_AGGREGATIONS = ("token_mean", "sequence_mean")
 WANDB_MODES = ("offline", "online")
@@ -178,6 +180,9 @@ class AlgorithmConfig:
     kto_rejected_weight: float = setting(1.0, Range(low=0))
     #: algorithm=grpo: the policy-gradient loss that replaces the SFT loss of stage sft (null = the stage's own)
     policy_gradient: PolicyGradientConfig | None = None
+    #: the optimizer's state (Adam's moments; not a LoRA's, nor under DeepSpeed) and the schedule's step carry
+    #: from the version an update trains from to the version it makes (training.carry; false: each update afresh)
+    carry_optimizer: bool = True
     seed: int = setting(42, Range(0, MAX_SEED))
     #: extra LLaMA-Factory keys passed verbatim (they override the generated ones)
     llamafactory_overrides: dict[str, Any] = field(default_factory=dict)
@@ -197,6 +202,9 @@ class DataConfig:
     #: (training.logprob_check: warns, or refuses the update, when the mean gap is beyond numerics): -1 = all,
     #: 0 = off. It loads the model on this node's CPU in the trainer's precision (docs/update.md)
     logprob_samples: int = setting(0, Range(low=0, special={-1: "all"}, note="0 = off"))
+    #: auto = one row per episode when its turns chain (each prompt extends the previous prompt and reply), the
+    #: whole episode trained as one sequence; per_turn = one row per turn, each with its history (training.episodes)
+    episode_rows: str = setting("auto", Choice(EPISODE_ROWS))
     #: images per sample at most: a sample whose prompt holds more is not trained on (too_many_images)
     max_images_per_sample: int = setting(5, Range(low=0))
     #: expert demonstrations to mix in (python -m rollout_engine.demonstrations): one absolute path or a list,
@@ -243,8 +251,6 @@ class PromotionConfig:
 
     #: policy versions kept under <log>/policy (the current one is always kept)
     keep_last: int = setting(3, Range(low=1))
-    #: also keep the optimizer/scheduler state (HF Trainer files) under v<NNNN>/optimizer/
-    keep_optimizer: bool = False
     #: dtype of the served weights: auto = the model the update trained from (the base model's), or one of
     #: bfloat16, float16, float32; wider trainer weights are kept in v<NNNN>/fp32/ and trained on next
     dtype: str = setting("auto", Choice(PROMOTION_DTYPES))
@@ -368,8 +374,6 @@ def validate(cfg: UpdateConfig) -> None:
         problems.append(f"launch.node_rank must be in [0, launch.nnodes={launch.nnodes}) (got {launch.node_rank})")
     problems += _check_demonstrations(cfg)
     problems += _check_policy_gradient(cfg)
-    if cfg.promotion.keep_optimizer and alg.save_only_model:
-        problems.append("promotion.keep_optimizer needs algorithm.save_only_model=false (no optimizer state is saved)")
     if problems:
         raise ConfigError(problems)
 

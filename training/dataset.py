@@ -18,7 +18,13 @@ Writes into `out_dir`:
   (`completion_logprobs`; `training.logprob_check` and a policy-gradient loss
   read them); a demonstration's row has none and says `"demonstration": true`.
   With algorithm=grpo each row also has its episode's `"advantage"`, which
-  the policy-gradient trainer reads (training.pg_trainer).
+  the policy-gradient trainer reads (training.pg_trainer). An episode row
+  (training.episodes: `data.episode_rows=auto`, the turns chain) holds every
+  turn's ids under `"turns"` instead, in order: the first turn's whole
+  `prompt_token_ids`, each later turn's `new_prompt_token_ids` (what the
+  conversation adds after the previous reply), and each turn's
+  `completion_token_ids` / `completion_logprobs`. `sampled_turns(row)` reads
+  both kinds as one list of `SampledTurn`.
 
 `dataset_digest(out_dir, recipe)` is the sha256 of those files and the training
 YAML: the master publishes it, and every node checks what it trains on against it.
@@ -39,6 +45,7 @@ from rollout_engine.errors import ConfigError
 from rollout_engine.files import read_jsonl, save_json, save_jsonl
 from rollout_engine.images import url_path
 from rollout_engine.types import Message, logprobs_problem
+from training.episodes import RowPlan, plan_rows
 from training.selection import Sample
 
 ROLE_TAGS = {"user": "human", "assistant": "gpt", "tool": "observation"}
@@ -52,6 +59,8 @@ class DatasetFiles:
     directory: Path
     train_rows: int
     val_rows: int
+    #: rows are whole episodes (training.episodes): the recipe trains every assistant turn (mask_history false)
+    episode_rows: bool = False
 
     @property
     def names(self) -> tuple[str, str | None]:
@@ -59,11 +68,17 @@ class DatasetFiles:
 
 
 def save_dataset(
-    samples: list[Sample], out_dir: str | Path, stage: str, val_split_ratio: float = 0.0, seed: int = 0
+    samples: list[Sample] | RowPlan,
+    out_dir: str | Path,
+    stage: str,
+    val_split_ratio: float = 0.0,
+    seed: int = 0,
 ) -> DatasetFiles:
-    """Convert, shuffle, split and write the dataset files (each atomically)."""
+    """Convert, shuffle, split and write the dataset files (each atomically): one row per sample, or the rows
+    of a `RowPlan` (training.episodes.plan_rows)."""
     out_dir = Path(out_dir)
-    rows = [(to_row(s, stage), token_ids(s)) for s in samples]
+    plan = samples if isinstance(samples, RowPlan) else plan_rows(samples, stage, "per_turn")
+    rows = [(to_row(turns[-1], stage), row_token_ids(turns)) for turns in plan.rows]
     random.Random(seed).shuffle(rows)
     n_val = int(len(rows) * val_split_ratio)
     splits = {"train": rows[n_val:], "val": rows[:n_val]}
@@ -75,7 +90,7 @@ def save_dataset(
         save_jsonl(out_dir / f"{split}.token_ids.jsonl", [ids for _, ids in part])
         info[TRAIN_NAME if split == "train" else VAL_NAME] = dataset_entry(f"{split}.json", stage)
     save_json(out_dir / "dataset_info.json", info)
-    return DatasetFiles(out_dir, len(splits["train"]), len(splits["val"]))
+    return DatasetFiles(out_dir, len(splits["train"]), len(splits["val"]), plan.episode_rows)
 
 
 def dataset_digest(directory: Path, recipe: Path) -> str:
@@ -170,6 +185,64 @@ def token_ids(sample: Sample) -> dict[str, Any]:
         out["rejected_prompt_token_ids"] = sample.rejected.prompt_token_ids
         out["rejected_completion_token_ids"] = sample.rejected.completion_token_ids
         out["rejected_completion_logprobs"] = aligned_logprobs(sample.rejected)
+    return out
+
+
+def row_token_ids(turns: list[Sample]) -> dict[str, Any]:
+    """The sidecar row of one dataset row: one turn's `token_ids`, or an episode row's turns (module doc)."""
+    if len(turns) == 1:
+        return token_ids(turns[0])
+    out: dict[str, Any] = {"source": f"{turns[0].source}..{turns[-1].turn_index}", "turns": []}
+    end = 0  # where the previous reply ended in the sequence (the turns chain: training.episodes)
+    for turn in turns:
+        one = token_ids(turn)
+        prompt = one.pop("prompt_token_ids")
+        if not out["turns"]:
+            one["prompt_token_ids"] = prompt
+        else:
+            one["new_prompt_token_ids"] = None if prompt is None else prompt[end:]
+        end = len(prompt or []) + len(turn.completion_token_ids or [])
+        one.pop("advantage", None)
+        one.pop("demonstration", None)
+        out["turns"].append(one)
+    if turns[0].demonstration:
+        out["demonstration"] = True
+    if turns[0].advantage is not None:
+        out["advantage"] = turns[0].advantage
+    return out
+
+
+@dataclass(frozen=True)
+class SampledTurn:
+    """One reply a dataset row trains, as the policy sampled it (None: not recorded)."""
+
+    source: str
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[int] | None
+    completion_logprobs: list[float] | None
+
+
+def sampled_turns(row: dict[str, Any]) -> list[SampledTurn]:
+    """The trained replies of one sidecar row, in order, each with its whole prompt: one for a per-turn row
+    (written before episode rows too), every turn of an episode row (its prompts rebuilt from the first
+    prompt, the replies and each turn's `new_prompt_token_ids`). A dpo row's rejected reply is not among them."""
+    if "turns" not in row:
+        return [
+            SampledTurn(
+                row.get("source", "?"),
+                row.get("prompt_token_ids"),
+                row.get("completion_token_ids"),
+                row.get("completion_logprobs"),
+            )
+        ]
+    out: list[SampledTurn] = []
+    sequence: list[int] | None = []
+    for turn in row["turns"]:
+        added = turn["prompt_token_ids"] if not out else turn.get("new_prompt_token_ids")
+        ids = turn.get("completion_token_ids")
+        prompt = None if sequence is None or added is None else sequence + added
+        out.append(SampledTurn(turn.get("source", "?"), prompt, ids, turn.get("completion_logprobs")))
+        sequence = None if prompt is None or ids is None else prompt + ids
     return out
 
 

@@ -10,7 +10,9 @@ its processors do (for sft through `SupervisedDatasetProcessor`, so
 reported (`<split>.token_ids.jsonl`): the prompt ids must be equal, and the
 trained reply ids must be the sampled ids followed only by end-of-turn tokens
 the sampler did not emit (ChatML's `<|im_end|>\\n` after a reply that stopped
-on `<|im_end|>` adds `\\n`). A mismatch raises `ConfigError` with the row, the
+on `<|im_end|>` adds `\\n`). An episode row (training.episodes) is compared
+turn by turn: each trained turn's prompt (everything before its reply, the
+earlier turns included) and reply against that turn's sampled ids. A mismatch raises `ConfigError` with the row, the
 first differing position and both decoded contexts. Rows without stored ids
 are skipped and counted: demonstration rows (nothing was sampled) apart from
 the others.
@@ -29,8 +31,8 @@ from typing import Any
 
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
-from training.alignment import compare, split_labels
-from training.dataset import load_token_ids
+from training.alignment import compare, split_turns
+from training.dataset import load_token_ids, sampled_turns
 from training.recipe import load_template, parse_recipe
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ class _Encoder:
             return [([], [])]  # LLaMA-Factory dropped the row as malformed
         if self.stage == "sft":
             input_ids, labels = self.processor._encode_data_example(prompt, response, system, tools, images, [], [])
-            return [split_labels(input_ids, labels)]
+            return split_turns(input_ids, labels) or [(input_ids, [])]
         replies = response
         if self.stage == "kto":  # LLaMA-Factory pads a kto reply with an empty message on the other side
             replies = [r for r in response if r["content"]] or response[:1]
@@ -127,7 +129,18 @@ def check_fidelity(recipe: dict[str, Any], samples: int, seed: int = 0, split: s
             else:
                 report.without_ids += 1
             continue
-        for (prompt, reply), (got_prompt, got_reply) in zip(expected, encoder.encode(rows[index]), strict=True):
+        encoded = encoder.encode(rows[index])
+        if len(expected) == 1:  # a per-turn row: its reply is the last turn (algorithm.mask_history false trains more)
+            encoded = encoded[-1:]
+        if len(encoded) != len(expected):
+            raise ConfigError(
+                f"token fidelity: dataset row {index} ({ids.get('source')}) holds {len(expected)} sampled replies "
+                f"but LLaMA-Factory trains {len(encoded)} turns of it (mask_history "
+                f"{recipe.get('mask_history')}, cutoff_len {recipe.get('cutoff_len')}): an episode row needs "
+                "mask_history false and the whole episode within cutoff_len; prepare the data again, or set "
+                "data.episode_rows=per_turn"
+            )
+        for (prompt, reply), (got_prompt, got_reply) in zip(expected, encoded, strict=True):
             position = compare(prompt, reply, got_prompt, got_reply, eot)
             if position is None:
                 continue
@@ -176,7 +189,8 @@ def _same_text(
 
 
 def _expected(ids: dict[str, Any]) -> list[tuple[list[int] | None, list[int] | None]]:
-    out = [(ids["prompt_token_ids"], ids["completion_token_ids"])]
+    """(prompt ids, reply ids) of each reply the row trains, as sampled (a dpo row: chosen, then rejected)."""
+    out = [(turn.prompt_token_ids, turn.completion_token_ids) for turn in sampled_turns(ids)]
     if "rejected_completion_token_ids" in ids:
         out.append((ids["rejected_prompt_token_ids"], ids["rejected_completion_token_ids"]))
     return out

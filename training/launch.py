@@ -1,5 +1,6 @@
-"""Run `llamafactory-cli train <yaml>` under torchrun, in a tracked process group (a grpo recipe: torchrun
-on training.pg_trainer, as that command would start LLaMA-Factory's launcher).
+"""Run `llamafactory-cli train <yaml>` under torchrun, in a tracked process group (a recipe with Baton's own keys,
+the carried optimizer state or the grpo loss: torchrun on training.trainer_run, as that command would start
+LLaMA-Factory's launcher).
 
     with hidden_gpus() as device:   # this process never initialises CUDA; the trainer gets the GPUs
         result = run_training(recipe_path, log_file, launch_cfg, device)
@@ -49,7 +50,7 @@ from training.groups import (
     reap_adopted,
     stop_groups,
 )
-from training.recipe import POLICY_GRADIENT, REPO, Device
+from training.recipe import BATON_KEYS, REPO, Device
 
 log = logging.getLogger(__name__)
 _POLL_S = 1.0
@@ -195,10 +196,11 @@ def run_training(
 
 
 def train_command(recipe: Path, env: dict[str, str]) -> list[str]:
-    """`llamafactory-cli train <recipe>`, or for a grpo recipe (training.recipe.POLICY_GRADIENT) the torchrun
-    that command would start, on training.pg_trainer (LLaMA-Factory's SFT workflow with the policy-gradient
-    loss) instead of LLaMA-Factory's launcher; `env` (launch_env's) gets the repository on PYTHONPATH."""
-    if POLICY_GRADIENT not in (yaml.safe_load(recipe.read_text()) or {}):
+    """`llamafactory-cli train <recipe>`, or for a recipe with Baton's own keys (training.recipe.BATON_KEYS) the
+    torchrun that command would start, on training.trainer_run (LLaMA-Factory's training function with
+    Baton's callbacks, or the grpo workflow) instead of LLaMA-Factory's launcher; `env` (launch_env's) gets
+    the repository on PYTHONPATH."""
+    if not set(BATON_KEYS) & set(yaml.safe_load(recipe.read_text()) or {}):
         return [*cli_command(), "train", str(recipe)]
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     if env.get("OPTIM_TORCH", "1").lower() in ("true", "y", "1"):  # what LLaMA-Factory's launcher sets for its torchrun
@@ -206,7 +208,7 @@ def train_command(recipe: Path, env: dict[str, str]) -> list[str]:
     layout = [f"--nnodes={env['NNODES']}", f"--node_rank={env['NODE_RANK']}"]
     layout += [f"--nproc_per_node={env['NPROC_PER_NODE']}", f"--master_addr={env['MASTER_ADDR']}"]
     layout += [f"--master_port={env['MASTER_PORT']}"]
-    return [sys.executable, "-m", "torch.distributed.run", *layout, "-m", "training.pg_trainer", str(recipe)]
+    return [sys.executable, "-m", "torch.distributed.run", *layout, "-m", "training.trainer_run", str(recipe)]
 
 
 def run_group(cmd: list[str], log_file: Path, env: dict[str, str], timeout_s: float, grace_s: float) -> TrainResult:

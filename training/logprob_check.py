@@ -35,7 +35,7 @@ from typing import Any
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
 from rollout_engine.types import logprobs_problem
-from training.dataset import load_token_ids
+from training.dataset import load_token_ids, sampled_turns
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,14 @@ def replies_of(rows: list[dict[str, Any]]) -> tuple[list[Reply], int]:
     out: list[Reply] = []
     without = 0
     for row in rows:
-        sides = [("", row.get("source", "?"))]
+        sides = [("", turn) for turn in sampled_turns(row)]  # an episode row: each of its turns
         if "rejected_completion_token_ids" in row:
-            sides.append(("rejected_", row.get("rejected_source", "?")))
-        for prefix, source in sides:
-            prompt, ids = row.get(f"{prefix}prompt_token_ids"), row.get(f"{prefix}completion_token_ids")
-            logprobs = row.get(f"{prefix}completion_logprobs")
+            keys = ("source", "prompt_token_ids", "completion_token_ids", "completion_logprobs")
+            rejected = {key: row.get(f"rejected_{key}") for key in keys}
+            sides += [("rejected_", turn) for turn in sampled_turns(rejected)]
+        for prefix, turn in sides:
+            source, prompt, ids = turn.source, turn.prompt_token_ids, turn.completion_token_ids
+            logprobs = turn.completion_logprobs
             problem = logprobs_problem(ids, logprobs)
             if problem:
                 raise ConfigError(f"{source}: {prefix}{problem}; prepare the data again")

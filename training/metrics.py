@@ -6,7 +6,8 @@ train_samples_per_second, train_loss, ...) into its output directory;
 `parse_training` reads both (and, when they are missing, the HF Trainer's
 `{'loss': ...}` lines in the console log). `policy_gradient_stats` reads the
 per-step values algorithm=grpo's trainer logs beside the loss (`pg_clipped_low`,
-`pg_clipped_high`, `pg_ratio`, `pg_kl`) from the HF Trainer's `trainer_state.json`.
+`pg_clipped_high`, `pg_ratio`, `pg_kl`, and the first step's `pg_logprob_gap`) from the HF Trainer's
+`trainer_state.json`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,13 @@ def parse_training(output_dir: Path, console_log: Path | None = None) -> dict[st
 
 
 #: the values training.pg_trainer logs at each logging step, by their record key
-PG_KEYS = {"clipped_low": "pg_clipped_low", "clipped_high": "pg_clipped_high", "ratio": "pg_ratio", "kl": "pg_kl"}
+PG_KEYS = {
+    "clipped_low": "pg_clipped_low",
+    "clipped_high": "pg_clipped_high",
+    "ratio": "pg_ratio",
+    "kl": "pg_kl",
+    "logprob_gap": "pg_logprob_gap",  # the first logged step's only
+}
 
 
 def policy_gradient_stats(output_dir: Path) -> dict[str, list[float]]:

@@ -1,15 +1,15 @@
 """algorithm=grpo in LLaMA-Factory's own training loop: its SFT workflow with the policy-gradient loss.
 
-    run(recipe_args, callbacks)                      # the warm trainer's workers (training.warm), every rank
-    python -m training.pg_trainer train_config.yaml  # under torchrun: the fresh path (training.launch)
+    run(recipe_args, callbacks)   # every rank, from training.trainer_run (the warm trainer and the fresh path)
 
 What LLaMA-Factory's `run_sft` does, with three changes: the dataset's rows (encoded by LLaMA-Factory's own
 template and processor, as the token-fidelity check compared them with the sampled ids) get three columns
-from `train.token_ids.jsonl` (the episode's `advantage`, how many of the row's trained tokens the policy
-produced, and the behaviour policy's `completion_logprobs` where the rollout recorded them); a collator
-wrapper (`PolicyGradientCollator`) takes those columns out before LLaMA-Factory's collator pads the rest,
-masks the labels the policy did not produce (the template's end-of-turn tokens after the sampled ones), and
-aligns the behaviour log-probabilities with the labels; and `PolicyGradientTrainer`, a CustomSeq2SeqTrainer,
+from `train.token_ids.jsonl` (the episode's `advantage`, how many of each trained turn's tokens the policy
+produced — an episode row trains all its turns, training.episodes — and the behaviour policy's
+`completion_logprobs` where the rollout recorded them); a collator wrapper (`PolicyGradientCollator`) takes
+those columns out before LLaMA-Factory's collator pads the rest, masks the labels the policy did not produce
+(each turn's end-of-turn tokens after the sampled ones), and aligns the behaviour log-probabilities with the
+labels; and `PolicyGradientTrainer`, a CustomSeq2SeqTrainer,
 overrides `compute_loss` with training.pg_loss. The HF Trainer's loop, optimizer, scheduler, DeepSpeed,
 LoRA, saving and logging are LLaMA-Factory's and transformers' own.
 
@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.alignment import label_runs
 from training.config import PolicyGradientConfig
-from training.dataset import load_token_ids
+from training.dataset import load_token_ids, sampled_turns
 from training.pg_loss import IGNORE_INDEX, policy_gradient_loss, token_logprobs
 from training.recipe import POLICY_GRADIENT
 
@@ -45,9 +45,11 @@ class Columns:
     """The per-row values of the policy-gradient loss, in dataset order."""
 
     advantages: list[float]
-    #: how many of the row's trained labels the policy produced (-1: all; a row without sampled ids)
-    policy_tokens: list[int]
-    #: the behaviour log-probabilities of those tokens ([] where the rollout recorded none)
+    #: per run of trained labels (one per trained assistant turn, in order), how many of its first labels the
+    #: policy produced; [-1]: all labels of the row (a row without sampled ids)
+    policy_tokens: list[list[int]]
+    #: the behaviour log-probabilities of those tokens, the turns' one after the other ([] where the rollout
+    #: recorded none)
     logprobs: list[list[float]]
 
     @property
@@ -58,9 +60,12 @@ class Columns:
 def build_columns(labels: list[list[int]], rows: list[dict[str, Any]], sidecar: Path) -> Columns:
     """The columns of the encoded dataset (`labels`, LLaMA-Factory's) from `rows` of `train.token_ids.jsonl`.
 
-    The rows must be the dataset's, one for one, and each row's trained labels must begin with the ids the
-    policy sampled (`completion_token_ids`; what follows them is the template's end of turn, not trained):
-    otherwise the advantages and log-probabilities would land on other tokens, so ValueError naming the row."""
+    The rows must be the dataset's, one for one, and each trained turn's labels (a run of trained labels) must
+    begin with the ids the policy sampled for that turn (`completion_token_ids`; what follows them is the
+    template's end of turn, not trained): an episode row (training.episodes) has one run per turn, a per-turn
+    row its reply as the last run (earlier runs, trained under mask_history false, are not the policy's tokens
+    of this row: masked). Otherwise the advantages and log-probabilities would land on other tokens, so
+    ValueError naming the row."""
     if len(rows) != len(labels):
         raise ValueError(
             f"{sidecar} has {len(rows)} rows but LLaMA-Factory encoded {len(labels)} (it drops malformed rows); "
@@ -71,29 +76,49 @@ def build_columns(labels: list[list[int]], rows: list[dict[str, Any]], sidecar: 
         where = f"{sidecar} row {index} ({row.get('source')})"
         if not isinstance(row.get("advantage"), int | float):
             raise ValueError(f"{where} has no advantage: prepare the data with algorithm=grpo")
-        trained = [t for t in row_labels if t != IGNORE_INDEX]
-        ids = row.get("completion_token_ids")
-        logprobs = row.get("completion_logprobs") or []
-        if ids is None:  # a journal without token ids: the labels are all the trainer knows
-            out.advantages.append(float(row["advantage"]))
-            out.policy_tokens.append(-1)
+        out.advantages.append(float(row["advantage"]))
+        turns = sampled_turns(row)
+        if any(turn.completion_token_ids is None for turn in turns):  # no token ids: the labels are all we know
+            out.policy_tokens.append([-1])
             out.logprobs.append([])
             continue
-        if trained[: len(ids)] != ids:
+        runs = label_runs(row_labels)
+        untrained = len(runs) - 1 if len(turns) == 1 and len(runs) > 1 else 0  # a per-turn row's history replies
+        if len(runs) - untrained != len(turns):
             raise ValueError(
-                f"{where}: LLaMA-Factory's trained tokens are not the sampled completion_token_ids; run the update "
-                "with data.fidelity_samples=-1 (the token-fidelity check names the difference and drops "
-                "re-tokenized replies)"
+                f"{where} holds {len(turns)} sampled replies but LLaMA-Factory trains {len(runs)} turns of it; "
+                "prepare the data again (phase=prepare), or set data.episode_rows=per_turn"
             )
-        if logprobs and len(logprobs) != len(ids):
-            raise ValueError(
-                f"{where} has {len(logprobs)} completion_logprobs for {len(ids)} completion_token_ids; they must "
-                "pair one for one (the rollout's journal is damaged: roll it out again)"
-            )
-        out.advantages.append(float(row["advantage"]))
-        out.policy_tokens.append(len(ids))
-        out.logprobs.append([float(x) for x in logprobs])
+        counts, logprobs = [0] * untrained, []
+        for (start, end), turn in zip(runs[untrained:], turns, strict=True):
+            ids, recorded = turn.completion_token_ids or [], turn.completion_logprobs
+            if row_labels[start:end][: len(ids)] != ids:
+                raise ValueError(
+                    f"{where}: LLaMA-Factory's trained tokens of {turn.source} are not its sampled "
+                    "completion_token_ids; run the update with data.fidelity_samples=-1 (the token-fidelity check "
+                    "names the difference and drops re-tokenized replies)"
+                )
+            if recorded is not None and len(recorded) != len(ids):
+                raise ValueError(
+                    f"{where} has {len(recorded)} completion_logprobs for {len(ids)} completion_token_ids of "
+                    f"{turn.source}; they must pair one for one (the rollout's journal is damaged: roll it out again)"
+                )
+            counts.append(len(ids))
+            logprobs.append([float(x) for x in recorded or []])
+        out.policy_tokens.append(counts)
+        # a row's ratio is formed against recorded values on every trained token, or on none (on-policy)
+        complete = all(turn.completion_logprobs is not None for turn in turns)
+        out.logprobs.append([x for turn in logprobs for x in turn] if complete else [])
     return out
+
+
+def policy_positions(labels: list[int], counts: list[int]) -> list[int]:
+    """The positions of the labels the policy produced: the first `counts[i]` labels of the i-th run of trained
+    labels (`Columns.policy_tokens`; [-1]: every trained label)."""
+    runs = label_runs(labels)
+    if counts == [-1]:
+        return [i for start, end in runs for i in range(start, end)]
+    return [i for (start, _), count in zip(runs, counts, strict=False) for i in range(start, start + count)]
 
 
 class PolicyGradientCollator:
@@ -108,16 +133,16 @@ class PolicyGradientCollator:
         extra = [{key: f[key] for key in (ADVANTAGE, POLICY_TOKENS, LOGPROBS)} for f in features]
         batch = self.inner([{k: v for k, v in f.items() if k not in extra[0]} for f in features])
         labels = batch["labels"]
-        # the n-th trained label of each row (0-based) at its position; -1 off the labels
-        rank = torch.cumsum(labels != IGNORE_INDEX, dim=-1) - 1
-        rank = torch.where(labels != IGNORE_INDEX, rank, torch.full_like(rank, -1))
-        produced = torch.tensor([e[POLICY_TOKENS] for e in extra]).unsqueeze(-1)
-        batch["labels"] = torch.where((produced >= 0) & (rank >= produced), IGNORE_INDEX, labels)
-        width = max([len(e[LOGPROBS]) for e in extra] + [1])
-        table = torch.zeros(len(extra), width, dtype=torch.float32)
+        kept = torch.full_like(labels, IGNORE_INDEX)
+        behaviour = torch.zeros(labels.shape, dtype=torch.float32)
         for row, e in enumerate(extra):
-            table[row, : len(e[LOGPROBS])] = torch.tensor(e[LOGPROBS], dtype=torch.float32)
-        batch["pg_behaviour"] = torch.gather(table, 1, rank.clamp(0, width - 1))
+            counts = e[POLICY_TOKENS] if isinstance(e[POLICY_TOKENS], list) else [e[POLICY_TOKENS]]
+            positions = torch.tensor(policy_positions(labels[row].tolist(), counts), dtype=torch.long)
+            kept[row, positions] = labels[row, positions]
+            if e[LOGPROBS]:
+                behaviour[row, positions] = torch.tensor(e[LOGPROBS], dtype=torch.float32)
+        batch["labels"] = kept
+        batch["pg_behaviour"] = behaviour
         batch["pg_has_behaviour"] = torch.tensor([bool(e[LOGPROBS]) for e in extra])
         batch["pg_advantages"] = torch.tensor([e[ADVANTAGE] for e in extra], dtype=torch.float32)
         return batch
@@ -140,6 +165,9 @@ def trainer_class() -> type:
             # (num_items_in_batch, across devices too) and leaves the scaling over accumulation to compute_loss
             self.compute_loss_func = policy_gradient_loss
             self.sums: dict[str, float] = defaultdict(float)
+            #: |trainer - behaviour| log-probability over the first optimizer step's tokens (training.logprob_check's
+            #: gap, at no cost: the loss computes both anyway)
+            self.gap: dict[str, float] = defaultdict(float)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             advantages, behaviour, has_behaviour = (inputs.pop(key) for key in BATCH_KEYS)
@@ -147,6 +175,10 @@ def trainer_class() -> type:
             outputs = model(**inputs)  # no labels: the model computes no loss of its own
             logp, mask = token_logprobs(outputs.logits, labels)
             behaviour = torch.where(has_behaviour.unsqueeze(-1), behaviour[:, 1:].to(logp.dtype), logp.detach())
+            if self.state.global_step == 0:  # before the first optimizer step: the trainer's and vLLM's scores
+                scored = mask & has_behaviour.unsqueeze(-1)
+                self.gap["sum"] += float((logp.detach() - behaviour).abs()[scored].sum())
+                self.gap["tokens"] += int(scored.sum())
             ref_logp = self.reference_logprobs(model, inputs, labels) if self.settings.kl_beta > 0 else None
             loss, stats = policy_gradient_loss(
                 logp, behaviour, advantages, mask, self.settings, ref_logp, self.normaliser(num_items_in_batch)
@@ -157,6 +189,22 @@ def trainer_class() -> type:
             for key, value in stats.items():
                 self.sums[key] += float(value)
             return (loss, outputs) if return_outputs else loss
+
+        def first_step_gap(self) -> float:
+            """The mean gap of the first optimizer step (this process's tokens), warned of as
+            training.logprob_check warns: beyond numerics, the ratio is not 1 where it should be."""
+            from training.logprob_check import WARN_MEAN_GAP
+
+            gap = self.gap["sum"] / self.gap["tokens"]
+            if gap > WARN_MEAN_GAP:
+                log.warning(
+                    "grpo: the trainer's log-probabilities of the sampled tokens differ from vLLM's by %.4f on "
+                    'average before the first step (above %s: more than numerics; docs/update.md, "Log-probability '
+                    'fidelity")',
+                    gap,
+                    WARN_MEAN_GAP,
+                )
+            return round(gap, 6)
 
         def normaliser(self, num_items_in_batch) -> Any:
             """What the micro-batch's sum is divided by: the optimizer step's trained tokens (token_mean), or its
@@ -186,6 +234,9 @@ def trainer_class() -> type:
                 if self.settings.kl_beta > 0:
                     logs["pg_kl"] = round(self.sums["kl"] / tokens, 6)
                 self.sums.clear()
+                if self.gap.get("tokens"):
+                    logs["pg_logprob_gap"] = self.first_step_gap()
+                    self.gap.clear()
             super().log(logs, *args, **kwargs)
 
     return PolicyGradientTrainer
@@ -270,16 +321,3 @@ def run(args: dict[str, Any], callbacks: list[Any]) -> None:
     run_policy_gradient(model_args, data_args, training_args, finetuning_args, callbacks, settings)
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def main(argv: list[str] | None = None) -> int:
-    import yaml
-
-    argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", stream=sys.stderr)
-    run(yaml.safe_load(Path(argv[0]).read_text()), [])
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

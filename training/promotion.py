@@ -6,7 +6,8 @@ The model files are gathered in `policy/.staging-v<NNNN>-<pid>/` (hard
 links to the training output when on the same filesystem, else copies; a LoRA
 adapter is merged first by the caller), a tied output head is written out
 (`lm_head.safetensors`, so that vLLM reloads the policy in place exactly:
-rollout_engine/checkpoint.py), `baton_policy.json` is written, the
+rollout_engine/checkpoint.py), the optimizer state carried to the next update goes into `optimizer/`
+(training.carry), `baton_policy.json` is written, the
 staging folder is renamed to `v<NNNN>`, and then `current` is replaced by a
 new symlink (made beside it, then `os.replace`), so a reader sees the old
 policy or the whole new one. Older versions beyond `keep_last` are deleted
@@ -45,6 +46,7 @@ from rollout_engine.fence import check_fence
 from rollout_engine.files import fsync_dir, save_bytes, save_json, shared_lock
 from rollout_engine.layout import VERSION as VERSION_DIR
 from rollout_engine.layout import staging_name, version_name
+from training.carry import OPTIMIZER_FOLDER
 from training.precision import FULL_PRECISION, keep_full_precision, weights_dtype
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,6 @@ DROP = (
     "trainer_state.json",
     "README.md",
 )
-OPTIMIZER_FILES = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth")
 #: what a vision-language policy needs to be served besides weights and tokenizer: its processors' settings and
 #: chat template (LLaMA-Factory saves the processor it trained with; one missing is taken from the parent model)
 SERVING_FILES = (
@@ -138,11 +139,12 @@ def promote(
     parent_model: Path,
     keep_last: int,
     finetuning_type: str = "full",
-    keep_optimizer: bool = False,
+    carried: Path | None = None,
     dtype: str | None = None,
 ) -> int:
     """Make `output_dir` the current policy, its weights cast to `dtype` when they are wider (None: as they are;
-    the trainer's own kept in fp32/); return its version."""
+    the trainer's own kept in fp32/), the optimizer state `carried` (training.carry; a LoRA's is beside its
+    adapter, not in the merged `output_dir`) in its optimizer/ when `output_dir` has none; return its version."""
     check_fence(fresh=True)  # before any version folder is written
     policy_root.mkdir(parents=True, exist_ok=True)
     with promotion_lock(policy_root):
@@ -153,7 +155,7 @@ def promote(
             log.info("iteration %d was already promoted as policy v%04d; not promoting a copy", iteration, done)
             return done
         return _promote_locked(
-            output_dir, policy_root, iteration, parent_model, keep_last, finetuning_type, keep_optimizer, dtype
+            output_dir, policy_root, iteration, parent_model, keep_last, finetuning_type, carried, dtype
         )
 
 
@@ -188,7 +190,7 @@ def _promote_locked(
     parent_model: Path,
     keep_last: int,
     finetuning_type: str,
-    keep_optimizer: bool,
+    carried: Path | None,
     dtype: str | None,
 ) -> int:
     def record(version: int) -> PolicyRecord:
@@ -200,12 +202,10 @@ def _promote_locked(
             created_at=time.time(),
             source_checkpoint=str(output_dir),
             finetuning_type=finetuning_type,
-            optimizer_state=keep_optimizer,
+            optimizer_state=False,  # _publish: whether the version holds one
         )
 
-    version = _publish(
-        policy_root, output_dir, record, keep_last, keep_optimizer=keep_optimizer, dtype=dtype, parent=parent_model
-    )
+    version = _publish(policy_root, output_dir, record, keep_last, carried=carried, dtype=dtype, parent=parent_model)
     log.info("promoted %s as policy v%04d (current)", output_dir, version)
     return version
 
@@ -258,7 +258,7 @@ def revert(source: Path, policy_root: Path, iteration: int, reverted_to: int, wh
             )
 
         # the source's own record and optimizer state are not this version's
-        version = _publish(policy_root, source, record, keep_last, keep_optimizer=False, drop_own=True)
+        version = _publish(policy_root, source, record, keep_last, drop_own=True)
     log.info(
         "reverted to %s (%s) as policy v%04d (current)",
         f"v{reverted_to}" if reverted_to else "the base model",
@@ -273,7 +273,7 @@ def _publish(
     source: Path,
     record: Callable[[int], PolicyRecord],
     keep_last: int,
-    keep_optimizer: bool,
+    carried: Path | None = None,
     drop_own: bool = False,
     dtype: str | None = None,
     parent: Path | None = None,
@@ -285,16 +285,17 @@ def _publish(
     _remove_stale_staging(policy_root)
     version = max([0, *versions(policy_root)]) + 1
     staging = policy_root / staging_name(version, os.getpid())
-    _gather(source, staging, keep_optimizer)
+    _gather(source, staging, carried)
     if parent is not None:
         keep_serving_files(staging, parent)
-    if drop_own:
-        shutil.rmtree(staging / "optimizer", ignore_errors=True)
+    if drop_own:  # a revert: Adam's moments of later weights are not these weights'
+        shutil.rmtree(staging / OPTIMIZER_FOLDER, ignore_errors=True)
         (staging / "baton_policy.json").unlink(missing_ok=True)
     full_precision = keep_full_precision(staging, dtype) if dtype else (staging / FULL_PRECISION).is_dir()
     write_tied_head(staging)
     staged = record(version)
     staged.dtype, staged.full_precision = weights_dtype(staging), full_precision
+    staged.optimizer_state = (staging / OPTIMIZER_FOLDER / "state.json").is_file()
     save_json(staging / "baton_policy.json", asdict(staged))
     share(staging)
     final = policy_root / version_name(version)
@@ -347,24 +348,26 @@ def keep_serving_files(staging: Path, parent: Path) -> list[str]:
     return copied
 
 
-def _gather(output_dir: Path, staging: Path, keep_optimizer: bool) -> None:
-    """Link (or copy) the model files into `staging`; optimizer state into staging/optimizer."""
-    checkpoints = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-    try:  # hard links: instant, and the training output stays intact for a retry
-        shutil.copytree(output_dir, staging, copy_function=os.link)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(output_dir, staging)
-    if keep_optimizer and checkpoints:
-        last = staging / checkpoints[-1].name
-        (staging / "optimizer").mkdir()
-        for name in OPTIMIZER_FILES:
-            if (last / name).exists():
-                os.rename(last / name, staging / "optimizer" / name)
+def _gather(output_dir: Path, staging: Path, carried: Path | None) -> None:
+    """Link (or copy) the model files into `staging`, and the optimizer state `carried` into staging/optimizer
+    when the output has none."""
+    _link_tree(output_dir, staging)
+    if carried is not None and carried.is_dir() and not (staging / OPTIMIZER_FOLDER).exists():
+        _link_tree(carried, staging / OPTIMIZER_FOLDER)
     for path in staging.glob("checkpoint-*"):
         shutil.rmtree(path)
     for name in DROP:
         (staging / name).unlink(missing_ok=True)
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """`source` copied as `target`: hard links (instant, and the training output stays intact for a retry), or
+    copies where the filesystem has none."""
+    try:
+        shutil.copytree(source, target, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target)
 
 
 def share(folder: Path) -> None:

@@ -11,10 +11,12 @@ same name, except `gradient_checkpointing`, which becomes LLaMA-Factory's
 model's `image_min_pixels`/`image_max_pixels` are its image processor's (`rollout_engine.vision.image_pixels`), so
 that LLaMA-Factory expands each image into the tokens vLLM did. The DeepSpeed preset is a
 file under configs/deepspeed/ (`auto`: none on CPU, ZeRO-1 on GPU), written into the YAML as a dict
-(`deepspeed_config`). bf16 `null` means bf16 on GPU and fp32 on CPU; with DeepSpeed a full (or freeze)
-fine-tune computes in bf16 through DeepSpeed's `torch_autocast` on fp32 parameters, so that the trainer saves
-fp32 weights for the next update to start from (`precision`). With `algorithm.policy_gradient` (algorithm=grpo) the
-YAML carries it as `baton_policy_gradient`, which Baton's trainer reads and takes out (training.pg_trainer).
+(`deepspeed_config`). With `algorithm.carry_optimizer` the YAML's `baton_carry` says where the training reads and
+writes the optimizer state carried across updates (training.carry). bf16 `null` means bf16 on GPU and fp32
+on CPU; with DeepSpeed a full (or freeze) fine-tune computes in bf16 through DeepSpeed's `torch_autocast` on
+fp32 parameters, so that the trainer saves fp32 weights for the next update to start from (`precision`). With
+`algorithm.policy_gradient` (algorithm=grpo) the YAML carries it as `baton_policy_gradient`, which Baton's
+trainer reads and takes out (training.trainer_run).
 `parse_recipe` / `load_template` read
 a recipe back the way `llamafactory-cli train` does, as one CPU process (token
 fidelity and `phase=check` use them; a value LLaMA-Factory refuses is a
@@ -36,6 +38,7 @@ from rollout_engine.errors import ConfigError
 from rollout_engine.files import save_text
 from rollout_engine.layout import iteration_name
 from rollout_engine.vision import image_pixels
+from training.carry import CARRY, OPTIMIZER_FOLDER, plan_for
 from training.config import AlgorithmConfig, UpdateConfig
 from training.dataset import DatasetFiles
 
@@ -76,7 +79,9 @@ PREF_KEYS = {"dpo": ("pref_beta", "pref_loss"), "kto": ("pref_beta", "kto_chosen
 POLICY_GRADIENT = "baton_policy_gradient"
 #: keys left out when one process parses a recipe: DeepSpeed needs torchrun's workers; the evaluation keys
 #: are Baton's own (token fidelity reads each split by name)
-ONE_PROCESS_DROPPED = ("deepspeed", "eval_dataset", "do_eval", "eval_strategy", POLICY_GRADIENT)
+ONE_PROCESS_DROPPED = ("deepspeed", "eval_dataset", "do_eval", "eval_strategy", POLICY_GRADIENT, CARRY)
+#: the recipe's keys that are Baton's own (training.trainer_run takes them out)
+BATON_KEYS = (POLICY_GRADIENT, CARRY)
 
 
 @dataclass(frozen=True)
@@ -150,9 +155,17 @@ def check_deepspeed(preset: str, device: Device) -> list[str]:
 
 
 def build_recipe(
-    cfg: UpdateConfig, files: DatasetFiles, model: Path, output_dir: Path, device: Device, chosen: Choice
+    cfg: UpdateConfig,
+    files: DatasetFiles,
+    model: Path,
+    output_dir: Path,
+    device: Device,
+    chosen: Choice,
+    version: Path | None = None,
 ) -> dict:
-    """The LLaMA-Factory YAML as a dict; `chosen` is the template that renders the model's chat template."""
+    """The LLaMA-Factory YAML as a dict; `chosen` is the template that renders the model's chat template;
+    `version`: the folder of the policy version (or base model) `model` belongs to, whose carried optimizer
+    state the training starts from (training.carry; None: `model`'s own)."""
     alg: AlgorithmConfig = cfg.algorithm
     train_name, val_name = files.names
     recipe: dict[str, Any] = {
@@ -181,6 +194,8 @@ def build_recipe(
     recipe["disable_gradient_checkpointing"] = not alg.gradient_checkpointing
     if alg.stage != "sft":  # LLaMA-Factory refuses mask_history outside sft (kto/dpo train the reply only)
         recipe.pop("mask_history")
+    elif files.episode_rows:  # a row is a whole episode: every assistant turn is a sampled reply (training.episodes)
+        recipe["mask_history"] = False
     if alg.finetuning_type == "lora":
         recipe |= {key: getattr(alg, key) for key in LORA_KEYS}
     recipe |= {key: getattr(alg, key) for key in PREF_KEYS.get(alg.stage, ())}
@@ -190,6 +205,8 @@ def build_recipe(
         recipe["deepspeed"] = ds
     if alg.policy_gradient is not None:
         recipe[POLICY_GRADIENT] = asdict(alg.policy_gradient)
+    if alg.carry_optimizer:
+        recipe[CARRY] = plan_for(version or model, output_dir / OPTIMIZER_FOLDER, alg.finetuning_type)
     recipe |= dict(alg.llamafactory_overrides)
     return recipe
 
@@ -238,6 +255,7 @@ SETTING_OF = {
     "deepspeed": "launch.deepspeed",
     "disable_gradient_checkpointing": "algorithm.gradient_checkpointing",
     POLICY_GRADIENT: "algorithm.policy_gradient",
+    CARRY: "algorithm.carry_optimizer",
 }
 
 

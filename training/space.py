@@ -1,7 +1,7 @@
 """Room on the log path's filesystem for what an update writes, checked before it trains: a full disk stops
 the trainer while it saves, often without a traceback (the log that would hold one is on the same disk).
 
-    room = Room.of(paths.run_dir, weights=parameter_count(model), keep_optimizer=False)
+    room = Room.of(paths.run_dir, weights=parameter_count(model), moments=True)
     if not room.enough: raise ...(room.describe())
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 #: bytes an update writes per weight: the trainer's fp32 output (4; v<N>/fp32/ hard-links it) and the served copy
 #: in the base model's dtype (2 for bf16 / fp16; an fp32 model is not cast, so this over-counts it by a third)
 BYTES_PER_WEIGHT = 6
-#: more with promotion.keep_optimizer: Adam's two fp32 moments and DeepSpeed's fp32 master copy
-OPTIMIZER_BYTES_PER_WEIGHT = 12
+#: more with Adam's moments carried to the next update (training.carry): two fp32 tensors a weight
+OPTIMIZER_BYTES_PER_WEIGHT = 8
 GB = 1e9
 
 
@@ -30,16 +30,17 @@ class Room:
         return self.free >= self.need
 
     @classmethod
-    def of(cls, folder: Path, weights: int, keep_optimizer: bool) -> Room | None:
+    def of(cls, folder: Path, weights: int, moments: bool) -> Room | None:
         """None when the filesystem does not say how much it holds (some FUSE filesystems report 0 blocks)."""
         free = free_bytes(folder)
-        per_weight = BYTES_PER_WEIGHT + (OPTIMIZER_BYTES_PER_WEIGHT if keep_optimizer else 0)
+        per_weight = BYTES_PER_WEIGHT + (OPTIMIZER_BYTES_PER_WEIGHT if moments else 0)
         return None if free is None else cls(folder, free, weights * per_weight)
 
     def describe(self) -> str:
         return (
             f"the filesystem of {self.folder} has {self.free / GB:.2f} GB free, and this update writes about "
-            f"{self.need / GB:.2f} GB there (the trained weights in fp32 and the served copy)"
+            f"{self.need / GB:.2f} GB there (the trained weights in fp32, the served copy and the optimizer's moments "
+            "when they carry)"
         )
 
 

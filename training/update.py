@@ -43,9 +43,11 @@ from rollout_engine.layout import Layout, iteration_name
 from rollout_engine.metrics_log import append_update
 from training import config as config_mod
 from training import sigkill
+from training.carry import OPTIMIZER_FOLDER
 from training.config import UpdateConfig
 from training.dataset import DatasetFiles, dataset_digest, drop_rows, save_dataset
 from training.demonstrations import add_demonstrations, demonstrations_for
+from training.episodes import plan_rows
 from training.launch import TrainResult, run_group, run_training
 from training.metrics import parse_training, policy_gradient_stats
 from training.precision import parameter_count, training_weights, weights_dtype
@@ -183,8 +185,9 @@ def recipe_of(cfg: UpdateConfig, paths: RunPaths, files: DatasetFiles, device: D
     """The LLaMA-Factory YAML of this update (what prepare writes and phase=check asks about), training from
     the model's full-precision weights when it is a policy version that kept them (training.precision), with
     the template that renders its chat template (training.chat_template)."""
-    model = training_weights(config_mod.model_path(cfg).resolve())
-    return build_recipe(cfg, files, model, paths.output, device, template_of(cfg, model))
+    version = config_mod.model_path(cfg).resolve()
+    model = training_weights(version)
+    return build_recipe(cfg, files, model, paths.output, device, template_of(cfg, model), version)
 
 
 def template_of(cfg: UpdateConfig, model: Path) -> Choice:
@@ -228,8 +231,16 @@ def prepare(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
     staging = paths.run_dir / ".data-staging"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        files = save_dataset(
+        # one row per episode where its turns chain; with mask_history false every reply trains already, per turn
+        plan = plan_rows(
             selection.samples,
+            cfg.algorithm.stage,
+            cfg.data.episode_rows if cfg.algorithm.mask_history else "per_turn",
+            masks_labels=cfg.algorithm.policy_gradient is not None,  # grpo trains each row's sampled tokens only
+        )
+        log.info("rows: %s", plan.describe())
+        files = save_dataset(
+            plan,
             staging,
             cfg.algorithm.stage,
             cfg.data.val_split_ratio,
@@ -267,6 +278,7 @@ def prepare(cfg: UpdateConfig, paths: RunPaths, device: Device) -> None:
             "train_rows": files.train_rows,
             "val_rows": files.val_rows,
             "filtered": selection.filtered,
+            "rows": plan.record(),
         },
     )
     log.info("prepared %s: %s", paths.data, selection.describe())
@@ -430,7 +442,9 @@ def make_room(cfg: UpdateConfig, paths: RunPaths) -> None:
 
 def room_for(cfg: UpdateConfig, paths: RunPaths) -> Room | None:
     weights = parameter_count(training_weights(config_mod.model_path(cfg).resolve()))
-    return Room.of(paths.run_dir, weights, cfg.promotion.keep_optimizer)
+    alg = cfg.algorithm
+    moments = alg.carry_optimizer and alg.finetuning_type in ("full", "freeze")
+    return Room.of(paths.run_dir, weights, moments)
 
 
 SIGKILL_HINT = sigkill.HINT
@@ -517,7 +531,7 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
         parent,
         cfg.promotion.keep_last,
         cfg.algorithm.finetuning_type,
-        cfg.promotion.keep_optimizer,
+        paths.output / OPTIMIZER_FOLDER,
         weights_dtype(parent) if cfg.promotion.dtype == "auto" else cfg.promotion.dtype,
     )
     append_update(

@@ -98,17 +98,16 @@ def environment(extra: dict[str, str]) -> Iterator[None]:
 
 
 def train_in_process(recipe: Path, log_file: Path, extra_env: dict[str, str]):
-    """LLaMA-Factory's training function on `recipe` in this process (every rank calls it; a grpo recipe's is
-    training.pg_trainer.run, the same with the policy-gradient loss), its output
+    """LLaMA-Factory's training function on `recipe` in this process (every rank calls it, through
+    training.trainer_run as the fresh path does), its output
     appended to `log_file`; the process group it would destroy at the end is kept (the next job uses it).
     Returns a launch.TrainResult; an exception propagates (the worker then exits: see the module doc)."""
     import torch
     import torch.distributed as dist
     import yaml
-    from llamafactory.train import tuner
 
+    from training import trainer_run
     from training.launch import TrainResult
-    from training.recipe import POLICY_GRADIENT
 
     args = yaml.safe_load(recipe.read_text())
     started = time.monotonic()
@@ -117,12 +116,7 @@ def train_in_process(recipe: Path, log_file: Path, extra_env: dict[str, str]):
     try:
         with output_to(log_file), environment(extra_env):
             try:
-                if POLICY_GRADIENT in args:  # algorithm=grpo: LLaMA-Factory's SFT workflow with our loss
-                    from training import pg_trainer
-
-                    pg_trainer.run(args, [])
-                else:
-                    tuner._training_function({"args": args, "callbacks": []})
+                trainer_run.run(args, [])
             except Exception:
                 traceback.print_exc()  # the log's last lines: training.update.refusal reads them
                 if int(os.environ.get("WORLD_SIZE", "1")) > 1:

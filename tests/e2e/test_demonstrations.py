@@ -2,8 +2,8 @@
 
 `python -m rollout_engine.demonstrations --env miniwob` solves two seeds of every page with a solver and
 keeps screenshots beside the journal; `python -m training phase=prepare data.demonstrations=DIR` (train
-environment, LLaMA-Factory's loader and tokenizer) renders their steps as dataset rows, and its token
-fidelity check says it skipped them.
+environment, LLaMA-Factory's loader and tokenizer) renders each demonstrated episode as one dataset row (its
+steps chain: data.episode_rows), and its token fidelity check says it skipped them.
 """
 
 from __future__ import annotations
@@ -54,8 +54,11 @@ def test_miniwob_demonstrations_solve_every_scripted_page_and_train_as_rows(tmp_
     prepared = run_update(log, f"model_path={model_dir}", "phase=prepare", f"data.demonstrations={out}")
     text = prepared.stdout + prepared.stderr
     assert prepared.returncode == 0, text[-3000:]
-    assert f"token fidelity: skipped {steps} demonstration rows: no sampled token ids" in text
     selection = json.loads((log / "training" / "iter_0000" / "selection.json").read_text())
-    assert selection["demonstrations"] == selection["train_rows"] == steps
     rows = json.loads((log / "training" / "iter_0000" / "data" / "train.json").read_text())
-    assert all(parse_web_action(row["conversations"][-1]["value"]) for row in rows)
+    # one row per demonstrated episode (its turns chain: the loop's chat history), every step's reply trained
+    assert selection["demonstrations"] == steps and selection["rows"]["episode_rows"], selection
+    assert selection["train_rows"] == len(rows) == summary["kept"], selection
+    assert f"token fidelity: skipped {len(rows)} demonstration rows: no sampled token ids" in text
+    replies = [turn["value"] for row in rows for turn in row["conversations"] if turn["from"] == "gpt"]
+    assert len(replies) == steps and all(parse_web_action(reply) for reply in replies)

@@ -5,14 +5,13 @@ each reaching the log path through its own client of a real shared filesystem se
 5 s client caches, sshfs (no lock shared between clients, listings and mtimes 20 s stale); the split deployment
 on the local disk.
 
-- `--rl-phase both` on two nodes with weights 2,1 (the worker by `RANK=1`, started before
-  the master): each rolls out its share (2:1, disjoint), both train as the two nodes of one
-  torchrun, the master promotes, both serve the new policy (the final held-out evaluation
-  on both ranks carries its version), and metrics.jsonl holds one merged record per rollout.
 - A node that dies (SIGKILL of its namespace's pid 1: every process of it at once) stops the
   others, which name the dead rank, instead of hanging: a worker mid-rollout, then the master.
-- A worker's warm trainer killed in training: the master stops its own part long before the training timeout,
-  the update fails on both nodes, and the next iteration's new trainers (one per node) train and promote.
+- `--rl-phase both` on two nodes with weights 2,1, a worker's warm trainer killed in training: each node
+  rolls out its share (2:1, disjoint; metrics.jsonl holds one merged record per rollout), the master stops
+  its own part of the training long before the training timeout, the update fails on both nodes, and the
+  next iteration's new trainers (one per node) train as the two nodes of one torchrun on the dataset the
+  master prepared, and the master promotes.
 - `run.sh --stop` ends every node (exit 143, nothing left running); `--resume` on both
   continues, the worker started first beside the stopped run's files waits for the new
   master; SIGTERM on the master stops the worker too, as a stop; a last `--resume`
@@ -24,9 +23,8 @@ on the local disk.
 - The seed's split deployment on three nodes, the rank from RANK / NODE_RANK: a rollout run and an
   update run on every node, the update run's workers started half a minute before its master.
 
-Real vLLM per node (each bound to its own core) on the 2-node happy path, the dead-node test and the late
-rejoin; the other fault tests and the split deployment's rollout runs use `--debug-mode` against one shared
-real vLLM (the session's), saving start-ups.
+Real vLLM per node (each bound to its own core) on the late rejoin; the other tests (the split deployment's
+rollout runs too) use `--debug-mode` against one shared real vLLM (the session's), saving start-ups.
 
 A node that must still be mid-rollout when the test acts has its rollout engine held with
 SIGSTOP (`hold_rollouts_after_next_episode`) right after the episode the test waited for: a slow node, whatever
@@ -153,81 +151,6 @@ def assert_nothing_left(log: Path, ranks: int = 2) -> None:
     assert not processes_mentioning(str(log))
 
 
-@pytest.mark.parametrize("volume", ["gluster-5s"], indirect=True)
-def test_two_nodes_roll_out_train_and_serve_the_promoted_policy_together(
-    data_dir: Path, tmp_path: Path, volume: SharedFs
-) -> None:
-    log = volume.path / "exp"
-    args = [
-        "--rl-phase",
-        "both",
-        "--eval-interval",
-        "1",
-        "--max-iterations",
-        "1",
-        "--final-eval",
-        *SMALL,
-        *ONE_STEP_LOOP,
-        "env_config.test_tasks_rollout_size=8",
-    ]
-    progress = {"BATON_PROGRESS_S": "5"}  # the live view's lines (every 30 s by default, and at each phase's end)
-    # the seed's "export RANK=r" form
-    worker = node(data_dir, log, None, *args, env={"RANK": "1", **progress}, nodes=TWO_ONE, fs=volume)
-    wait_for(lambda: (log / "run" / "rank_1" / "owner.rollout").exists(), "the worker to start", 60, [worker])
-    master = node(data_dir, log, "0", *args, env=progress, nodes=TWO_ONE, fs=volume)
-    # two vLLM starts, 96 + 8 + 8 episodes, a 2-node update and the reload of both servers
-    budget = 2 * VLLM_START_S + generation_s(112, 32) + 2 * UPDATE_S
-    out_w = communicate_waiting(worker, waiting_for="the worker (RANK=1) to finish the run", timeout=budget)
-    out_m = communicate_waiting(master, waiting_for="the master to finish the run", timeout=300)
-    assert (master.returncode, worker.returncode) == (0, 0), out_m[-3000:] + out_w[-3000:]
-    # the shared-filesystem check at the start (BATON_FS_CHECK_S, 10 s): the worker answered, GlusterFS shares locks
-    check = re.search(r"\[baton\] shared filesystem \((\d+\.\d) s check\): ranks 1 see rank 0's writes: (.*)", out_m)
-    assert check and float(check.group(1)) <= 10 and "locks shared: yes" in check.group(2), out_m[-3000:]
-    train = [episodes(log, "train", 1, rank) for rank in (0, 1)]
-    ids = [{t["episode_id"] for t in share} for share in train]
-    assert (len(ids[0]), len(ids[1])) == (64, 32) and not ids[0] & ids[1]  # disjoint 2:1 shares of the 96
-    assert (log / "training" / "iter_0001" / "train.rank_1.log").exists()  # the worker was a torchrun node
-    for rank in (0, 1):  # gloo on the interface that holds the node's address (127.0.0.2, 127.0.0.3: lo)
-        trainer_log = (log / "run" / f"rank_{rank}" / "logs" / "trainer.log").read_text()
-        assert f"collectives: gloo on lo, NCCL on lo (lo holds 127.0.0.{rank + 2})" in trainer_log, rank
-        update_log = (log / "run" / f"rank_{rank}" / "logs" / "iter_0001.update.log").read_text()
-        sha = (log / "training" / "iter_0001" / "dataset.sha256").read_text().strip()
-        assert f"the dataset is the one the master prepared (sha256 {sha})" in update_log, rank
-    assert os.readlink(log / "policy" / "current") == "v0001"
-    for rank in (0, 1):  # the final evaluation (iteration 2): each node served the promoted policy
-        final = episodes(log, "test", 2, rank)
-        assert final and {t["policy_version"] for t in final} == {1}, rank
-    rows = metrics(log)
-    rollouts = [(r["split"], r["iteration"]) for r in rows if r["kind"] == "rollout"]
-    assert sorted(rollouts) == [("test", 1), ("test", 2), ("train", 1)]  # one merged record each
-    merged = next(r for r in rows if r["kind"] == "rollout" and r["split"] == "train")
-    successes = sum(t["success"] for share in train for t in share)
-    assert merged["ranks"] == 2 and merged["episodes"] == 96 and merged["success_rate"] == round(successes / 96, 4)
-    iterations = {r["iteration"]: r for r in rows if r["kind"] == "iteration"}
-    assert sorted(iterations) == [1, 2] and iterations[1]["update"] == "promoted v1"
-    # the update's records, merged by the master from the update's own file: each once
-    assert [(r["kind"], r["update_seq"]) for r in rows if r["kind"] in ("training", "promotion")] == [
-        ("training", 1),
-        ("promotion", 2),
-    ]
-    # trained in the warm trainers, one a node, the master's worker writing the record
-    record = json.loads((log / "metrics" / "update.jsonl").read_text().splitlines()[0])
-    assert record["trainer"] == f"warm:{json.loads((log / 'run/rank_0/trainer/ready.json').read_text())['pid']}"
-    assert json.loads((log / "run/rank_1/trainer/ready.json").read_text())["nnodes"] == 2
-    assert iterations[2]["eval_success_rate"] is not None
-    # the master's terminal view read every rank from the log path (after the rollout barrier, both ranks' final
-    # numbers), a worker's its own rank and the master's totals (status.totals.json); the training's last step;
-    # then the iteration's summary line
-    for out, ranks in ((out_m, (0, 1)), (out_w, (1,))):
-        for rank, share in ((0, 64), (1, 32)):
-            line = rf"\[baton\] train rollout rank {rank}: {share}/{share} episodes, \d+ successes"
-            assert rank not in ranks or re.search(line, out), (rank, out[-3000:])
-        assert re.search(r"\[baton\] update: step (\d+)/\1, loss \d", out), out[-3000:]
-    assert re.search(r"\[baton\] train rollout, 2 ranks: \d+/96 episodes", out_w), out_w[-3000:]
-    assert "[baton] iteration 1 (served base): success train " in out_m, out_m[-3000:]
-    assert_nothing_left(log)
-
-
 @pytest.mark.parametrize("volume", ["gluster"], indirect=True)
 def test_a_dead_node_stops_the_others_which_name_it(
     data_dir: Path, tmp_path: Path, vllm_server: VllmServer, volume: SharedFs
@@ -275,11 +198,15 @@ def test_a_workers_trainer_killed_in_training_fails_the_update_on_both_nodes_and
     """Rank 1's warm trainer SIGKILLed as its part of iteration 1's training begins: the master stops its own part
     long before the training timeout (launch.timeout_s, 3600 s) instead of waiting for it in a collective; the
     update fails on both nodes (nothing promoted, the served policy stays) and the run goes on; iteration 2's
-    update starts a new trainer on each node, which train together, and the master's promotes v1."""
+    update starts a new trainer on each node, which train together (torchrun across the nodes, on the dataset
+    the master prepared), and the master's promotes v1; each node's rollout is its 2:1 share."""
     log = volume.path / "exp"
     args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2", *SMALL, *ONE_STEP_LOOP]
     args += ["env_config.test_tasks_rollout_size=4", *shared(vllm_server)]
-    nodes = {0: node(data_dir, log, "0", *args, fs=volume), 1: node(data_dir, log, "1", *args, fs=volume)}
+    nodes = {
+        0: node(data_dir, log, "0", *args, nodes=TWO_ONE, fs=volume),
+        1: node(data_dir, log, "1", *args, nodes=TWO_ONE, fs=volume),
+    }
     trainers = [log / "run" / f"rank_{rank}" / "trainer" for rank in (0, 1)]
 
     def training() -> bool:  # rank 1's worker began the training job (it composed it: the job's started.json)
@@ -313,7 +240,29 @@ def test_a_workers_trainer_killed_in_training_fails_the_update_on_both_nodes_and
     trained = [r for r in rows if r["kind"] == "training"]
     assert [(r["iteration"], r["trainer"]) for r in trained] == [(2, f"warm:{now[0]}")]
     assert "Running training" in (log / "training" / "iter_0002" / "train.log").read_text()
-    assert (log / "training" / "iter_0002" / "train.rank_1.log").exists()
+    assert (log / "training" / "iter_0002" / "train.rank_1.log").exists()  # the worker was a torchrun node
+    for rank in (0, 1):  # gloo on the interface that holds the node's address (127.0.0.2, 127.0.0.3: lo)
+        trainer_log = (log / "run" / f"rank_{rank}" / "logs" / "trainer.log").read_text()
+        assert f"collectives: gloo on lo, NCCL on lo (lo holds 127.0.0.{rank + 2})" in trainer_log, rank
+        update_log = (log / "run" / f"rank_{rank}" / "logs" / "iter_0002.update.log").read_text()
+        sha = (log / "training" / "iter_0002" / "dataset.sha256").read_text().strip()
+        assert f"the dataset is the one the master prepared (sha256 {sha})" in update_log, rank
+    # the shared-filesystem check at the start (BATON_FS_CHECK_S, 10 s): the worker answered, GlusterFS shares locks
+    check = re.search(r"\[baton\] shared filesystem \((\d+\.\d) s check\): ranks 1 see rank 0's writes: (.*)", out_m)
+    assert check and float(check.group(1)) <= 10 and "locks shared: yes" in check.group(2), out_m[-3000:]
+    for iteration in (1, 2):  # disjoint 2:1 shares of the 96, one merged record of them
+        train = [episodes(log, "train", iteration, rank) for rank in (0, 1)]
+        ids = [{t["episode_id"] for t in share} for share in train]
+        assert (len(ids[0]), len(ids[1])) == (64, 32) and not ids[0] & ids[1], iteration
+        merged = [r for r in metrics(log) if r["kind"] == "rollout" and r["split"] == "train"]
+        successes = sum(t["success"] for share in train for t in share)
+        assert merged[iteration - 1]["ranks"] == 2 and merged[iteration - 1]["episodes"] == 96
+        assert merged[iteration - 1]["success_rate"] == round(successes / 96, 4)
+    # the update's records, merged by the master from the update's own file: each once
+    assert [(r["kind"], r["iteration"]) for r in metrics(log) if r["kind"] in ("training", "promotion")] == [
+        ("training", 2),
+        ("promotion", 2),
+    ]
     assert_nothing_left(log)
 
 

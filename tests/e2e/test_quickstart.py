@@ -65,6 +65,13 @@ def test_quickstart_runs_two_short_iterations_promotes_serves_records_and_evalua
     record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
     assert (record["version"], record["iteration"]) == (1, 1)  # trained on iteration 1, served in iteration 2
     assert os.readlink(log / "policy" / "current") == "v0002"  # iteration 2's update promoted the next one
+    # the optimizer carried (docs/update.md): iteration 2's update (1 step) started from v0001's Adam and step
+    carried = [json.loads((log / "policy" / v / "optimizer" / "state.json").read_text()) for v in ("v0001", "v0002")]
+    assert [(c["optimizer_steps"], c["moments"]) for c in carried] == [(1, True), (2, True)], carried
+    assert carried[0]["parameters"] > 0 and (log / "policy" / "v0002" / "optimizer" / "moments.safetensors").is_file()
+    said = (log / "training" / "iter_0002" / "train.log").read_text()
+    assert f"carry from {log}/policy/v0001/optimizer: 1 optimizer steps before this update" in said, said[-3000:]
+    assert f"Adam's moments of {carried[0]['parameters']} parameters" in said
     served = (log / "run" / "state" / "iter_0001" / "serve.done").read_text().strip()
     assert served == "v1 by reload", served  # in place (the restart fallback: tests/unit/driver/test_vllm.py)
 

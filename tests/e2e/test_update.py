@@ -71,8 +71,8 @@ def test_an_update_that_would_not_fit_on_the_disk_is_refused_before_it_trains(
     )
     text = out.stdout + out.stderr
     assert out.returncode == 1, text[-3000:]
-    # 300 MiB less the journal and the dataset; 134.5 M weights x 6 bytes
-    assert re.search(r"has 0\.[23]\d GB free, and this update writes about 0\.81 GB there", text), text[-3000:]
+    # 300 MiB less the journal and the dataset; 134.5 M weights x 14 bytes (fp32 output, served copy, Adam's moments)
+    assert re.search(r"has 0\.[23]\d GB free, and this update writes about 1\.88 GB there", text), text[-3000:]
     assert "free space there, then run the same command again (nothing was trained" in text
     listed = out.stdout.split()
     assert any(path.endswith("/training/iter_0000/train_config.yaml") for path in listed), listed  # prepared
@@ -154,6 +154,9 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_resume_trai
     record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
     assert record["version"] == 1 and record["iteration"] == 1 and record["parent"] is None
     assert not (log / "policy" / "v0001" / "training_args.bin").exists()  # no pickles in a policy
+    # the fresh path (training.trainer_run under torchrun) wrote the optimizer state the next update starts from
+    carried = json.loads((log / "policy" / "v0001" / "optimizer" / "state.json").read_text())
+    assert (carried["optimizer_steps"], carried["moments"]) == (1, True) and record["optimizer_state"], carried
     # an update run writes its records to its own file, never to metrics.jsonl (a rollout run's master merges them)
     metrics = [json.loads(line) for line in (log / "metrics" / "update.jsonl").read_text().splitlines()]
     rollout_side = log / "metrics.jsonl"
@@ -192,19 +195,20 @@ def rolled_out_as(journal_log: Path, log: Path, iteration: int) -> None:
     (log / "run/state" / name / "train_rollout.done").write_text("done\n")
 
 
-def test_warm_trainer_trains_a_lora_under_deepspeed_twice_in_one_process_and_merges_it_there(
+def test_warm_trainer_trains_a_grpo_lora_under_deepspeed_twice_in_one_process_and_merges_it_there(
     journal_log: Path, data_dir: Path, tmp_path: Path
 ) -> None:
     """A second DeepSpeed training in one process failed (`Group ... is not registered`: LLaMA-Factory destroys the
-    process group DeepSpeed keeps groups of). Two updates of a LoRA under ZeRO-2 in one warm trainer: both train
-    and are promoted (v1, v2), the same worker trains both, and each LoRA is merged in that process, with no
-    `llamafactory-cli export` started."""
+    process group DeepSpeed keeps groups of). Two grpo updates of a LoRA under ZeRO-2 in one warm trainer: both
+    train with the policy-gradient loss and are promoted (v1, v2), the same worker trains both, each LoRA is
+    merged in that process, with no `llamafactory-cli export` started, and the second continues the first's
+    schedule (a LoRA's moments start afresh: docs/update.md)."""
     log = tmp_path / "log"
     rolled_out_as(journal_log, log, 1)
     base = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]
     args = ["algorithm.per_device_train_batch_size=2", "algorithm.gradient_accumulation_steps=1"]
     args += ["algorithm.cutoff_len=512", "algorithm.warmup_steps=0", "algorithm.selection.last_k_iterations=3"]
-    args += ["algorithm.max_steps=1", "algorithm.finetuning_type=lora", "launch.deepspeed=zero2"]
+    args += ["algorithm.max_steps=1", "algorithm.finetuning_type=lora", "launch.deepspeed=zero2", "algorithm=grpo"]
     proc = subprocess.Popen(
         [*base, "--rl-phase", "update", "--wait-timeout", "0", *args],
         stdout=subprocess.PIPE,
@@ -223,6 +227,13 @@ def test_warm_trainer_trains_a_lora_under_deepspeed_twice_in_one_process_and_mer
         assert "finetuning_type: lora" in recipe and "deepspeed:" in recipe
         update_log = (log / f"run/rank_0/logs/iter_{iteration:04d}.update.log").read_text()
         assert "the LoRA merged in this process" in update_log, update_log[-3000:]
+        assert "baton_policy_gradient" in recipe
+        carried = json.loads((log / f"policy/v{iteration:04d}/optimizer/state.json").read_text())
+        assert (carried["optimizer_steps"], carried["moments"]) == (iteration, False), carried
+    train_log = (log / "training/iter_0002/train.log").read_text()
+    assert "grpo: the policy-gradient loss with" in train_log
+    said = f"carry from {log}/policy/v0001/optimizer: 1 optimizer steps before this update"
+    assert said in train_log and "a LoRA trains a new adapter each update" in train_log, train_log[-3000:]
     metrics = [json.loads(line) for line in (log / "metrics/update.jsonl").read_text().splitlines()]
     trainers = [m["trainer"] for m in metrics if m.get("kind") == "training"]
     assert len(trainers) == 2 and trainers[0] == trainers[1] and trainers[0].startswith("warm:"), trainers

@@ -7,8 +7,10 @@ every axis (CI time: one training each instead of one per combination):
 - KTO (successful steps desirable, failed ones undesirable) under DeepSpeed ZeRO-2;
 - DPO (a success and a failure of the same task) under DeepSpeed ZeRO-3;
 - LoRA (RFT), merged into the base weights, trained by a 2-process torchrun on this one machine;
-- GRPO (the policy-gradient loss in LLaMA-Factory's SFT trainer, training.pg_trainer), one optimizer step: every
-  episode of the tasks whose rewards differ is a row, failures too, and the tasks whose rewards do not are counted.
+- GRPO (the policy-gradient loss in LLaMA-Factory's SFT trainer, training.pg_trainer), one optimizer step, on a
+  rollout of its own of a multi-turn environment (docs/examples/my_envs, guess the number, outside the repository):
+  every episode of the tasks whose rewards differ is trained, failures too, each one row when its turns chain
+  (data.episode_rows: every reply of it trained, the history once), and the tasks whose rewards do not are counted.
 
 Each promoted policy is loaded into one running vLLM in place (`PolicyServer.reload`, as the loop serves a
 new policy), and its greedy outputs must differ from the base model's. Last, a fresh vLLM started on one
@@ -35,6 +37,8 @@ from rollout_engine.history import load_trajectories
 from rollout_engine.types import Failure
 from tests.conftest import REPO
 from tests.e2e.conftest import VllmServer, policy_server, run_update, start_vllm, stop_vllm
+from tests.e2e.rollout_cli import rollout_cmd, run_rollout
+from training.logprob_check import WARN_MEAN_GAP
 
 pytestmark = pytest.mark.e2e
 
@@ -84,6 +88,45 @@ def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.fixture(scope="module")
+def guess_journal(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log path holding a real train rollout of guess-the-number (several turns, rewards that differ within a
+    task: 1 for the first guess down to 0.5 for the last, 0 when none hit) by the default model."""
+    root = tmp_path_factory.mktemp("guess")
+    data, mine, log = root / "data", root / "elsewhere" / "my_envs", root / "log"
+    shutil.copytree(REPO / "docs" / "examples" / "my_envs", mine)
+    # 1..3 with the secret 2 or 3: the 135M model's first number is mostly 1 (in 1..8 it found none of 32), so
+    # the episodes take several turns and end at different ones, or with none found
+    tasks = [
+        {"task_id": f"g-{i}", "task_name": "Guess a number from 1 to 3", "env": "guess", "family": "guess-1-3",
+         "metadata": {"low": 1, "high": 3, "secret": 2 + i % 2}}
+        for i in range(8)
+    ]  # fmt: skip
+    (data / "guess").mkdir(parents=True)
+    (data / "guess" / "train.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    out = run_rollout(
+        rollout_cmd(
+            "rollout_train",
+            data,
+            log,
+            vllm_server.base_url,
+            "iteration=0",
+            "env=custom",
+            "env._target_=my_envs.guess.GuessNumberEnv",
+            "+env.max_guesses=4",
+            f"env_config.python_path=[{mine}]",
+            "env_config.train_tasks=guess/train.jsonl",
+            "env_config.train_tasks_rollout_size=8",
+            "env_config.n_samples_per_task=4",
+            # room for a reply to end by itself: one cut at the limit is never a success (the engine's rule)
+            "policy_config.max_new_tokens=48",
+            "policy_config.temperature=0.7",
+        )
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return log
+
+
+@pytest.fixture(scope="module")
 def promoted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where each path's promoted policy stays for the last test: a passed test's own folder goes as it ends."""
     return tmp_path_factory.mktemp("promoted")
@@ -91,10 +134,11 @@ def promoted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_update_path_trains_promotes_and_serves_changed_outputs(
-    path: str, train_journal: Path, model_dir: Path, served: tuple[VllmServer, list], promoted: Path, tmp_path: Path
+    path: str, model_dir: Path, served: tuple[VllmServer, list], promoted: Path, tmp_path: Path, request
 ) -> None:
     log = tmp_path / "log"
-    shutil.copytree(train_journal / "trajectories", log / "trajectories")
+    journal = request.getfixturevalue("guess_journal" if path == "grpo" else "train_journal")
+    shutil.copytree(journal / "trajectories", log / "trajectories")
     steps = STEPS.get(path, 2)
     out = run_update(log, f"model_path={model_dir}", *SMALL, f"algorithm.max_steps={steps}", *PATHS[path])
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
@@ -144,15 +188,16 @@ def check_grpo(log: Path, run_dir: Path, recipe: dict, training: dict) -> None:
         "kl_beta": 0.0,
     }
     rewards: dict[str, list[float]] = {}
+    turns: dict[str, int] = {}
     for episode in load_trajectories(str(log), "train", range(1)):
         if episode.status is Failure.OK and episode.turns:
             rewards.setdefault(episode.task_id, []).append(episode.reward)
+            turns[episode.episode_id] = len(episode.turns)
     differ = [r for r in rewards.values() if len(set(r)) > 1]
     selection = json.loads((run_dir / "selection.json").read_text())
     filtered = selection["filtered"]
-    assert filtered["same_reward_groups"] == len(rewards) - len(differ) > 0, (filtered, len(rewards))
-    left_out = filtered.get("noncanonical_tokens", 0) + filtered.get("over_cutoff", 0)
-    assert selection["train_rows"] + left_out == sum(len(r) for r in differ), selection
+    assert filtered["same_reward_groups"] == len(rewards) - len(differ), (filtered, len(rewards))
+    assert differ, f"no task's rewards differ: {rewards}"
     assert (training["train_rows"], training["same_reward_groups"]) == (
         selection["train_rows"],
         len(rewards) - len(differ),
@@ -160,13 +205,29 @@ def check_grpo(log: Path, run_dir: Path, recipe: dict, training: dict) -> None:
     assert len(training["pg"]["ratio"]) == len(training["pg"]["clipped_high"]) == 1 and "kl" not in training["pg"]
     rows = [json.loads(line) for line in (run_dir / "data" / "train.token_ids.jsonl").read_text().splitlines()]
     assert min(row["advantage"] for row in rows) < 0 < max(row["advantage"] for row in rows)
+    # one row per episode where its turns chain (the default model's ChatML history does): every turn of it, in
+    # order, the whole history once; the others per turn (selection.json says why)
+    assert selection["rows"]["episode_rows"] and recipe["mask_history"] is False, selection["rows"]
+    episodes = [row for row in rows if "turns" in row]
+    assert episodes, selection["rows"]
+    for row in episodes:
+        episode_id = row["source"].rsplit("@", 1)[0]
+        assert row["source"] == f"{episode_id}@0..{turns[episode_id] - 1}"
+        assert len(row["turns"]) == turns[episode_id] > 1
+    left_out = filtered.get("noncanonical_tokens", 0) + filtered.get("over_cutoff", 0)
+    trained = sum(len(row.get("turns", [row])) for row in rows)
+    assert trained + left_out >= sum(turns[e] for e in {r["source"].rsplit("@", 1)[0] for r in episodes})
     train_log = (run_dir / "train.log").read_text()
     assert "grpo: the policy-gradient loss with" in train_log and "pg_clipped_high" in train_log
     # the rollout recorded the behaviour policy's log-probability of every sampled token (return_logprobs), and
     # the trainer's, before its one step moved the weights, are vLLM's up to numerics: the mean ratio is 1
-    assert all(len(row["completion_logprobs"]) == len(row["completion_token_ids"]) for row in rows)
+    for turn in (turn for row in rows for turn in row.get("turns", [row])):
+        assert len(turn["completion_logprobs"]) == len(turn["completion_token_ids"])
     assert "rows have no behaviour log-probabilities" not in train_log
     assert abs(training["pg"]["ratio"][0] - 1.0) < 0.02, training["pg"]
+    # the same comparison token by token, free in the trainer's first step: numerics alone (the session's vLLM
+    # serves bf16 on a CPU with native bf16, the trainer computes fp32: ~0.03, docs/update.md)
+    assert 0 < training["pg"]["logprob_gap"][0] < WARN_MEAN_GAP, training["pg"]
 
 
 def test_a_reloaded_policy_serves_what_a_fresh_server_serves(

@@ -41,9 +41,10 @@ fake_tasks() {
 # $FAKE_UPDATE_EXIT (default 1; 2 with a report, as a training the trainer refused);
 # the serve one runs fake_vllm.py on vLLM's port, name and model, its pid in $VLLM_PID_FILE (and accepts
 # every command line the dry run has vLLM's parser check: coordinator/vllm_argcheck.py).
-# Updates run in fresh processes (BATON_WARM_TRAINER=0).
+# Updates run in fresh processes (BATON_WARM_TRAINER=0). fake_pythons_setup <ranks>: the fakes on those node
+# ranks (default 0; e.g. 0-1 for runs of two nodes, each of which reads the node file).
 fake_pythons_setup() {
-  local bin="$BATS_TEST_TMPDIR/bin"
+  local bin="$BATS_TEST_TMPDIR/bin" ranks=${1:-0}
   CALLS="$BATS_TEST_TMPDIR/train-calls" VLLM_PID_FILE="$BATS_TEST_TMPDIR/vllm.pid"
   mkdir -p "$bin"
   cat >"$bin/train-python" <<SH
@@ -73,8 +74,8 @@ exec "\$BATON_APP_PY" "$BATS_TEST_DIRNAME/fake_vllm.py" --port "\${arg[--port]}"
   --served-model-name "\${arg[--served-model-name]}" --model "\${arg[--model]}"
 SH
   chmod +x "$bin/train-python" "$bin/serve-python"
-  printf 'node_groups: [{label: fakes, node_ranks: 0, python: {train: %s, serve: %s}}]\n' \
-    "$bin/train-python" "$bin/serve-python" >"$BATS_TEST_TMPDIR/fakes.yaml"
+  printf 'node_groups: [{label: fakes, node_ranks: "%s", python: {train: %s, serve: %s}}]\n' \
+    "$ranks" "$bin/train-python" "$bin/serve-python" >"$BATS_TEST_TMPDIR/fakes.yaml"
   export BATON_NODE_FILE="$BATS_TEST_TMPDIR/fakes.yaml"
   # each update a fresh `python -m training` (the fake); the warm trainer's are tests/unit/driver/test_trainer.py
   export BATON_WARM_TRAINER=0

@@ -16,7 +16,9 @@ setup() {
   mkdir -p "${MINE%/*}"
   cp -r "$ROOT/docs/examples/my_envs" "$MINE"
   (cd "$MINE" && "$(envs_python app)" -m my_envs.tasks "$DATA/guess" --train 12 --test 6 >/dev/null)
-  RUN=(bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --dry-run)
+  # --debug-mode (an external server): the dry run skips vLLM's parser of a server's command line (an import of
+  # vLLM, about 10 s a run), which is not what these tests are about
+  RUN=(bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --dry-run --debug-mode)
   GUESS=(env=custom env._target_=my_envs.guess.GuessNumberEnv env_config.train_tasks=guess/train.jsonl
     env_config.test_tasks=guess/test.jsonl)
 }

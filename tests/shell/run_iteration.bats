@@ -57,7 +57,7 @@ finished() {
 }
 
 @test "--dry-run passes this node's rank and the ranks' weights to the rollouts and the update" {
-  fake_pythons_setup # the dry run runs the update-check: a fake train interpreter answers it
+  fake_pythons_setup 0-1 # the fakes answer the update-check and vLLM's parser on both ranks
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
     --dry-run --num-nodes 2 --rank-weights 2,1 --worker 1
   [[ $(grep '^\[train rollout\]' <<<"$output") == *" iteration=1 rank=1 rank_weights="'\[2\,1\]'" "* ]]
@@ -67,8 +67,8 @@ finished() {
     --dry-run --num-nodes 2 --rank-weights 2,1 --master
   [[ $(grep '^\[train rollout\]' <<<"$output") == *" rank=0 rank_weights="'\[2\,1\]'" "* ]]
   [[ $(grep '^\[update ' <<<"$output") == *" launch.nnodes=2 launch.node_rank=0 "* ]]
-  # a single node: its one given weight
-  run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split train-only \
+  # a single node: its one given weight (the node file names ranks 0-1: none for one node)
+  BATON_NODE_FILE="" run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout --rollout-split train-only \
     --dry-run --rank-weights 3
   [[ $(grep '^\[train rollout\]' <<<"$output") == *" rank=0 rank_weights="'\[3\]'" "* ]]
   # limits_scope=cluster: this node's KV cache holds its share (64 of 128 requests, as in the test below)
@@ -84,6 +84,7 @@ finished() {
 }
 
 @test "--dry-run: BATON_VLLM_DTYPE forces the dtype and the KV cache follows it and the sessions" {
+  fake_pythons_setup # a fake serve interpreter accepts the command line (vLLM's parser: tests below)
   BATON_VLLM_DTYPE=bfloat16 run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
     --rl-phase rollout --rollout-split eval-only --dry-run env_config.max_vllm_sessions=64
   [[ $output == *"VLLM_CPU_KVCACHE_SPACE=4 "*"--dtype bfloat16"* ]]

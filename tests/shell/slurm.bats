@@ -28,10 +28,12 @@ in_batch_shell() {
   export SLURM_JOB_ID=7 SLURM_PROCID=0 SLURM_NTASKS=2
 }
 
-# dry <args...>: run.sh --dry-run of a rollout (train-only) with <args>; must exit 0.
+# dry <args...>: run.sh --dry-run of a rollout (train-only) with <args>; must exit 0. With --debug-mode (an
+# external server): the ranks are what these tests check, and the dry run then skips vLLM's parser of the
+# server's command line (about 10 s an import of vLLM; tests/shell/run_iteration.bats checks that line).
 dry() {
   run -0 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase rollout \
-    --rollout-split train-only --dry-run "$@"
+    --rollout-split train-only --dry-run --debug-mode "$@"
 }
 
 # bad <expected message part> <args...>: run.sh must exit 2, say it, write nothing.

@@ -89,6 +89,25 @@ def collator_case() -> dict:
     return {key: value.tolist() for key, value in batch.items()}
 
 
+def episode_collator_case() -> dict:
+    """An episode row of two turns (training.episodes): each turn's sampled tokens trained, each turn's "\\n" (198)
+    after its <|im_end|> (2) not, and the turns' behaviour log-probabilities one after the other."""
+    import torch
+
+    def pad(features: list[dict]) -> dict:
+        return {
+            "input_ids": torch.tensor([f["input_ids"] for f in features]),
+            "labels": torch.tensor([f["labels"] for f in features]),
+        }
+
+    features = [
+        {"input_ids": [10, 5, 2, 198, 11, 6, 7, 2, 198], "labels": [-100, 5, 2, 198, -100, 6, 7, 2, 198],
+         "pg_advantage": 1.0, "pg_policy_tokens": [2, 3], "pg_logprobs": [-0.1, -0.2, -0.3, -0.4, -0.5]},
+    ]  # fmt: skip
+    batch = PolicyGradientCollator(pad)(features)
+    return {key: value.tolist() for key, value in batch.items()}
+
+
 def main() -> None:
     token = PolicyGradientConfig(clip_low=0.2, clip_high=0.28, aggregation="token_mean", kl_beta=0.0)
     sequence = PolicyGradientConfig(clip_low=0.2, clip_high=0.28, aggregation="sequence_mean", kl_beta=0.0)
@@ -101,6 +120,7 @@ def main() -> None:
         "kl_bound": kl_bound_case(),
         "logprobs": logprob_case(),
         "collator": collator_case(),
+        "episode_collator": episode_collator_case(),
     }
     print("RESULT " + json.dumps(result))
 

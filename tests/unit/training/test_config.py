@@ -52,7 +52,6 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
         "algorithm.per_device_train_batch_size=0",
         "algorithm.warmup_ratio=0.1",
         "launch.node_rank=2",
-        "promotion.keep_optimizer=true",
         "algorithm.selection.shortest_per_task=-1",
     )
     with pytest.raises(ConfigError) as err:
@@ -63,7 +62,6 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
         "per_device_train_batch_size must be >= 1 (got 0)",
         "warmup_steps and algorithm.warmup_ratio",
         "launch.node_rank must be in [0, launch.nnodes=1)",
-        "keep_optimizer needs algorithm.save_only_model=false",
         "algorithm.selection.shortest_per_task must be >= 0, 0 = every success (got -1)",
     ):
         assert needle in text
@@ -83,6 +81,10 @@ def test_grpo_carries_its_loss_to_the_trainer_and_refuses_what_it_cannot_train(t
     assert POLICY_GRADIENT not in build_recipe(
         load(tmp_path), DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1), CHOSEN
     )
+    episodes = DatasetFiles(tmp_path, 4, 0, episode_rows=True)  # rows of whole episodes: every reply trains
+    assert build_recipe(cfg, episodes, tmp_path, tmp_path / "out", Device("cpu", 1), CHOSEN)["mask_history"] is False
+    with pytest.raises(ConfigError, match=r"data\.episode_rows"):
+        validate(load(tmp_path, "data.episode_rows=per_episode"))
     demo = tmp_path / "demonstrations.jsonl"
     demo.write_text("")
     with pytest.raises(ConfigError) as err:

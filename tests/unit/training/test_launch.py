@@ -148,12 +148,14 @@ def test_the_trainer_gets_the_gpus_the_update_process_hid_from_itself(monkeypatc
     assert launch_env(LaunchConfig(), Device("cpu", 1))["CUDA_VISIBLE_DEVICES"] == ""
 
 
-def test_a_grpo_recipe_runs_torchrun_on_baton_trainer_with_the_layout_llamafactory_cli_would_use(
+def test_a_recipe_with_baton_keys_runs_torchrun_on_baton_trainer_with_the_layout_llamafactory_cli_would_use(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fresh path: a recipe with the policy-gradient settings is trained by training.pg_trainer under the
-    torchrun `llamafactory-cli train` would start (same layout), any other by llamafactory-cli itself."""
+    """The fresh path: a recipe with Baton's own keys (the policy-gradient settings, the carried optimizer state)
+    is trained by training.trainer_run under the torchrun `llamafactory-cli train` would start (same layout),
+    any other by llamafactory-cli itself."""
     from training import launch as launch_mod
+    from training.carry import CARRY
     from training.config import LaunchConfig
     from training.launch import launch_env, train_command
     from training.recipe import POLICY_GRADIENT, Device
@@ -171,6 +173,9 @@ def test_a_grpo_recipe_runs_torchrun_on_baton_trainer_with_the_layout_llamafacto
     cmd = train_command(grpo, env)
     assert cmd == [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=1", "--nproc_per_node=3",
-        "--master_addr=10.0.0.1", "--master_port=29511", "-m", "training.pg_trainer", str(grpo),
+        "--master_addr=10.0.0.1", "--master_port=29511", "-m", "training.trainer_run", str(grpo),
     ]  # fmt: skip
+    carried = tmp_path / "carried.yaml"
+    carried.write_text(f"stage: kto\n{CARRY}:\n  load: ''\n")
+    assert train_command(carried, dict(env))[-3:] == ["-m", "training.trainer_run", str(carried)]
     assert env["PYTHONPATH"] == f"{ROOT}{os.pathsep}/elsewhere"  # the workers import training/

@@ -100,6 +100,12 @@ def test_collator_trains_only_the_sampled_tokens_and_aligns_their_logprobs(cases
     assert "pg_logprobs" not in got and "pg_policy_tokens" not in got  # taken out before LLaMA-Factory's collator
 
 
+def test_collator_trains_each_turn_of_an_episode_row_with_its_own_logprobs(cases: dict) -> None:
+    got = cases["episode_collator"]
+    assert got["labels"] == [[-100, 5, 2, -100, -100, 6, 7, 2, -100]]
+    assert got["pg_behaviour"][0] == pytest.approx([0.0, -0.1, -0.2, 0.0, 0.0, -0.3, -0.4, -0.5, 0.0])
+
+
 def test_columns_put_each_rows_advantage_and_logprobs_on_its_sampled_tokens(tmp_path: Path) -> None:
     """build_columns (app environment): the rows must be the encoded dataset's, one for one, token for token."""
     sidecar = tmp_path / "train.token_ids.jsonl"
@@ -110,10 +116,12 @@ def test_columns_put_each_rows_advantage_and_logprobs_on_its_sampled_tokens(tmp_
         {"source": "a#1@0", "completion_token_ids": None, "advantage": -0.5},
     ]  # fmt: skip
     columns = build_columns(labels, rows, sidecar)
-    assert columns == Columns([0.5, -0.5], [3, -1], [[-0.1, -0.2, -0.3], []]) and columns.without_logprobs == 1
+    assert columns == Columns([0.5, -0.5], [[3], [-1]], [[-0.1, -0.2, -0.3], []]) and columns.without_logprobs == 1
     with pytest.raises(ValueError, match="has 1 rows but LLaMA-Factory encoded 2"):
         build_columns(labels, rows[:1], sidecar)
-    with pytest.raises(ValueError, match=r"row 0 \(a#0@0\): LLaMA-Factory's trained tokens are not the sampled"):
+    with pytest.raises(
+        ValueError, match=r"row 0 \(a#0@0\): LLaMA-Factory's trained tokens of a#0@0 are not its sampled"
+    ):
         build_columns(labels, [{**rows[0], "completion_token_ids": [5, 7, 2]}, rows[1]], sidecar)
     with pytest.raises(ValueError, match="has 2 completion_logprobs for 3 completion_token_ids"):
         build_columns(labels, [{**rows[0], "completion_logprobs": [-0.1, -0.2]}, rows[1]], sidecar)

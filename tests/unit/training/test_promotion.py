@@ -45,10 +45,30 @@ def test_versions_current_and_pruning(tmp_path: Path) -> None:
     assert (tmp_path / "out4" / "model.safetensors").read_text() == "w4"  # output kept for a retry
 
 
-def test_optimizer_state_is_kept_only_when_asked(tmp_path: Path) -> None:
+def test_the_carried_optimizer_state_goes_with_the_version_and_a_revert_leaves_it_out(tmp_path: Path) -> None:
+    """training.carry's folder: in a full fine-tune's output; beside a LoRA's adapter (`carried`), not in the merged
+    folder promoted; a revert's weights are older than the moments, so it starts afresh."""
     root = tmp_path / "policy"
-    promote(fake_output(tmp_path / "out", "w"), root, 0, tmp_path, keep_last=3, keep_optimizer=True)
-    assert (root / "v0001" / "optimizer" / "optimizer.pt").read_text() == "opt"
+    out = fake_output(tmp_path / "out", "w")
+    (out / "optimizer").mkdir()
+    (out / "optimizer" / "state.json").write_text("{}")
+    promote(out, root, 0, tmp_path, keep_last=3, carried=out / "optimizer")
+    merged = fake_output(tmp_path / "merged", "w2")
+    adapter = tmp_path / "adapter" / "optimizer"
+    adapter.mkdir(parents=True)
+    (adapter / "state.json").write_text('{"lora": 1}')
+    promote(merged, root, 1, root / "current", keep_last=3, carried=adapter)
+    promote(fake_output(tmp_path / "out3", "w3"), root, 2, root / "current", keep_last=3, carried=tmp_path / "none")
+    promotion.revert(root / "v0001", root, 3, 1, {"rule": "--keep-best"}, keep_last=5)
+
+    def record(version: str) -> bool:
+        return json.loads((root / version / "baton_policy.json").read_text())["optimizer_state"]
+
+    assert (root / "v0001" / "optimizer" / "state.json").read_text() == "{}" and record("v0001")
+    assert (root / "v0002" / "optimizer" / "state.json").read_text() == '{"lora": 1}' and record("v0002")
+    assert not (root / "v0003" / "optimizer").exists() and not record("v0003")
+    assert not (root / "v0004" / "optimizer").exists() and not record("v0004")
+    assert (root / "v0004" / "model.safetensors").read_text() == "w"
 
 
 def test_a_vision_language_policy_keeps_its_processor_files_taking_missing_ones_from_its_parent(

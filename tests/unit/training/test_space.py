@@ -35,12 +35,12 @@ def test_parameter_count_sums_the_floating_tensors_of_every_file(tmp_path: Path)
     assert parameter_count(tmp_path / "absent") == 0
 
 
-def test_room_counts_the_fp32_output_the_served_copy_and_the_optimizer_when_kept(tmp_path: Path) -> None:
+def test_room_counts_the_fp32_output_the_served_copy_and_the_moments_when_they_carry(tmp_path: Path) -> None:
     free = free_bytes(tmp_path)
     assert free is not None and free > 0
-    plain = Room.of(tmp_path / "not" / "made" / "yet", 1000, keep_optimizer=False)
+    plain = Room.of(tmp_path / "not" / "made" / "yet", 1000, moments=False)
     assert plain is not None and plain.free == pytest.approx(free, rel=0.01) and plain.need == 1000 * BYTES_PER_WEIGHT
-    kept = Room.of(tmp_path, 1000, keep_optimizer=True)
+    kept = Room.of(tmp_path, 1000, moments=True)
     assert kept is not None and kept.need == 1000 * (BYTES_PER_WEIGHT + OPTIMIZER_BYTES_PER_WEIGHT)
     assert plain.enough and not Room(tmp_path, free=5, need=6).enough
 
@@ -48,7 +48,7 @@ def test_room_counts_the_fp32_output_the_served_copy_and_the_optimizer_when_kept
 def test_a_filesystem_that_reports_no_size_is_not_judged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blank = os.statvfs_result((4096, 4096, 0, 0, 0, 0, 0, 0, 0, 255))
     monkeypatch.setattr(os, "statvfs", lambda _path: blank)
-    assert free_bytes(tmp_path) is None and Room.of(tmp_path, 10**12, keep_optimizer=False) is None
+    assert free_bytes(tmp_path) is None and Room.of(tmp_path, 10**12, moments=False) is None
 
 
 def prepared(cfg) -> RunPaths:
@@ -73,7 +73,8 @@ def trains(returncode: int, logged: str):
 
 
 def test_an_update_too_big_for_the_disk_is_refused_before_it_trains(tmp_path: Path) -> None:
-    """A model of 10^15 weights (declared in its header) needs 6 PB: no filesystem here has that."""
+    """A model of 10^15 weights (declared in its header) needs 14 PB (6 bytes a weight, 8 more for Adam's moments
+    carried to the next update): no filesystem here has that."""
     model = model_with(tmp_path / "model", w=[10**15])
     cfg = load(tmp_path / "log", f"model_path={model}")
     paths = prepared(cfg)
@@ -81,7 +82,7 @@ def test_an_update_too_big_for_the_disk_is_refused_before_it_trains(tmp_path: Pa
     with in_process(0, 1, trainer, lambda code: code), pytest.raises(TrainingError) as refused:
         update.train(cfg, paths, update.Device("cpu", 1))
     said = str(refused.value)
-    assert f"the filesystem of {paths.run_dir} has" in said and "this update writes about 6000000.00 GB" in said
+    assert f"the filesystem of {paths.run_dir} has" in said and "this update writes about 14000000.00 GB" in said
     assert "free space there, then run the same command again (nothing was trained" in said
     assert calls == []  # the trainer never started
 
@@ -114,7 +115,8 @@ def test_a_failed_training_names_its_last_error_and_a_disk_that_filled_up_meanwh
         update.train(cfg, paths, cpu)
     assert str(failed.value).startswith(
         f"training exit 1; the filesystem of {paths.run_dir} has 0.00 GB free, and this update writes about 0.00 GB "
-        "there (the trained weights in fp32 and the served copy): a full disk stops the training, often before "
+        "there (the trained weights in fp32, the served copy and the optimizer's moments when they carry): a full "
+        "disk stops the training, often before "
         f"it can log why; see {paths.train_log}."
     )
 
