@@ -103,7 +103,7 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_resume_trai
     Ctrl+C during the warm trainer's training ends run.sh (exit 130) and leaves no process of it (torchrun's
     workers run in sessions of their own); `--resume`, in fresh processes (BATON_WARM_TRAINER=0), selects
     the successes, passes the fidelity checks (tokens, log-probabilities), trains one optimizer step of a full
-    fine-tune and promotes it."""
+    fine-tune and promotes it; a later `--resume` trains iteration 2 from v1's optimizer state."""
     log = tmp_path / "log"
     shutil.copytree(journal_log / "trajectories/train/iter_0000", log / "trajectories/train/iter_0001")
     state = log / "run/state/iter_0001"
@@ -166,6 +166,22 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_resume_trai
     assert training["steps"] == 1 and len(training["losses"]) == 1 and training["train_samples_per_second"] > 0
     promotions = [m for m in metrics if m.get("kind") == "promotion"]
     assert [m["policy_version"] for m in promotions] == [1]
+    assert processes_mentioning(str(log)) == []
+
+    # another --resume once iteration 2 is rolled out continues v1's optimizer state and schedule from disk
+    # (a new run.sh, a new trainer: nothing carried in memory), and v2 records both updates' steps
+    rolled_out_as(journal_log, log, 2)
+    more = run_waiting(
+        [*base, "--rl-phase", "update", "--resume", "--wait-timeout", "0", "algorithm.max_steps=1", *small[:-1]],
+        waiting_for="run.sh --rl-phase update --resume to train iteration 2 from v1's optimizer state",
+        timeout=UPDATE_S,
+    )
+    assert more.returncode == 0, (more.stdout + more.stderr)[-3000:]
+    train_log = (log / "training" / "iter_0002" / "train.log").read_text()
+    said = f"carry from {log}/policy/v0001/optimizer: 1 optimizer steps before this update"
+    assert said in train_log, train_log[-3000:]
+    carried = json.loads((log / "policy" / "v0002" / "optimizer" / "state.json").read_text())
+    assert (carried["optimizer_steps"], carried["moments"]) == (2, True), carried
     assert processes_mentioning(str(log)) == []
 
     # the backstop: a template behind the update-check's back (chatml renders no system prompt where SmolLM2's
