@@ -4,7 +4,9 @@
     save_text(path, text) / save_json(path, obj) / save_jsonl(path, rows)
     save_text(path, text, durable=False)   # atomic, no fsync
     overwrite_text(path, text)  # in place, no create or rename: a heartbeat, a status file (below)
-    append_line(path, line)     # one O_APPEND write, then fsync (journals: one writer each)
+    append_line(path, line)     # one O_APPEND write, then fsync
+    appender = LineAppender(path); appender.append(line); appender.close()   # the same, the file kept open
+                                # (a rank's journal: one writer, a line per episode)
     append_jsonl(path, obj)
     append_shared_jsonl(path, obj)   # the same under `<path>.lock`: metrics.jsonl (processes of one host)
     with shared_lock(path): ...      # an exclusive lock (across hosts only where the filesystem shares locks)
@@ -46,6 +48,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,19 +155,63 @@ def append_line(path: str | Path, line: str) -> None:
     When the file does not end with a newline (a torn last line), the write
     starts with one, so the new line is not glued to the torn one.
     """
-    check_fence()  # a node of a superseded run appends nothing (rollout_engine.fence)
-    path = Path(path)
-    make_dirs(path.parent)
-    data = (line if line.endswith("\n") else line + "\n").encode("utf-8")
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    appender = LineAppender(path)
     try:
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            data = b"\n" + data
-        os.write(fd, data)
-        os.fsync(fd)
+        appender.append(line)
     finally:
-        os.close(fd)
+        appender.close()
+
+
+class LineAppender:
+    """`append_line` for the one writer of a file that gets a line every few seconds (a rank's journal: a line
+    per finished episode), through a descriptor kept open between lines: a write and an fsync per line, where
+    opening each time costs eight calls (mkdir, stat, open, fstat, pread, write, fsync, close). A journal's
+    appends are the calls of a rolling-out node that follow its episodes per second, not the protocol's clock
+    (docs/multinode.md "Scale"). Thread-safe: the rollout writes from worker threads.
+
+    The torn-tail check (does the file end with a newline?) runs when the file is opened. A write that fails
+    or falls short closes the descriptor, so the next line opens the file again and starts on a line of its own.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def append(self, line: str) -> None:
+        check_fence()  # a node of a superseded run appends nothing (rollout_engine.fence)
+        data = (line if line.endswith("\n") else line + "\n").encode("utf-8")
+        with self._lock:
+            if self._fd is None:
+                make_dirs(self.path.parent)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    size = os.fstat(self._fd).st_size
+                    if size and os.pread(self._fd, 1, size - 1) != b"\n":
+                        data = b"\n" + data
+                except OSError:
+                    self._close()
+                    raise
+            try:
+                written = os.write(self._fd, data)
+                if written != len(data):
+                    raise OSError(f"{self.path}: wrote {written} of {len(data)} bytes (disk full?)")
+                os.fsync(self._fd)
+            except OSError:
+                self._close()
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self._close()
 
 
 def append_jsonl(path: str | Path, obj: Any) -> None:

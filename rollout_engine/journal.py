@@ -2,7 +2,8 @@
 
 `<log>/trajectories/<split>/iter_<NNNN>/rank_<r>.jsonl` holds one finished
 trajectory per line (schema in docs/formats.md), each line flushed and fsynced
-as the episode finishes. A line cut short by a crash (not JSON) is skipped on
+as the episode finishes, through a descriptor kept open until the seal
+(`rollout_engine.files.LineAppender`: two calls a line on the shared filesystem). A line cut short by a crash (not JSON) is skipped on
 read (`rollout_engine.files.read_jsonl`'s rule), and a torn last line is cut
 off before a resume appends again; a JSON line that is not a trajectory is
 corruption and an error.
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import append_line, parse_jsonl, save_json
+from rollout_engine.files import LineAppender, parse_jsonl, save_json
 from rollout_engine.layout import manifest_name
 from rollout_engine.shared_read import make_dirs, read_fresh
 from rollout_engine.types import Trajectory
@@ -116,6 +117,7 @@ class Journal:
         self.manifest_path = path.with_name(manifest_name(path.name))
         self.done: list[Trajectory] = []
         self._writes: set[asyncio.Future] = set()
+        self._appender = LineAppender(path)
         make_dirs(path.parent)
         if resume:
             self.done = read_journal(path)
@@ -141,7 +143,7 @@ class Journal:
         return {t.episode_id for t in self.done}
 
     def append(self, trajectory: Trajectory) -> None:
-        append_line(self.path, json.dumps(trajectory.to_json(), ensure_ascii=False))
+        self._appender.append(json.dumps(trajectory.to_json(), ensure_ascii=False))
 
     async def write(self, trajectory: Trajectory) -> None:
         """Append `trajectory` in a worker thread; once started, the write always finishes.
@@ -166,6 +168,7 @@ class Journal:
         """Write the manifest atomically; returns it. Refuses while a `write` is in flight."""
         if self._writes:
             raise RuntimeError(f"journal {self.path}: seal() while {len(self._writes)} write(s) are in flight")
+        self._appender.close()
         trajectories = read_journal(self.path)
         data = self.path.read_bytes() if self.path.exists() else b""
         ids = {t.episode_id for t in trajectories}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_engine.files import append_jsonl, read_jsonl, save_jsonl, shared_lock
+from rollout_engine.files import LineAppender, append_jsonl, read_jsonl, save_jsonl, shared_lock
 from rollout_engine.shared_read import STALE_TRIES, make_dirs, read_fresh
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,6 +51,41 @@ def test_append_to_a_clean_or_new_file_adds_no_blank_line(tmp_path: Path) -> Non
     append_jsonl(path, {"b": 2})
     assert path.read_text() == '{"a": 1}\n{"b": 2}\n'
     assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_line_appender_opens_its_file_once_and_fsyncs_every_line(tmp_path: Path, monkeypatch) -> None:
+    """A journal's appends: one open for all its lines (not an open, stat and close per episode), each line
+    fsynced before `append` returns."""
+    path = tmp_path / "rank_0.jsonl"
+    calls: list[str] = []
+    real_open, real_fsync = os.open, os.fsync
+    monkeypatch.setattr(os, "open", lambda *a, **k: calls.append("open") or real_open(*a, **k))
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append("fsync") or real_fsync(fd))
+    appender = LineAppender(path)
+    for i in range(5):
+        appender.append(json.dumps({"i": i}))
+        assert read_jsonl(path).rows[-1] == {"i": i}  # on disk before the next line
+    appender.close()
+    assert calls == ["open"] + ["fsync"] * 5
+    assert path.read_text() == "".join(f'{{"i": {i}}}\n' for i in range(5))
+
+
+def test_a_line_appender_after_a_torn_write_opens_again_and_starts_a_line_of_its_own(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A write cut short (a full disk) leaves part of a line: the next line still parses, the torn one is
+    skipped, and the error reached the caller."""
+    path = tmp_path / "rank_0.jsonl"
+    appender = LineAppender(path)
+    appender.append('{"a": 1}')
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[: len(data) // 2]))
+    with pytest.raises(OSError, match="wrote 5 of 10 bytes"):
+        appender.append('{"bb": 2}')
+    monkeypatch.setattr(os, "write", real_write)
+    appender.append('{"c": 3}')
+    read = read_jsonl(path)
+    assert read.rows == [{"a": 1}, {"c": 3}] and read.torn == [2]
 
 
 def test_valid_lines_round_trip(tmp_path: Path) -> None:
