@@ -3,9 +3,10 @@
 `<log>/trajectories/<split>/iter_<NNNN>/rank_<r>.jsonl` holds one finished
 trajectory per line (schema in docs/formats.md), each line flushed and fsynced
 as the episode finishes, through a descriptor kept open until the seal
-(`rollout_engine.files.LineAppender`: two calls a line on the shared filesystem). A line cut short by a crash (not JSON) is skipped on
-read (`rollout_engine.files.read_jsonl`'s rule), and a torn last line is cut
-off before a resume appends again; a JSON line that is not a trajectory is
+(`rollout_engine.files.LineAppender`: two calls a line on the shared
+filesystem). A line cut short by a crash (not JSON) is skipped on read
+(`rollout_engine.files.read_jsonl`'s rule), and a torn last line is cut off
+before a resume appends again; a JSON line that is not a trajectory is
 corruption and an error.
 `rank_<r>.manifest.json` is written atomically when the rollout ends: counts
 by status, the journal's sha256 and byte size, and whether every planned

@@ -199,9 +199,11 @@ def test_a_workers_trainer_killed_in_training_fails_the_update_on_both_nodes_and
     long before the training timeout (launch.timeout_s, 3600 s) instead of waiting for it in a collective; the
     update fails on both nodes (nothing promoted, the served policy stays) and the run goes on; iteration 2's
     update starts a new trainer on each node, which train together (torchrun across the nodes, on the dataset
-    the master prepared), and the master's promotes v1; each node's rollout is its 2:1 share."""
+    the master prepared) with the policy-gradient loss (algorithm=grpo), and the master's promotes v1; each
+    node's rollout is its 2:1 share."""
     log = volume.path / "exp"
-    args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2", *SMALL, *ONE_STEP_LOOP]
+    grpo = [arg for arg in ONE_STEP_LOOP if ".selection.shortest_per_task=" not in arg] + ["algorithm=grpo"]
+    args = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2", *SMALL, *grpo]
     args += ["env_config.test_tasks_rollout_size=4", *shared(vllm_server)]
     nodes = {
         0: node(data_dir, log, "0", *args, nodes=TWO_ONE, fs=volume),
@@ -239,7 +241,9 @@ def test_a_workers_trainer_killed_in_training_fails_the_update_on_both_nodes_and
     rows = [json.loads(line) for line in (log / "metrics" / "update.jsonl").read_text().splitlines()]
     trained = [r for r in rows if r["kind"] == "training"]
     assert [(r["iteration"], r["trainer"]) for r in trained] == [(2, f"warm:{now[0]}")]
-    assert "Running training" in (log / "training" / "iter_0002" / "train.log").read_text()
+    train_log = (log / "training" / "iter_0002" / "train.log").read_text()
+    assert "Running training" in train_log and "grpo: the policy-gradient loss with" in train_log, train_log[-3000:]
+    assert len(trained[0]["pg"]["ratio"]) == 1 and trained[0]["train_rows"] >= 2, trained[0]  # a row a process
     assert (log / "training" / "iter_0002" / "train.rank_1.log").exists()  # the worker was a torchrun node
     for rank in (0, 1):  # gloo on the interface that holds the node's address (127.0.0.2, 127.0.0.3: lo)
         trainer_log = (log / "run" / f"rank_{rank}" / "logs" / "trainer.log").read_text()
