@@ -16,13 +16,12 @@ What carries:
   function of the step alone (SHIFTED: constant_with_warmup, the default, warms up once per run) continues
   from there. One with a horizon (linear, cosine, ...) is HF's over the update's own steps, so it restarts.
 - Adam's moments and step count, per parameter by name, for a full or freeze fine-tune (`moments`): without
-  DeepSpeed through the optimizer's own state dict; under DeepSpeed ZeRO-1/2 through DeepSpeed's own per-
+  DeepSpeed through the optimizer's own state dict; under DeepSpeed ZeRO-1/2/3 through DeepSpeed's own per-
   parameter accessors (`safe_get_full_optimizer_state` / `safe_set_full_optimizer_state`), which gather and
   scatter each parameter's fp32 state across its partitions, so the file does not depend on the number of
-  ranks. ZeRO keeps Adam's state in flat per-rank partitions it creates at its first step; `ZeroMoments`
-  creates them before, as that step would. Not for a LoRA: every update trains a new adapter, merged into the
-  weights at promotion. Not under ZeRO-3 (its partitions are another structure): those start Adam's moments
-  afresh, as every update did before.
+  ranks. ZeRO keeps Adam's state in flat per-rank partitions that torch's Adam fills at the first step;
+  `zero_restore` creates them before, as that step would. Not for a LoRA: every update trains a new adapter,
+  merged into the weights at promotion.
 """
 
 from __future__ import annotations
@@ -168,41 +167,57 @@ def restore(model: Any, optimizer: Any, folder: Path, step: int) -> int:
 
 
 def zero_optimizer(optimizer: Any) -> Any | None:
-    """DeepSpeed's ZeRO-1/2 optimizer inside accelerate's wrapper (None: another optimizer, ZeRO-3 included)."""
+    """DeepSpeed's ZeRO optimizer inside accelerate's wrapper, stage 1/2's or stage 3's (None: another one)."""
     while optimizer is not None and not hasattr(optimizer, "single_partition_of_fp32_groups"):
+        if hasattr(optimizer, "fp32_partitioned_groups_flat"):  # stage 3
+            return optimizer
         optimizer = getattr(optimizer, "optimizer", None)
     return optimizer
 
 
+def zero_partitions(zero: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """Each flat fp32 partition of this rank that torch's Adam keeps state for, with its parameter group.
+    Stage 1/2: one per group. Stage 3: one per sub-group, which it hands to the optimizer as that group's
+    parameters only while it steps it (`sub_group_to_group_id`)."""
+    base = zero.optimizer
+    if hasattr(zero, "single_partition_of_fp32_groups"):
+        return list(zip(zero.single_partition_of_fp32_groups, base.param_groups, strict=True))
+    flats = zero.fp32_partitioned_groups_flat
+    return [(flat, base.param_groups[zero.sub_group_to_group_id[i]]) for i, flat in enumerate(flats)]
+
+
 def zero_gather(model: Any, zero: Any, keep: bool) -> tuple[dict[str, Any], int]:
-    """`gather` under ZeRO-1/2: each parameter's full fp32 state, assembled from every rank's partition (a
+    """`gather` under ZeRO: each parameter's full fp32 state, assembled from every rank's partition (a
     collective: every rank calls it, in the same order; only the one that writes `keep`s what it got)."""
     from deepspeed.utils import safe_get_full_optimizer_state
 
     relink(zero)
     base = zero.optimizer
-    flat = zero.single_partition_of_fp32_groups[0]
+    flat = zero_partitions(zero)[0][0]
     keys = [k for k, v in base.state.get(flat, {}).items() if hasattr(v, "shape") and v.shape == flat.shape]
     step = base.state.get(flat, {}).get("step", 0)
     tensors: dict[str, Any] = {}
     for name, param in model.named_parameters():
+        shape = getattr(param, "ds_shape", param.shape)  # stage 3: the parameter's own shape, not its partition's
         for key in keys:
             value = safe_get_full_optimizer_state(param, key) if param.requires_grad else None
             if value is not None and keep:
-                tensors[f"{name}::{key}"] = value.detach().float().cpu().contiguous().view(param.shape)
+                tensors[f"{name}::{key}"] = value.detach().float().cpu().contiguous().view(shape)
     return tensors, int(float(step))
 
 
 def relink(zero: Any) -> None:
-    """Point every parameter's view of its optimizer state at its group's current state. DeepSpeed links them
+    """Point every parameter's view of its optimizer state at its group's current state. ZeRO-1/2 links them
     once, right after the first group's first step (0.19.8, `_lazy_init_hp_params_optimizer_state`), when
-    the other groups (HF's parameters without weight decay) have no state yet: theirs stay unlinked."""
-    zero._hp_optimizer_states_linked = False
-    zero._lazy_init_hp_params_optimizer_state()
+    the other groups (HF's parameters without weight decay) have no state yet: theirs stay unlinked. Stage 3
+    looks each parameter's state up when asked: nothing to link."""
+    if hasattr(zero, "_lazy_init_hp_params_optimizer_state"):
+        zero._hp_optimizer_states_linked = False
+        zero._lazy_init_hp_params_optimizer_state()
 
 
 def zero_restore(model: Any, zero: Any, folder: Path, step: int) -> int:
-    """`restore` under ZeRO-1/2: Adam's state of each flat partition created as its first step would (zeros,
+    """`restore` under ZeRO: Adam's state of each flat partition created as its first step would (zeros,
     the step count carried), linked to the parameters, then each parameter's saved moments scattered into
     the partitions that hold it."""
     import torch
@@ -210,7 +225,7 @@ def zero_restore(model: Any, zero: Any, folder: Path, step: int) -> int:
     from safetensors import safe_open
 
     base = zero.optimizer
-    for group, flat in zip(base.param_groups, zero.single_partition_of_fp32_groups, strict=True):
+    for flat, group in zero_partitions(zero):
         on_device = group.get("fused") or group.get("capturable")
         count = torch.tensor(float(step), dtype=torch.float32, device=flat.device if on_device else "cpu")
         zeros = {key: torch.zeros_like(flat, memory_format=torch.preserve_format) for key in ("exp_avg", "exp_avg_sq")}
@@ -306,7 +321,7 @@ def why_fresh(plan: Plan, saved_moments: bool, args: Any) -> str:
         return "a LoRA trains a new adapter each update"
     if not saved_moments:
         return "the version's state has none"
-    return "DeepSpeed ZeRO-3 keeps them in partitions Baton does not read"
+    return "DeepSpeed runs an optimizer other than its ZeRO ones here, whose state Baton does not read"
 
 
 def callbacks_for(value: dict[str, Any] | None) -> list[Any]:

@@ -8,8 +8,8 @@ every axis (CI time: one training each instead of one per combination):
 - DPO (a success and a failure of the same task) under DeepSpeed ZeRO-3;
 - LoRA (RFT), merged into the base weights, trained by a 2-process torchrun on this one machine;
 - GRPO (the policy-gradient loss in LLaMA-Factory's SFT trainer, training.pg_trainer) under DeepSpeed ZeRO-3, one
-  optimizer step (the version carries its schedule, not Adam's ZeRO-3 partitions), on a rollout of its own of a
-  multi-turn environment (docs/examples/my_envs, guess the number, outside the repository): every episode of the
+  optimizer step (its version carries Adam's moments, gathered from ZeRO-3's partitions), on a rollout of its own of
+  a multi-turn environment (docs/examples/my_envs, guess the number, outside the repository): every episode of the
   tasks whose rewards differ is trained, failures too, each one row when its turns chain (data.episode_rows: every
   reply of it trained, the history once), and the tasks whose rewards do not are counted.
 
@@ -165,9 +165,10 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
         assert (run_dir / "merged" / "model.safetensors").exists(), "the LoRA is merged before promotion"
     if path.startswith("grpo"):
         check_grpo(log, run_dir, recipe, training)
-        # ZeRO-3 partitions Adam's state in a structure Baton does not read: the version carries the schedule only
+        # Adam's moments gathered from ZeRO-3's partitions, saved with the version the next update starts from: every
+        # one of the model's 272 named tensors
         carried = json.loads((log / "policy" / "v0001" / "optimizer" / "state.json").read_text())
-        assert (carried["optimizer_steps"], carried["moments"]) == (steps, False), carried
+        assert (carried["optimizer_steps"], carried["moments"], carried["parameters"]) == (steps, True, 272), carried
 
     policy = log / "policy" / "v0001"
     record = json.loads((policy / "baton_policy.json").read_text())

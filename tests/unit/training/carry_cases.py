@@ -1,10 +1,11 @@
 """Run in the train environment (torch, transformers): HF's Trainer with training.carry's callback on a tiny
 model, the cases of tests/unit/training/test_carry.py.
 
-    python tests/unit/training/carry_cases.py <folder> [zero2]    # prints `RESULT {...}`
+    python tests/unit/training/carry_cases.py <folder> [zero2|zero3 PORT]    # prints `RESULT {...}`
 
-With `zero2` the same cases run under DeepSpeed ZeRO-2 (one rank on the CPU, gloo), whose Adam state lives in
-flat partitions that the carry reads and fills through DeepSpeed's per-parameter accessors.
+With `zero2` or `zero3` the same cases run under DeepSpeed ZeRO-2 or ZeRO-3 (one rank on the CPU, gloo), whose
+Adam state lives in flat partitions that the carry reads and fills through DeepSpeed's per-parameter accessors
+(ZeRO-3 partitions the weights too: they are gathered to be compared).
 
 Every example is the same (x, y), so the batches of a training do not depend on its sampler: 2 optimizer steps
 then 3 more carried from them must end where 5 steps in one training end, with constant_with_warmup over 4
@@ -42,14 +43,15 @@ def model_and_data(steps: int):
     return Tiny(), [example] * steps
 
 
-ZERO2 = {
-    "train_batch_size": "auto",
-    "train_micro_batch_size_per_gpu": "auto",
-    "gradient_accumulation_steps": "auto",
-    "gradient_clipping": "auto",
-    "zero_allow_untested_optimizer": True,
-    "zero_optimization": {"stage": 2},
-}
+def zero(stage: int) -> dict:
+    return {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": stage},
+    }
 
 
 def train(out: Path, steps: int, start, plan: Plan | None, name: str, deepspeed: dict | None = None) -> dict:
@@ -80,7 +82,14 @@ def train(out: Path, steps: int, start, plan: Plan | None, name: str, deepspeed:
     trainer.train()
     lrs = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
     zero = type(trainer.optimizer.optimizer).__name__ if trainer.is_deepspeed_enabled else None
-    return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()}, "lrs": lrs, "zero": zero}
+    if zero == "DeepSpeedZeroOptimizer_Stage3":  # each weight is a partition: gathered whole to be read
+        from deepspeed.runtime.zero import GatheredParameters
+
+        with GatheredParameters(list(model.parameters())):
+            weights = {k: v.detach().clone() for k, v in model.named_parameters()}
+    else:
+        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {"weights": weights, "lrs": lrs, "zero": zero}
 
 
 def flat(weights) -> list[float]:
@@ -107,10 +116,10 @@ def main(folder: Path, deepspeed: dict | None) -> dict:
 
 
 if __name__ == "__main__":
-    zero = sys.argv[2:3] == ["zero2"]
-    if zero:  # one rank of a process group, as torchrun would set it
+    stage = {"zero2": 2, "zero3": 3}.get(sys.argv[2]) if len(sys.argv) > 2 else None
+    if stage:  # one rank of a process group, as torchrun would set it
         import os
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3] if len(sys.argv) > 3 else "29533")
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-    print("RESULT " + json.dumps(main(Path(sys.argv[1]), ZERO2 if zero else None)))
+    print("RESULT " + json.dumps(main(Path(sys.argv[1]), zero(stage) if stage else None)))

@@ -34,10 +34,13 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return run_cases(tmp_path_factory.mktemp("carry"))
 
 
-@pytest.fixture(scope="module")
-def zero2(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The same cases under DeepSpeed ZeRO-2 (one rank on the CPU)."""
-    return run_cases(tmp_path_factory.mktemp("carry-zero2"), "zero2", str(free_port()))
+@pytest.fixture(scope="module", params=["zero2", "zero3"])
+def zero(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The same cases under DeepSpeed ZeRO-2 and ZeRO-3 (one rank on the CPU)."""
+    return {
+        "stage": request.param,
+        **run_cases(tmp_path_factory.mktemp("carry-" + request.param), request.param, str(free_port())),
+    }
 
 
 def free_port() -> int:
@@ -52,14 +55,16 @@ def test_two_trainings_carried_end_where_one_uninterrupted_training_ends(cases: 
     assert max(abs(a - b) for a, b in zip(cases["afresh"], cases["whole"], strict=True)) > 1e-3
 
 
-def test_under_deepspeed_zero2_two_trainings_carried_end_where_one_ends_too(zero2: dict) -> None:
-    """ZeRO keeps Adam's state in flat partitions, filled and read per parameter through DeepSpeed's accessors:
-    the same file format, the same exact continuation (both of HF's parameter groups: with and without decay)."""
-    assert zero2["optimizer"] == "DeepSpeedZeroOptimizer"
-    assert zero2["carried"] == pytest.approx(zero2["whole"], abs=1e-7)
-    assert max(abs(a - b) for a, b in zip(zero2["afresh"], zero2["whole"], strict=True)) > 1e-3
-    assert zero2["states"]["second"]["parameters"] == 2 and zero2["lrs"]["second"] == pytest.approx(
-        zero2["lrs"]["whole"][2:]
+def test_under_deepspeed_zero_two_trainings_carried_end_where_one_ends_too(zero: dict) -> None:
+    """ZeRO keeps Adam's state in flat partitions (stage 3 in one per sub-group, beside partitioned weights),
+    filled and read per parameter through DeepSpeed's accessors: the same file format, the same exact
+    continuation (both of HF's parameter groups: with and without decay)."""
+    want = {"zero2": "DeepSpeedZeroOptimizer", "zero3": "DeepSpeedZeroOptimizer_Stage3"}[zero["stage"]]
+    assert zero["optimizer"] == want
+    assert zero["carried"] == pytest.approx(zero["whole"], abs=1e-7)
+    assert max(abs(a - b) for a, b in zip(zero["afresh"], zero["whole"], strict=True)) > 1e-3
+    assert zero["states"]["second"]["parameters"] == 2 and zero["lrs"]["second"] == pytest.approx(
+        zero["lrs"]["whole"][2:]
     )
 
 
