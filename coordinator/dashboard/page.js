@@ -124,10 +124,11 @@ async function showEpisode(split, iteration, id) {
   const turns = t.turns.map(turn => el('div', {class: 'turn'},
     el('b', {text: 'turn ' + turn.index + (turn.reward === null || turn.reward === undefined ? '' : ', reward ' + turn.reward) +
       (turn.invalid_action ? ', invalid action' : '') + (turn.finish_reason === 'length' ? ', reply cut at the token limit' : '')}),
+    // the screenshots the model was shown with this turn's prompt: what it saw before it replied
+    el('div', {}, ...(turn.images || []).map(p => el('img', {src: '/files/' + p.split('/').map(encodeURIComponent).join('/'), alt: p}))),
     block('messages', turn.messages.map(m => m.role + ': ' + (typeof m.content === 'string' ? m.content : JSON.stringify(m.content))).join('\n\n')),
     block('response', turn.response), block('the environment saw (the reply after its reasoning)', turn.env_reply === '' ? '(nothing: the reasoning never ended)' : turn.env_reply),
-    block('action', turn.action), block('observation', turn.observation),
-    el('div', {}, ...(turn.images || []).map(p => el('img', {src: '/files/' + p.split('/').map(encodeURIComponent).join('/'), alt: p})))));
+    block('action', turn.action), block('observation', turn.observation)));
   fill('episode', el('h2', {text: 'Episode ' + t.episode_id}),
     el('p', {}, 'task ' + t.task_id + ' (' + (t.env || '?') + (t.family ? ', ' + t.family : '') + '), status ' + t.status +
       ', reward ' + t.reward + ', success ' + t.success + (t.error ? ', error: ' + t.error : '') +
