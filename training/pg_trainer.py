@@ -136,8 +136,7 @@ class PolicyGradientCollator:
         kept = torch.full_like(labels, IGNORE_INDEX)
         behaviour = torch.zeros(labels.shape, dtype=torch.float32)
         for row, e in enumerate(extra):
-            counts = e[POLICY_TOKENS] if isinstance(e[POLICY_TOKENS], list) else [e[POLICY_TOKENS]]
-            positions = torch.tensor(policy_positions(labels[row].tolist(), counts), dtype=torch.long)
+            positions = torch.tensor(policy_positions(labels[row].tolist(), e[POLICY_TOKENS]), dtype=torch.long)
             kept[row, positions] = labels[row, positions]
             if e[LOGPROBS]:
                 behaviour[row, positions] = torch.tensor(e[LOGPROBS], dtype=torch.float32)

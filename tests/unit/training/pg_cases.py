@@ -80,10 +80,10 @@ def collator_case() -> dict:
     features = [
         # prompt 10 11, sampled 5 6 2 (2 = <|im_end|>), then the template's 198 (not sampled: not trained)
         {"input_ids": [10, 11, 5, 6, 2, 198], "labels": [-100, -100, 5, 6, 2, 198], "pg_advantage": 0.5,
-         "pg_policy_tokens": 3, "pg_logprobs": [-0.1, -0.2, -0.3]},
+         "pg_policy_tokens": [3], "pg_logprobs": [-0.1, -0.2, -0.3]},
         # a row without sampled ids (-1: every label trains) nor log-probabilities
         {"input_ids": [12, 7, 2, 198], "labels": [-100, 7, 2, 198], "pg_advantage": -0.5,
-         "pg_policy_tokens": -1, "pg_logprobs": []},
+         "pg_policy_tokens": [-1], "pg_logprobs": []},
     ]  # fmt: skip
     batch = PolicyGradientCollator(pad)(features)
     return {key: value.tolist() for key, value in batch.items()}
