@@ -118,20 +118,17 @@ def inner(optimizer: Any) -> Any:
     return optimizer
 
 
-def gather(model: Any, optimizer: Any) -> tuple[dict[str, Any], int]:
-    """Each trained parameter's optimizer tensors by name (`<name>::<key>`, fp32 on the CPU) and the step
-    count they hold (0 before any step)."""
+def gather(model: Any, optimizer: Any) -> dict[str, Any]:
+    """Each trained parameter's optimizer tensors by name (`<name>::<key>`, fp32 on the CPU); the step count
+    saved is the callback's (the run's steps before the update plus this training's)."""
     torch_optimizer = inner(optimizer)
     tensors: dict[str, Any] = {}
-    step = 0
     for name, param in model.named_parameters():
         state = torch_optimizer.state.get(param) or {}
         for key, value in state.items():
-            if key == "step":
-                step = int(float(value))
-            elif hasattr(value, "shape") and tuple(value.shape) == tuple(param.shape):
+            if key != "step" and hasattr(value, "shape") and tuple(value.shape) == tuple(param.shape):
                 tensors[f"{name}::{key}"] = value.detach().float().cpu().contiguous()
-    return tensors, step
+    return tensors
 
 
 def restore(model: Any, optimizer: Any, folder: Path, step: int) -> int:
@@ -186,7 +183,7 @@ def zero_partitions(zero: Any) -> list[tuple[Any, dict[str, Any]]]:
     return [(flat, base.param_groups[zero.sub_group_to_group_id[i]]) for i, flat in enumerate(flats)]
 
 
-def zero_gather(model: Any, zero: Any, keep: bool) -> tuple[dict[str, Any], int]:
+def zero_gather(model: Any, zero: Any, keep: bool) -> dict[str, Any]:
     """`gather` under ZeRO: each parameter's full fp32 state, assembled from every rank's partition (a
     collective: every rank calls it, in the same order; only the one that writes `keep`s what it got)."""
     from deepspeed.utils import safe_get_full_optimizer_state
@@ -195,7 +192,6 @@ def zero_gather(model: Any, zero: Any, keep: bool) -> tuple[dict[str, Any], int]
     base = zero.optimizer
     flat = zero_partitions(zero)[0][0]
     keys = [k for k, v in base.state.get(flat, {}).items() if hasattr(v, "shape") and v.shape == flat.shape]
-    step = base.state.get(flat, {}).get("step", 0)
     tensors: dict[str, Any] = {}
     for name, param in model.named_parameters():
         shape = getattr(param, "ds_shape", param.shape)  # stage 3: the parameter's own shape, not its partition's
@@ -203,7 +199,7 @@ def zero_gather(model: Any, zero: Any, keep: bool) -> tuple[dict[str, Any], int]
             value = safe_get_full_optimizer_state(param, key) if param.requires_grad else None
             if value is not None and keep:
                 tensors[f"{name}::{key}"] = value.detach().float().cpu().contiguous().view(shape)
-    return tensors, int(float(step))
+    return tensors
 
 
 def relink(zero: Any) -> None:
@@ -299,9 +295,9 @@ def callback_class() -> type:
             zero = zero_optimizer(optimizer) if args.deepspeed else None
             moments = self.plan.moments and (zero is not None or not args.deepspeed)
             if zero is not None and moments:  # a collective: every rank gathers, rank 0 writes
-                tensors = zero_gather(model, zero, keep=state.is_world_process_zero)[0]
+                tensors = zero_gather(model, zero, keep=state.is_world_process_zero)
             elif moments and state.is_world_process_zero:  # without DeepSpeed every rank holds the same state
-                tensors = gather(model, optimizer)[0]
+                tensors = gather(model, optimizer)
             else:
                 tensors = {}
             if not state.is_world_process_zero:
