@@ -240,8 +240,11 @@ BRANCHES = {
     "rl-disagree": "RL, tasks whose samples disagree",
     "control": "control: demonstrations only",
     "mixed": "mixed: own successes + demonstrations",
+    "grpo": "grpo: policy gradient on own episodes",
 }
 RL_LABEL = "RL on own successes"
+#: arms whose lead over the control the comparison states
+ARMS_AGAINST_CONTROL = {"RL": RL_LABEL, "rl-disagree": BRANCHES["rl-disagree"], "mixed": BRANCHES["mixed"]}
 
 
 @dataclass
@@ -301,18 +304,20 @@ def comparison(seeds: list[SeedRun], bench: Bench) -> str:
         for label, row in seed.finals():
             cells = " | ".join(_rate(*pooled(row, fams)) for _, fams in groups)
             lines.append(f"| {seed.name} | {label} | {row.steps} | {cells} |")
-        control = seed.arms.get(BRANCHES["control"], [])
-        for name, label in {"RL": RL_LABEL, "rl-disagree": BRANCHES["rl-disagree"], "mixed": BRANCHES["mixed"]}.items():
+        pairs = [(name, label, "control") for name, label in ARMS_AGAINST_CONTROL.items()]
+        pairs.append(("grpo", BRANCHES["grpo"], "RL"))  # the policy gradient against rft (issue 43)
+        for name, label, against in pairs:
             rows = seed.arms.get(label, [])
-            if len(rows) > 2 and len(control) > 2:
+            other = seed.arms.get(RL_LABEL if against == "RL" else BRANCHES["control"], [])
+            if len(rows) > 2 and len(other) > 2:
                 # at the same optimizer steps: an update with too few rows trains none (run.sh skips it)
                 a = rows[-1]
-                b = next((r for r in reversed(control[2:]) if r.steps == a.steps), control[-1])
-                apart = a.interval()[0] > b.interval()[1]
+                b = next((r for r in reversed(other[2:]) if r.steps == a.steps), other[-1])
+                low, high = a.interval(), b.interval()
+                verdict = "apart" if low[0] > high[1] or high[0] > low[1] else "overlap"
                 leads.append(
-                    f"{seed.name}: {name} {100 * a.rate:.1f} % at {a.steps} steps against control "
-                    f"{100 * b.rate:.1f} % at {b.steps}: {100 * (a.rate - b.rate):+.1f} points, intervals "
-                    f"{'apart' if apart else 'overlap'}"
+                    f"{seed.name}: {name} {100 * a.rate:.1f} % at {a.steps} steps against {against} "
+                    f"{100 * b.rate:.1f} % at {b.steps}: {100 * (a.rate - b.rate):+.1f} points, intervals {verdict}"
                 )
     return "\n".join(lines) + ("\n\n" + "\n".join(leads) if leads else "") + "\n"
 

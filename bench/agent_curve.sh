@@ -4,7 +4,7 @@
 # alone for the same number of optimizer steps; held-out success per policy.
 #
 #   bash bench/agent_curve.sh --env miniwob|miniwob-open|textworld [--iterations N] [--seeds 1,2]
-#                             [--arm rl|rl-disagree|control|mixed|both] [--arm-lr LR] [--data-path DIR] [--log-path DIR]
+#                             [--arm rl|rl-disagree|control|mixed|grpo|both] [--arm-lr LR] [--data-path DIR] [--log-path DIR]
 #                             [overrides...]
 #
 # Each training seed S runs under <log>/seedS (the seed reaches the rollouts,
@@ -18,7 +18,9 @@
 #   rl-disagree (not in "both") the same on the tasks whose samples disagree only (an A/B);
 #   control  trains on as many demonstration steps (a seeded draw each iteration) and
 #            samples only a token train rollout;
-#   mixed    (not in "both") half own successes, half demonstration steps.
+#   mixed    (not in "both") half own successes, half demonstration steps;
+#   grpo     (not in "both") algorithm=grpo: a policy gradient on every episode of the tasks whose samples
+#            disagree, as many optimizer steps as the RL arm (issue 43's comparison with rft).
 # --arm-lr: the arms' learning rate (default 1e-4; the warm start keeps 1e-4). Give another
 # value its own --log-path, with each seedS/warm there a link to the first's (ln -s), so that
 # both runs' arms start from the same warm start.
@@ -65,8 +67,8 @@ agent_settings() {
   esac
 }
 
-# agent_run <log> <data> <overrides...> (the learning rate among them): run.sh --rl-phase both on <log>,
-# resuming a run already there.
+# agent_run <log> <data> <overrides...> (the learning rate and the demonstrations among them): run.sh
+# --rl-phase both on <log>, resuming a run already there.
 agent_run() {
   local log=$1 data=$2
   shift 2
@@ -76,8 +78,7 @@ agent_run() {
     "${resume[@]}" "${AGENT_ENV[@]}" env_config.max_vllm_sessions=16 "env_config.train_tasks_rollout_size=$AGENT_TASKS" \
     "env_config.n_samples_per_task=$AGENT_SAMPLES" env_config.test_greedy=true env_config.test_tasks_rollout_size=-1 \
     algorithm.warmup_steps=0 algorithm.num_train_epochs=1 \
-    algorithm.per_device_train_batch_size=2 algorithm.gradient_accumulation_steps=4 algorithm.cutoff_len=1024 \
-    "data.demonstrations=$data/demos" "$@"
+    algorithm.per_device_train_batch_size=2 algorithm.gradient_accumulation_steps=4 algorithm.cutoff_len=1024 "$@"
 }
 
 # agent_seed <log>/seed<S> <data> <S> <arm> <iterations> <arm-lr> [extra...]: the arms of one training seed.
@@ -87,6 +88,8 @@ agent_seed() {
   shift 6
   # the seed reaches the rollouts' sampling, the trainer and each arm's draw of steps
   local -a seeded=("seed=$seed" "algorithm.seed=$seed")
+  # every arm but grpo may draw demonstration steps (grpo trains sampled episodes only)
+  local -a demos=("data.demonstrations=$data/demos")
   local -a token_rollout=(env_config.train_tasks_rollout_size=2 env_config.n_samples_per_task=1)
   # every arm takes the same optimizer steps an iteration, however many rows it has (batch 2 x 4)
   local -a steps=("algorithm.max_steps=$((AGENT_STEP_ROWS / 8))")
@@ -94,13 +97,13 @@ agent_seed() {
   # (its train rollout is a token one: nothing of it is trained on)
   if [[ ! -d $run/warm/policy/v0001 ]]; then # promoted last: there, the warm start is done
     common_log "seed $seed, warm start: one update on demonstrations: $run/warm"
-    agent_run "$run/warm" "$data" --max-iterations 1 algorithm.learning_rate=1e-4 "${seeded[@]}" \
+    agent_run "$run/warm" "$data" --max-iterations 1 algorithm.learning_rate=1e-4 "${seeded[@]}" "${demos[@]}" \
       "data.demonstration_samples=$AGENT_WARM" algorithm.selection.positive_samples_to_train=0 \
       "algorithm.selection.seed=$seed" "${token_rollout[@]}" "$@"
   fi
   [[ -d $run/warm/policy/v0001 ]] || common_die 1 "the warm start promoted no policy ($run/warm/policy/v0001)"
   local warm=$run/warm/policy/v0001
-  local -a own=(data.demonstration_samples=0 "algorithm.selection.seed=$seed"
+  local -a own=("${demos[@]}" data.demonstration_samples=0 "algorithm.selection.seed=$seed"
     "algorithm.selection.positive_samples_to_train=$AGENT_STEP_ROWS")
   if [[ $arm == rl || $arm == both ]]; then
     agent_arm "$run/rl" "$data" "$warm" "$iterations" "seed $seed, RL arm: RFT on own successes from the warm start" \
@@ -112,13 +115,18 @@ agent_seed() {
   fi
   if [[ $arm == mixed ]]; then
     agent_arm "$run/mixed" "$data" "$warm" "$iterations" "seed $seed, mixed arm: own successes + demonstrations" \
-      "${lr[@]}" "${seeded[@]}" "${steps[@]}" "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
+      "${lr[@]}" "${seeded[@]}" "${steps[@]}" "${demos[@]}" "data.demonstration_samples=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.positive_samples_to_train=$((AGENT_STEP_ROWS / 2))" \
       "algorithm.selection.seed=$((seed + 2000))" "$@"
   fi
+  if [[ $arm == grpo ]]; then
+    # the same rollouts and optimizer steps as the RL arm; the steps' rows are a seeded draw of the kept episodes
+    agent_arm "$run/grpo" "$data" "$warm" "$iterations" "seed $seed, grpo arm: policy gradient on own episodes" \
+      algorithm=grpo "${lr[@]}" "${seeded[@]}" "${steps[@]}" "algorithm.selection.seed=$seed" "$@"
+  fi
   if [[ $arm == control || $arm == both ]]; then
     agent_arm "$run/control" "$data" "$warm" "$iterations" "seed $seed, control arm: demonstrations alone from the warm start" \
-      "${lr[@]}" "${seeded[@]}" "${steps[@]}" "data.demonstration_samples=$AGENT_STEP_ROWS" \
+      "${lr[@]}" "${seeded[@]}" "${steps[@]}" "${demos[@]}" "data.demonstration_samples=$AGENT_STEP_ROWS" \
       algorithm.selection.positive_samples_to_train=0 \
       "algorithm.selection.seed=$((seed + 1000))" "${token_rollout[@]}" "$@"
   fi
@@ -168,8 +176,8 @@ main() {
   done
   [[ -n $env ]] || common_die 2 "--env is required: miniwob, miniwob-open or textworld"
   [[ $iterations =~ ^[1-9][0-9]*$ ]] || common_die 2 "--iterations must be a positive integer (got '$iterations')"
-  [[ $arm =~ ^(rl|rl-disagree|control|mixed|both)$ ]] ||
-    common_die 2 "--arm must be rl, rl-disagree, control, mixed or both (got '$arm')"
+  [[ $arm =~ ^(rl|rl-disagree|control|mixed|grpo|both)$ ]] ||
+    common_die 2 "--arm must be rl, rl-disagree, control, mixed, grpo or both (got '$arm')"
   # a decimal or an exponent form, and not zero
   [[ $arm_lr =~ ^[0-9]*\.?[0-9]+([eE]-?[0-9]+)?$ && ! $arm_lr =~ ^[0.]*([eE].*)?$ ]] ||
     common_die 2 "--arm-lr must be a positive learning rate, e.g. 3e-5 (got '$arm_lr')"

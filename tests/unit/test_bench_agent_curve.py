@@ -162,6 +162,28 @@ def test_an_arm_that_trained_fewer_steps_is_compared_with_the_control_at_its_ste
     assert "seed1: RL 100.0 % at 14 steps against control 0.0 % at 14: +100.0 points, intervals overlap" in text
 
 
+def test_the_grpo_arm_is_compared_with_the_rl_arm_at_its_steps_and_a_deficit_can_be_apart(tmp_path: Path) -> None:
+    """Issue 43's comparison: grpo against rft (the RL arm) from one warm start, with no control run."""
+    run = tmp_path / "seed1"
+    _log(run / "warm", [{"iteration": 1, "eval_success_rate": 0.0, "training_steps": 8}], {1: []})
+    pages = [f"mw-heldA-click-link-{i:04d}" for i in range(20)]
+    for arm, ok in (("rl", True), ("grpo", False)):
+        _log(
+            run / arm,
+            [
+                {"iteration": 1, "served_version": None, "eval_success_rate": 0.0, "training_steps": 4},
+                {"iteration": 2, "served_version": 1, "eval_success_rate": float(ok)},
+            ],
+            {1: [(p, False) for p in pages], 2: [(p, ok) for p in pages]},
+        )
+    text = report([run], BENCHES["miniwob-open"], tmp_path / "c.png", "t")
+    assert "grpo arm (" in text and "| grpo v1 | 12 | **0.0 %** (0-16) | 0/20 | - |" in text
+    assert "| seed1 | grpo: policy gradient on own episodes | 12 | **0.0 %** (0-16), 0/20 |" in text
+    # 0/20 against 20/20: the intervals (0-16 and 84-100) do not meet, whichever arm leads
+    assert "seed1: grpo 0.0 % at 12 steps against RL 100.0 % at 12: -100.0 points, intervals apart" in text
+    assert "against control" not in text
+
+
 def test_an_arms_trained_iterations_count_the_train_rollouts_not_the_final_evaluation(tmp_path: Path) -> None:
     """bench/agent_curve.sh runs an arm for --iterations minus these: a rerun continues, never repeats."""
     assert trained_iterations(tmp_path / "none") == 0
