@@ -89,7 +89,9 @@ class Run:
     pin_version: str = ""
     served_version: str | None = None
     serve_how: str = ""
+    #: updates failed in a row, and the iteration of the last that failed
     failures: int = 0
+    failed_iteration: int = 0
     done: int = 0
     final_done: bool = False
     #: where the run is (for the failure flag a node leaves on its way out)

@@ -32,6 +32,7 @@ def steps(run: Run) -> None:
         number += 1
         step = next_step(run, number)
         if step is None:
+            last_update_failed(run)
             return
         if step.skip:
             continue
@@ -40,6 +41,22 @@ def steps(run: Run) -> None:
             run.done += 1
             continue
         one_step(run, step)
+
+
+def last_update_failed(run: Run) -> None:
+    """A run that did all it planned but whose last update failed ends with exit 1, never 0: the policy it
+    leaves is not the one it was asked to train (the master counts the failures; a worker's is 0)."""
+    if not run.failures:
+        return
+    n = run.failed_iteration
+    version = run.policy_version()
+    logfile = run.layout.phase_log(run.rank, n, "update")
+    raise Die(
+        1,
+        f"the run ended with its last update failed (iteration {n}: see {logfile}); "
+        f"policy/current is unchanged ({'v' + version if version else 'the base model'}); the rollouts are kept "
+        f"({run.layout.trajectories('train')})",
+    )
 
 
 def one_step(run: Run, step: Step) -> None:

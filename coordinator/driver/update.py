@@ -203,6 +203,7 @@ def update(run: Run, iteration: int, resume: bool) -> None:
         warn(f"iteration {iteration}: too few usable samples to train on (see {logfile}); keeping the served policy")
     else:
         run.failures += 1
+        run.failed_iteration = iteration
         outcome = f"failed (exit {code})"
         warn(f"iteration {iteration}: update failed ({run.failures} in a row); keeping the served policy")
         if run.failures >= run.args.max_failures:

@@ -20,7 +20,7 @@ run_bad() {
 
 @test "--help names every flag and exits 0" {
   run -0 bash "$ROOT/bench/agent_curve.sh" --help
-  [[ $output == *"--arm rl|rl-disagree|control|mixed|both"* && $output == *"--arm-lr LR"* ]]
+  [[ $output == *"--arm rl|rl-disagree|control|mixed|grpo|both"* && $output == *"--arm-lr LR"* ]]
   [[ $output == *"--arm-lr: the arms' learning rate (default 1e-4; the warm start keeps 1e-4)"* ]]
 }
 
@@ -28,7 +28,7 @@ run_bad() {
   run_bad "--env is required: miniwob, miniwob-open or textworld"
   run_bad "--env must be miniwob, miniwob-open or textworld (got 'webarena')" --env webarena
   run_bad "--iterations must be a positive integer (got '0')" --env miniwob-open --iterations 0
-  run_bad "--arm must be rl, rl-disagree, control, mixed or both (got 'ppo')" --env miniwob-open --arm ppo
+  run_bad "--arm must be rl, rl-disagree, control, mixed, grpo or both (got 'ppo')" --env miniwob-open --arm ppo
   run_bad "--arm-lr must be a positive learning rate, e.g. 3e-5 (got 'fast')" --env miniwob-open --arm-lr fast
   run_bad "--arm-lr must be a positive learning rate, e.g. 3e-5 (got '0')" --env miniwob-open --arm-lr 0
   run_bad "--seeds must be training seeds separated by commas, e.g. 1,2 (got '1;2')" --env miniwob-open --seeds '1;2'

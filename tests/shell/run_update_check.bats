@@ -72,13 +72,27 @@ line_of() {
   [ "${#kept[@]}" -eq 1 ] && [[ $dry == *"log: ${kept[0]})"* ]]
 }
 
-@test "an accepted update config lets the run go on to its first rollout" {
+@test "an accepted update config lets the run go on to its first rollout; a run whose last update failed exits 1" {
   # (the fake vLLM answers the fake tasks; the fake training fails with exit 1: a failure a retry may mend)
-  run -0 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+  run -1 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
     --rl-phase both --eval-interval 1 --max-iterations 1
   (($(line_of "update-check: the update configuration is accepted") < $(line_of "rollout-train: started")))
   [[ $stderr == *"iteration 1: update failed (1 in a row); keeping the served policy"* ]]
+  # the run did everything it planned but its last update failed: never exit 0 for a policy that was not trained
+  [[ $stderr == *"[baton] error: the run ended with its last update failed (iteration 1: see $LOG/run/rank_0/logs/iter_0001.update.log); policy/current is unchanged (the base model)"* ]]
+  [[ $stderr != *"run finished"* ]]
+  [ -s "$LOG/trajectories/train/iter_0001/rank_0.jsonl" ] # the rollout is kept
   run ! kill -0 "$(cat "$VLLM_PID_FILE")"
+}
+
+@test "--rl-phase update: a run whose only update failed exits 1 naming it; the train rollout stays to train on" {
+  mkdir -p "$LOG/run/state/iter_0001"
+  date +%s >"$LOG/run/state/iter_0001/train_rollout.done" # a train rollout to train on (runstate.mark)
+  run -1 --separate-stderr bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" \
+    --rl-phase update --max-iterations 1 --wait-timeout 0
+  [[ $stderr == *"iteration 1: update failed (1 in a row)"* ]]
+  [[ $stderr == *"[baton] error: the run ended with its last update failed (iteration 1: see "*"iter_0001.update.log); policy/current is unchanged (the base model)"* ]]
+  [ "$(cat "$LOG/run/state/iter_0001/update.done")" = "failed (exit 1)" ]
 }
 
 @test "--rl-phase update: a rejection exits 2 before the wait for a train rollout; an accepted config waits" {
