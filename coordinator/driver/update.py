@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import re
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from coordinator.driver import procs
 from coordinator.driver.context import Run
 from coordinator.driver.nodes import Synced
 from coordinator.driver.phase import mark, run_group, tail, timed, watch_start, watch_stop
+from coordinator.driver.ports import free_port
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.trainer import WarmTrainer, kill_listed, nproc_of
@@ -24,13 +24,6 @@ from rollout_engine.defaults import CHECK_TIMEOUT_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.metrics_log import load_metrics
 from training.warm import Placement
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface (29500 may be another job's)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def update_cmd(run: Run, iteration: int, phase: str, *extra: str) -> list[str]:

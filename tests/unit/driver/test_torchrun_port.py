@@ -1,4 +1,4 @@
-"""The master's torchrun port (coordinator/driver/nodes.py free_port): outside the kernel's ephemeral range.
+"""The master's torchrun port (coordinator/driver/ports.py free_port): outside the kernel's ephemeral range.
 
 Issue 24's soak, round 7 (docs/reliability.md, "Several nodes"): the master picked port 41733 at its start (a
 port of the ephemeral range, 32768-60999 there) and its training of iteration 9 could not listen on it
@@ -15,15 +15,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from coordinator.driver import nodes
-from coordinator.driver.nodes import bindable, ephemeral_range, free_port
+from coordinator.driver import ports
+from coordinator.driver.ports import bindable, ephemeral_range, free_port
 
 
 def test_the_torchrun_port_is_outside_the_ephemeral_range_and_free() -> None:
     low, high = ephemeral_range()
     for _ in range(20):
         port = free_port()
-        assert not low <= port <= high and 1024 <= port <= 65535 and port not in nodes.TORCH_PORTS
+        assert not low <= port <= high and 1024 <= port <= 65535 and port not in ports.TORCH_PORTS
         assert bindable(port)
 
 
@@ -59,7 +59,7 @@ def test_a_port_in_time_wait_is_not_bindable_and_never_the_torchrun_port(
 
 
 def test_without_room_outside_the_range_any_free_port(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nodes, "ephemeral_range", lambda: (1024, 65535))
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, 65535))
     assert 1024 <= free_port() <= 65535
 
 
