@@ -45,6 +45,16 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI job's timeout, a `kill`) ends the session as Ctrl+C does: pytest then tears the fixtures
+    down, so the servers they started (the session's vLLM) stop with the session instead of outliving it."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def pytest_deselected(items: list[pytest.Item]) -> None:
     """List the deselected tests for scripts/test.sh's tally (JUnit XML has no place for them): one
     `gpu|long|other <node id>` line each, appended to $BATON_TEST_REPORTS/pytest.deselected when that is set."""

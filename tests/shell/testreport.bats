@@ -125,3 +125,44 @@ fake_nvidia_smi() {
   BATON_TEST_LONG=1 run -0 testreport_pytest_filter
   [ -z "$output" ]
 }
+
+@test "real pytest: SIGTERM ends the session as Ctrl+C does, tearing down the servers its fixtures started" {
+  mkdir -p "$BATS_TEST_TMPDIR/t"
+  local pidfile=$BATS_TEST_TMPDIR/server.pid
+  # a session fixture starting a "server" in a group of its own (as the session's vLLM), then a long test
+  cat >"$BATS_TEST_TMPDIR/t/test_term.py" <<PY
+import os, signal, subprocess, time
+import pytest
+
+
+@pytest.fixture(scope="session")
+def server():
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    open("$pidfile", "w").write(str(proc.pid))
+    yield proc
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait()
+
+
+def test_long(server):
+    time.sleep(300)
+PY
+  cd "$ROOT"
+  "$BATON_APP_PY" -m pytest -c pyproject.toml -p tests.conftest -p no:cacheprovider "$BATS_TEST_TMPDIR/t/test_term.py" \
+    >"$BATS_TEST_TMPDIR/out" 2>&1 &
+  local pytest_pid=$! waited=0
+  until [[ -s $pidfile ]]; do
+    ((waited++ < 300)) || { cat "$BATS_TEST_TMPDIR/out"; false; }
+    sleep 0.1
+  done
+  local server
+  server=$(cat "$pidfile")
+  kill -0 "$server"
+  kill -TERM "$pytest_pid"
+  local rc=0 alive=0
+  wait "$pytest_pid" || rc=$?
+  ! kill -0 "$server" 2>/dev/null || alive=1
+  kill "$server" 2>/dev/null || true # the test leaves nothing behind, whatever its outcome
+  # the fixture's teardown stopped its server: nothing outlives the session, which ends "interrupted" (2)
+  [ "$alive" -eq 0 ] && [ "$rc" -eq 2 ] || { cat "$BATS_TEST_TMPDIR/out"; false; }
+}
