@@ -20,7 +20,9 @@ the phase the cluster was in throughout it, from what the nodes leave in the bri
 client): `start` (no rank's rollout engine is running yet, or some are: start-up, join, the start's filesystem
 check), `rollout` (every rank's engine runs), `arrivals` (some ranks have finished their share, sealed it and
 wait at the barrier, more than one still rolls out), `barrier` (every rank but the slow node waits: held, then
-finishing its share), `end` (every engine done: the master merges, the nodes stop);
+finishing its share), `update` (with `--both`: from the master's mark of the finished train rollout to its
+mark of the update: the evaluation's 4 tasks, the dataset, one optimizer step trained across the nodes by torchrun,
+the promotion), `end` (every engine done: the master merges, the nodes stop);
 an interval that straddles two phases is left out of the per-phase figures. A per-second figure is the sum of
 the phase's intervals' operations over their length. With `--strace`, `strace -f` of the processes run.sh started
 on the master and on a waiting worker, during the hold, counts their own calls on the shared path (what
@@ -51,7 +53,7 @@ from bench.server import add_server_args, free_port, serve
 from bench.sharedfs import SharedFs, shared_fs
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("start", "rollout", "arrivals", "barrier", "end")
+PHASES = ("start", "rollout", "arrivals", "barrier", "update", "end")
 #: the metadata operations that make or move a name (Lustre's costly ones)
 CHANGES = ("CREATE", "MKNOD", "RENAME", "MKDIR", "SYMLINK", "LINK")
 #: a table row of `gluster volume profile ... info`: %-latency, avg, min, max (each "<n> ns"), calls, FOP
@@ -123,6 +125,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-sim", action="store_true", help="skip bench/fs_load.py's simulated count")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--keep", type=Path, default=None, help="keep each run's node outputs under this folder")
+    parser.add_argument(
+        "--both",
+        action="store_true",
+        help="--rl-phase both: after the rollout, an update of one optimizer step across the nodes (phase `update`)",
+    )
     add_server_args(parser)
     return parser.parse_args(argv)
 
@@ -222,7 +229,13 @@ def start_nodes(n: int, args: argparse.Namespace, fs: SharedFs, url: str, output
     log = fs.path / "exp"
     weights = ",".join(["1"] * (n - 1) + ["2"])
     common = ["--data-path", str(args.data_path.resolve()), "--log-path", str(log), "--num-nodes", str(n)]
-    common += ["--rank-weights", weights, "--rl-phase", "rollout", "--rollout-split", "train-only"]
+    common += ["--rank-weights", weights]
+    if args.both:  # then a held-out rollout of 4 tasks and one optimizer step on every node's share
+        common += ["--rl-phase", "both", "--eval-interval", "1", "env_config.test_tasks_rollout_size=4"]
+        common += ["algorithm.max_steps=1", "algorithm.per_device_train_batch_size=1"]
+        common += ["algorithm.gradient_accumulation_steps=1", "algorithm.learning_rate=1e-5"]
+    else:
+        common += ["--rl-phase", "rollout", "--rollout-split", "train-only"]
     common += ["--max-iterations", "1", "--debug-mode", f"policy_config.base_url={url}"]
     common += [f"policy_config.model={args.model}", f"policy_config.max_new_tokens={args.max_new_tokens}"]
     common += ["env_config.max_vllm_sessions=8", "env_config.live_view=plain"]
@@ -250,8 +263,16 @@ def engine_pgid(seen: Path, rank: int) -> int | None:
     return int(words[0]) if words else None
 
 
-def observe(nodes: list[Node], seen: Path) -> str:
-    """Each node's state from the brick, and the cluster's phase."""
+def marked(seen: Path, phase: str) -> str | None:
+    """What the master's marker of iteration 1's `phase` says (runstate.mark); None before it is there."""
+    try:
+        return (seen / "run" / "state" / "iter_0001" / f"{phase}.done").read_text().strip()
+    except OSError:
+        return None
+
+
+def observe(nodes: list[Node], seen: Path, both: bool = False) -> str:
+    """Each node's state from the brick, and the cluster's phase (`update` only in a run with --both)."""
     for node in nodes:
         if node.proc.poll() is not None:
             node.state = "exited"
@@ -267,6 +288,8 @@ def observe(nodes: list[Node], seen: Path) -> str:
     if "rollout" in states:
         waiting = sum(node.state == "barrier" for node in nodes)
         return "barrier" if waiting == len(nodes) - 1 else "arrivals"
+    if both and marked(seen, "train_rollout") is not None and marked(seen, "update") is None:
+        return "update"
     return "end"
 
 
@@ -332,7 +355,7 @@ def run_once(n: int, args: argparse.Namespace, url: str, tmp: Path) -> tuple[lis
                     )
                 phases, waiting = set(), 0
                 while time.monotonic() - last < args.interval:
-                    phases.add(observe(nodes, seen))
+                    phases.add(observe(nodes, seen, args.both))
                     waiting = max(waiting, sum(node.state == "barrier" for node in nodes))
                     holder.tick(nodes)
                     if holder.since is not None and held_at is None:
@@ -376,12 +399,14 @@ def run_once(n: int, args: argparse.Namespace, url: str, tmp: Path) -> tuple[lis
         episodes = sum(
             len(path.read_text().splitlines()) for path in seen.glob("trajectories/train/iter_0001/rank_*.jsonl")
         )
+        update = marked(seen, "update")
     traced = {trace.node.rank: {"seconds": trace.seconds, "calls": trace.counts()} for trace in traces if trace.seconds}
     return intervals, {
         "held_at_s": held_at,
         "episodes": episodes,
         "took_s": time.monotonic() - began,
         "traced": traced,
+        "update": update,
     }
 
 
@@ -445,7 +470,8 @@ def report(results: dict[int, dict], args: argparse.Namespace) -> None:
         for phase, row in got["phases"].items():
             clients = row["client_ops_s"]
             workers = sum(clients[1:]) / max(1, n - 1)
-            sim = got.get("simulated", {}).get({"barrier": "barrier", "rollout": "rollout"}.get(phase, ""), None)
+            sim_phase = {"barrier": "barrier", "rollout": "rollout", "update": "training"}.get(phase, "")
+            sim = got.get("simulated", {}).get(sim_phase, None)
             if sim:
                 (mc, mx), (wc, wx) = sim["master"], sim["worker"]
                 simulated_cells = f"{mc:.1f} | {wc:.2f} | {mc + (n - 1) * wc:.0f} | {mx + (n - 1) * wx:.1f}"
@@ -465,7 +491,8 @@ def report(results: dict[int, dict], args: argparse.Namespace) -> None:
     for n, got in results.items():
         info = got["info"]
         held = "not held (it finished first)" if info["held_at_s"] is None else f"held at {info['held_at_s']:.0f} s"
-        print(f"- N={n}: {info['episodes']} episodes, {info['took_s']:.0f} s in all, the slow node {held}")
+        update = f"; the update: {info['update']}" if info.get("update") else ""
+        print(f"- N={n}: {info['episodes']} episodes, {info['took_s']:.0f} s in all, the slow node {held}{update}")
         for failure in info.get("failed_runs", []):
             print(f"  - N={n}: a run before this one failed, run again: {failure.splitlines()[0]}")
     print("\nOne node's own calls on the shared path at the barrier (strace -f of its processes, the slow node held):")

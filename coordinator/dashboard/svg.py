@@ -76,10 +76,11 @@ class _Frame:
 
     def axes(self, x_label: str) -> list[str]:
         parts = []
-        for y in ticks(self.y0, self.y1):
+        marks = ticks(self.y0, self.y1)
+        for y, label in zip(marks, tick_labels(marks), strict=True):
             py = self.py(y)
             parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{py:.1f}" y2="{py:.1f}" class="grid"/>')
-            parts.append(f'<text x="{LEFT - 4}" y="{py + 4:.1f}" text-anchor="end">{number(y)}</text>')
+            parts.append(f'<text x="{LEFT - 4}" y="{py + 4:.1f}" text-anchor="end">{label}</text>')
         for x in ticks(self.x0, self.x1, integer=True):
             px = self.px(x)
             parts.append(f'<text x="{px:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle">{number(x)}</text>')
@@ -121,6 +122,17 @@ def ticks(low: float, high: float, integer: bool = False, count: int = 5) -> lis
         step = max(1.0, round(step))
     first = math.ceil(low / step) * step
     return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
+
+
+def tick_labels(values: list[float]) -> list[str]:
+    """One label a tick, with as many decimals as their step needs (2.415, 2.420, 2.425: `number`'s three
+    significant digits would make all three 2.42)."""
+    if len(values) < 2 or max(abs(v) for v in values) >= 10000:
+        return [number(v) for v in values]
+    step = abs(values[1] - values[0])
+    exponent = math.floor(math.log10(step))
+    decimals = max(0, -exponent + (0 if round(step / 10**exponent, 6).is_integer() else 1))
+    return [f"{v:.{decimals}f}" for v in values]
 
 
 def number(value: float) -> str:

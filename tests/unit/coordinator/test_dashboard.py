@@ -266,6 +266,16 @@ def test_ticks_and_a_chart_with_one_point() -> None:
     assert "t &lt;x&gt;" in svg and "a&amp;b" in svg and "<circle" in svg
 
 
+def test_axis_labels_tell_close_ticks_apart() -> None:
+    """Losses that differ in the third decimal: every y tick its own label, as many decimals as the step needs."""
+    svg = Chart("loss", [Series("train", [(1, 2.4151), (2, 2.4249)])]).svg()
+    labels = re.findall(r'text-anchor="end">([^<]*)</text>', svg)
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+    assert labels == ["2.415", "2.420", "2.425"]
+    plain = Chart("success", [Series("train", [(1, 10.0), (2, 90.0)])], y_min=0, y_max=100).svg()
+    assert re.findall(r'text-anchor="end">([^<]*)</text>', plain) == ["0", "25", "50", "75", "100"]
+
+
 def test_the_run_shows_what_a_marker_says_not_the_time_it_was_written(tmp_path: Path) -> None:
     from coordinator.dashboard.state import markers
 
