@@ -32,6 +32,7 @@ from coordinator.summary import iteration_records
 from rollout_engine.files import save_jsonl
 from rollout_engine.history import load_trajectories
 from rollout_engine.layout import Layout
+from rollout_engine.metrics_log import load_metrics
 
 #: MiniWoB++ families the page solvers cover and a 135M model can read in 5 steps
 MINIWOB_FAMILIES = ("click-test", "click-button", "click-tab", "focus-text", "enter-text", "login-user")
@@ -189,10 +190,13 @@ def held_out_counts(
 
 
 def evaluations(log_path: Path, arm: str, start_steps: int, start_label: str) -> list[Evaluation]:
-    """Every held-out evaluation of one arm, in order; `start_steps` = optimizer steps behind its base."""
+    """Every held-out evaluation of one arm, in order; `start_steps` = optimizer steps behind its base. The
+    held-out rollout of an iteration that has not finished (an arm still running, or stopped) counts once it
+    is complete: its policy is the last one promoted, the steps all of them."""
     out = []
     steps = start_steps
-    for record in iteration_records(log_path):
+    records = iteration_records(log_path)
+    for record in records:
         if record.get("eval_success_rate") is not None:
             served = record.get("served_version")
             label = start_label if served is None else f"{arm} v{served}"
@@ -200,6 +204,16 @@ def evaluations(log_path: Path, arm: str, start_steps: int, start_label: str) ->
             invalid = record.get("eval_invalid_action_rate")
             out.append(Evaluation(label, arm, steps, successes, counts, invalid, families))
         steps += int(record.get("training_steps") or 0)
+    finished = {record["iteration"] for record in records}
+    rollouts = [r for r in load_metrics(log_path) if r.get("kind") == "rollout" and r.get("split") == "test"]
+    for rollout in rollouts:
+        if rollout["iteration"] in finished or not rollout.get("complete"):
+            continue
+        version = rollout.get("policy_version")
+        label = start_label if not version else f"{arm} v{version}"
+        successes, counts, families = held_out_counts(log_path, rollout["iteration"])
+        out.append(Evaluation(label, arm, steps, successes, counts, rollout.get("invalid_action_rate"), families))
+        finished.add(rollout["iteration"])
     return out
 
 

@@ -77,6 +77,40 @@ def test_evaluations_count_steps_before_each_policy_and_split_the_held_out_sets(
     assert rows[1].rate == pytest.approx(2 / 3)
 
 
+def test_a_finished_held_out_rollout_of_an_unfinished_iteration_is_an_evaluation_of_the_last_policy(
+    tmp_path: Path,
+) -> None:
+    """An arm stopped (or still running) after its iteration's held-out rollout: that evaluation of the policy
+    it served counts, with every optimizer step before it; an unfinished held-out rollout does not."""
+    log = _log(
+        tmp_path / "grpo",
+        [
+            {"iteration": 1, "served_version": None, "eval_success_rate": 0.5, "training_steps": 4},
+            {"iteration": 2, "served_version": 1, "eval_success_rate": 0.5, "training_steps": 4},
+        ],
+        {
+            1: [("mw-heldA-x-0000", True), ("mw-heldA-x-0001", False)],
+            2: [("mw-heldA-x-0000", True), ("mw-heldA-x-0001", False)],
+            3: [("mw-heldA-x-0000", True), ("mw-heldA-x-0001", True)],
+        },
+    )
+    sealed = {"kind": "rollout", "split": "test", "iteration": 3, "complete": True, "policy_version": 2}
+    with (log / "metrics.jsonl").open("a") as out:
+        out.write(json.dumps({"kind": "rollout", "split": "train", "iteration": 3, "complete": True}) + "\n")
+        out.write(json.dumps({**sealed, "invalid_action_rate": 0.25}) + "\n")
+    rows = evaluations(log, "grpo", 8, "warm start")
+    assert [(r.label, r.steps, r.successes["A"], r.episodes["A"]) for r in rows] == [
+        ("warm start", 8, 1, 2),
+        ("grpo v1", 12, 1, 2),
+        ("grpo v2", 16, 2, 2),
+    ]
+    assert rows[-1].invalid == 0.25
+    # the same rollout still running: no evaluation yet
+    text = (log / "metrics.jsonl").read_text().replace('"complete": true, "policy_version": 2', '"complete": false')
+    (log / "metrics.jsonl").write_text(text)
+    assert [r.label for r in evaluations(log, "grpo", 8, "warm start")] == ["warm start", "grpo v1"]
+
+
 def test_open_bench_demonstrates_three_families_and_holds_out_every_family() -> None:
     train, held = build_split_tasks("miniwob-open")
     bench = BENCHES["miniwob-open"]
