@@ -318,11 +318,11 @@ def comparison(seeds: list[SeedRun], bench: Bench) -> str:
         for label, row in seed.finals():
             cells = " | ".join(_rate(*pooled(row, fams)) for _, fams in groups)
             lines.append(f"| {seed.name} | {label} | {row.steps} | {cells} |")
-        pairs = [(name, label, "control") for name, label in ARMS_AGAINST_CONTROL.items()]
-        pairs.append(("grpo", BRANCHES["grpo"], "RL"))  # the policy gradient against rft (issue 43)
-        for name, label, against in pairs:
+        pairs = [(name, label, "control", BRANCHES["control"]) for name, label in ARMS_AGAINST_CONTROL.items()]
+        pairs.append(("grpo", BRANCHES["grpo"], "RL", RL_LABEL))  # the policy gradient against rft (issue 43)
+        for name, label, against, against_label in pairs:
             rows = seed.arms.get(label, [])
-            other = seed.arms.get(RL_LABEL if against == "RL" else BRANCHES["control"], [])
+            other = seed.arms.get(against_label, [])
             if len(rows) > 2 and len(other) > 2:
                 # at the same optimizer steps: an update with too few rows trains none (run.sh skips it)
                 a = rows[-1]

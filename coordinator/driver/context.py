@@ -89,8 +89,9 @@ class Run:
     pin_version: str = ""
     served_version: str | None = None
     serve_how: str = ""
-    #: updates failed in a row, and the iteration of the last that failed
+    #: updates failed in a row (toward --max-update-failures)
     failures: int = 0
+    #: the last update's iteration when it failed; 0 when it promoted or was skipped (the run's exit reads it)
     failed_iteration: int = 0
     done: int = 0
     final_done: bool = False

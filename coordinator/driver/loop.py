@@ -46,9 +46,9 @@ def steps(run: Run) -> None:
 def last_update_failed(run: Run) -> None:
     """A run that did all it planned but whose last update failed ends with exit 1, never 0: the policy it
     leaves is not the one it was asked to train (the master counts the failures; a worker's is 0)."""
-    if not run.failures:
-        return
     n = run.failed_iteration
+    if not n:
+        return
     version = run.policy_version()
     logfile = run.layout.phase_log(run.rank, n, "update")
     raise Die(

@@ -1,4 +1,5 @@
-"""The master's torchrun port: a free one outside the kernel's ephemeral range, chosen once at the start of a run.
+"""The torchrun master's port: a free one outside the kernel's ephemeral range (a multi-node run's master chooses
+it once at its start, a single node at each update).
 
 free_port(avoid={vllm_port})   # -> e.g. 22714
 """

@@ -180,6 +180,7 @@ def update(run: Run, iteration: int, resume: bool) -> None:
         warn("could not wake vLLM up")
     if not run.node.is_master:
         return
+    run.failed_iteration = 0
     if code == 0:
         run.failures = 0
         outcome = f"promoted v{run.policy_version()}"

@@ -196,6 +196,13 @@ def test_exit_3_too_little_to_train_on_keeps_the_policy_and_is_no_failure(one_up
     update(one_update.run, 1, False)
     assert one_update.run.failures == 0
     assert one_update.marker(1) == "skipped: too little to train on"
+    # the run's exit reads the last update only: a failure, then a skip, ends the run as the skip does
+    one_update.exits(1)
+    update(one_update.run, 2, False)
+    assert (one_update.run.failures, one_update.run.failed_iteration) == (1, 2)
+    one_update.exits(3)
+    update(one_update.run, 3, False)
+    assert (one_update.run.failures, one_update.run.failed_iteration) == (1, 0)
 
 
 def test_resume_after_a_training_that_finished_unpromoted_runs_phase_promote_only(one_update: Update) -> None:
