@@ -10,7 +10,8 @@
 One trainer per run and node, as the tracked group `trainer`, started at the first update and kept
 until the run ends. An update it cannot take (it did not start within TRAINER_START_S) runs in fresh
 processes, and so do the rest of the run's updates; an update it died in fails (the served policy
-stays), and the next update starts a new one. BATON_WARM_TRAINER=0 runs every update fresh.
+stays), and the next update starts a new one, as does an update after the training code or configs
+changed (`code_digest`: the trainer imported them when it started). BATON_WARM_TRAINER=0 runs every update fresh.
 
 On several nodes every node's trainer is one torchrun node of a single process group, so they start
 and end together: the master's plan of each update names the generation to train in, a new one
@@ -20,6 +21,7 @@ starts its part of a new generation, and an update that failed anywhere ends eve
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import time
@@ -37,6 +39,21 @@ from training import sigkill
 from training.warm import FRESH, Placement
 
 GROUP = "trainer"
+
+#: the checkout's folders a trainer imports or reads its recipes from: a change there after the warm trainer
+#: started is not in its processes
+CODE_DIRS = ("training", "configs", "rollout_engine")
+
+
+def code_digest(root: str | Path) -> str:
+    """A hash of the training code and configs under the checkout `root` (each .py and .yaml file's path and
+    bytes): what a warm trainer started with, and what the update-check's verdict depends on."""
+    digest = hashlib.sha256()
+    files = sorted(p for d in CODE_DIRS for p in Path(root, d).rglob("*") if p.suffix in (".py", ".yaml"))
+    for path in files:
+        if path.is_file():
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 #: seconds past a job's launch.timeout_s (counted from when the driver saw it start) before the driver stops a
@@ -84,6 +101,8 @@ class WarmTrainer:
         self.given_up = False
         #: start() waits for the workers; stop() during that wait (from a watch) interrupted it
         self.starting = self.interrupted = False
+        #: code_digest of the checkout when the running trainer started
+        self.code = ""
 
     def group_code(self) -> int | None:
         """The trainer group's exit code once it ended (0 when none was started)."""
@@ -99,6 +118,16 @@ class WarmTrainer:
         """It runs and its workers are ready for jobs."""
         return self.alive() and self.nproc > 0
 
+    def serves(self, placement: Placement) -> bool:
+        """It runs at `placement` with the checkout's training code and configs as they are now (else the next
+        update starts a new trainer: an edit since it started would not be in its processes)."""
+        if not self.running() or self.placement != placement:
+            return False
+        if code_digest(self.run.root) != self.code:
+            log("warm trainer: the training code or configs changed since it started; starting a new one")
+            return False
+        return True
+
     def start(self, placement: Placement, fallback: str) -> bool:
         """Start the trainer at `placement` and wait until its workers are up (on several nodes: every node's);
         False (stopped, and given up: `fallback` says what happens instead) when they are not."""
@@ -110,6 +139,7 @@ class WarmTrainer:
             stale.unlink(missing_ok=True)
         cmd = [self.run.pythons.train, "-m", "training.warm", "--dir", str(self.dir), "--log", str(self.log)]
         cmd += placement.args()
+        self.code = code_digest(self.run.root)
         began = time.monotonic()
         where = f", node {placement.node_rank} of {placement.nnodes}" if placement.nnodes > 1 else ""
         log(f"warm trainer: starting{where} (log: {self.log})")
@@ -142,8 +172,7 @@ class WarmTrainer:
         placement = Placement(nproc_of(argv) or gpu_count() or 1)
         if self.given_up:
             return None
-        ready = self.running() and self.placement == placement
-        if not ready and not self.start(placement, "this run's updates run in fresh processes"):
+        if not self.serves(placement) and not self.start(placement, "this run's updates run in fresh processes"):
             return None
         code = self.job(argv, logfile)
         if code == FRESH:  # launch.nproc_per_node / launch.nnodes the trainer was not started with
@@ -155,11 +184,11 @@ class WarmTrainer:
 
     def plan(self, placement: Placement) -> tuple[int, bool] | None:
         """Several nodes, the master (at `placement`): the generation of trainers this update trains in, and
-        whether it is a new one (its own trainer is not running, or the training's nodes changed); None: fresh
+        whether it is a new one (its own trainer is not running, the training's nodes or the code changed); None: fresh
         processes (BATON_WARM_TRAINER=0, or a trainer that could not start)."""
         if not WARM_TRAINER.value() or self.given_up:
             return None
-        if self.running() and self.placement == placement:
+        if self.serves(placement):
             return self.gen, False
         return self.gen + 1, True
 

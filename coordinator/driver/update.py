@@ -18,7 +18,7 @@ from coordinator.driver.phase import mark, run_group, tail, timed, watch_start, 
 from coordinator.driver.ports import free_port
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
-from coordinator.driver.trainer import WarmTrainer, kill_listed, nproc_of
+from coordinator.driver.trainer import WarmTrainer, code_digest, kill_listed, nproc_of
 from coordinator.driver.vllm_settings import device, gpu_count
 from rollout_engine.defaults import CHECK_TIMEOUT_S, WARM_TRAINER
 from rollout_engine.exits import Exit
@@ -66,10 +66,7 @@ def check_key(run: Run, cmd: list[str]) -> str:
             digest.update(part.encode() + b"\n")
     digest.update(device().encode() + b"\n")
     digest.update(run.model_record.get("identity", "").encode() + b"\n")  # the model's files, not just its path
-    files = [p for d in ("training", "configs") for p in Path(run.root, d).rglob("*") if p.suffix in (".py", ".yaml")]
-    for path in sorted(files):
-        if path.is_file():
-            digest.update(path.read_bytes())
+    digest.update(code_digest(run.root).encode())
     return digest.hexdigest()
 
 

@@ -47,6 +47,16 @@ SYSTEM_PROMPT = (
 #: the expert's name on demonstrations (policy_model "expert:textworld-walkthrough")
 WALKTHROUGH = "textworld-walkthrough"
 INVALID_FEEDBACK = "That was not a game command. Reply with one command on a single line, for example: look"
+#: the interpreter's own commands, not the game's: frotz answers `save` by writing game.qzl in the process's
+#: folder and `restore` by reading it (one episode could load another's state), `script`/`recording` write a
+#: file, `replay` reads one, and restart/quit end the session the episode is
+META_COMMANDS = frozenset(
+    {"save", "restore", "restart", "quit", "q", "script", "transcript", "unscript", "noscript", "recording", "replay"}
+)
+META_FEEDBACK = (
+    "That is the interpreter's command, not the game's. Reply with one game command on a single line, for "
+    "example: look"
+)
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 _BLANKS = re.compile(r"\n{3,}")
 
@@ -182,6 +192,10 @@ class TextWorldEnv(Env):
         if command is None:
             return StepResult(
                 observation=INVALID_FEEDBACK, invalid_action=True, state_changed=False, action={"command": None}
+            )
+        if command.split()[0] in META_COMMANDS:
+            return StepResult(
+                observation=META_FEEDBACK, invalid_action=True, state_changed=False, action={"command": command}
             )
         admissible = command in {known.lower() for known in state.admissible}
         before_score, before_facts = state.score, state.facts

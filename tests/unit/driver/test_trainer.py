@@ -228,3 +228,49 @@ def test_a_trainer_stopped_from_a_watch_while_it_starts_fails_the_update_but_the
     assert not warm.join(1, True, TWO)
     assert not warm.given_up and warm.plan(TWO) == (2, True)
     assert run.groups.recorded("trainer") is None
+
+
+def checkout(tmp_path: Path) -> Path:
+    """A checkout's training code and configs, as code_digest reads them."""
+    root = tmp_path / "checkout"
+    (root / "training" / "__pycache__").mkdir(parents=True)
+    (root / "configs").mkdir()
+    (root / "training" / "pg_loss.py").write_text("CLIP = 0.2\n")
+    (root / "configs" / "update.yaml").write_text("learning_rate: 1.0e-6\n")
+    return root
+
+
+def test_an_update_after_the_training_code_or_configs_changed_starts_a_new_trainer(
+    run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trainer imported the code when it started: an edited loss or recipe would not be in its processes."""
+    run.root = str(checkout(tmp_path))
+    training = Path(run.root, "training")
+    assert update(run, "iteration=1") == 0
+    (training / "__pycache__" / "pg_loss.cpython-311.pyc").write_bytes(b"\0")  # not code it reads
+    (training / "notes.txt").write_text("a user's notes")
+    assert update(run, "iteration=2") == 0
+    (training / "pg_loss.py").write_text("CLIP = 0.3\n")
+    assert update(run, "iteration=3") == 0
+    (training / "pg_loss.py").rename(training / "loss.py")  # the same bytes under another name
+    assert update(run, "iteration=4") == 0
+    Path(run.root, "configs", "update.yaml").write_text("learning_rate: 3.0e-5\n")
+    assert update(run, "iteration=5") == 0
+
+    pids = [job[0] for job in jobs(run)]
+    assert pids[0] == pids[1] and len(set(pids[1:])) == 4
+    said = "warm trainer: the training code or configs changed since it started; starting a new one"
+    assert capsys.readouterr().err.count(said) == 3
+    assert [group_alive(int(pid)) for pid in dict.fromkeys(pids)] == [False, False, False, True]  # old ones stopped
+
+
+def test_several_nodes_the_masters_plan_starts_a_new_generation_when_the_code_changed(
+    run: Run, tmp_path: Path
+) -> None:
+    run.root = str(checkout(tmp_path))
+    warm = WarmTrainer(run)
+    assert warm.join(1, True, TWO)
+    assert warm.plan(TWO) == (1, False)
+    Path(run.root, "training", "pg_loss.py").write_text("CLIP = 0.3\n")
+    assert warm.plan(TWO) == (2, True)
+    assert warm.join(2, True, TWO) and warm.plan(TWO) == (2, False)

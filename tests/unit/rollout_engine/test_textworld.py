@@ -109,3 +109,25 @@ async def test_cached_game_is_reused_and_no_temp_dirs_remain(tmp_path: Path) -> 
         await other.close()
     assert again == first and again.stat().st_mtime_ns == stamp
     assert [p.name for p in (tmp_path / "abs").iterdir()] == [spec.key]
+
+
+@pytest.mark.parametrize("command", ["save", "restore", "restart", "quit", "q", "script on", "recording", "replay"])
+async def test_the_interpreters_own_commands_are_invalid_actions_that_touch_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """The game's interpreter (frotz) answers `save` by writing game.qzl in the process's folder and `restore` by
+    reading it: one episode could load another's state, and a policy could write into the user's folder."""
+    monkeypatch.chdir(tmp_path)
+    env = TextWorldEnv(context=_context(tmp_path), games_dir="games", max_steps=3)
+    task = Task.from_json(build_tasks(1, seed=11, quest_length=2)[0])
+    try:
+        state, score = await env.run_episode(task, 0, ScriptedPolicy([command, "Save", "look"]))
+    finally:
+        await env.close()
+
+    meta, again, look = state.turns
+    assert meta.invalid_action and not meta.state_changed and meta.action == {"command": command}
+    assert again.invalid_action and again.action == {"command": "save"}
+    assert "interpreter" in (meta.observation or "") and not look.invalid_action
+    assert state.invalid_actions == 2 and not score.success
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["games"]  # no game.qzl, no transcript
