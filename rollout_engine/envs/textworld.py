@@ -54,8 +54,7 @@ META_COMMANDS = frozenset(
     {"save", "restore", "restart", "quit", "q", "script", "transcript", "unscript", "noscript", "recording", "replay"}
 )
 META_FEEDBACK = (
-    "That is the interpreter's command, not the game's. Reply with one game command on a single line, for "
-    "example: look"
+    "That is the interpreter's command, not the game's. Reply with one game command on a single line, for example: look"
 )
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 _BLANKS = re.compile(r"\n{3,}")

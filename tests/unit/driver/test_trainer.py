@@ -264,9 +264,7 @@ def test_an_update_after_the_training_code_or_configs_changed_starts_a_new_train
     assert [group_alive(int(pid)) for pid in dict.fromkeys(pids)] == [False, False, False, True]  # old ones stopped
 
 
-def test_several_nodes_the_masters_plan_starts_a_new_generation_when_the_code_changed(
-    run: Run, tmp_path: Path
-) -> None:
+def test_several_nodes_the_masters_plan_starts_a_new_generation_when_the_code_changed(run: Run, tmp_path: Path) -> None:
     run.root = str(checkout(tmp_path))
     warm = WarmTrainer(run)
     assert warm.join(1, True, TWO)
