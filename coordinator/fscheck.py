@@ -127,12 +127,24 @@ def _answers(folder: Path, ranks: list[int], name: str, deadline: float) -> dict
     return found
 
 
-def lead(folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = None) -> Findings:
-    """Rank 0's side for every other rank at once (waiting `wait_s`, default `budget_s`, for them to answer);
-    returns what each saw. Once it stops waiting for answers it writes `closed`: a rank that comes later
-    keeps out (`follow` returns at once)."""
+def checked_ranks(num_nodes: int, most: int) -> list[int]:
+    """The ranks a check of `num_nodes` pings: every other rank up to `most`, else `most` spread evenly from rank 1
+    to the last (each ping is seven files at rank 0 and two 10 ms polls at the rank: a start's check stays the
+    same size at any N, and a filesystem's clients are alike enough for a sample)."""
+    others = num_nodes - 1
+    if others <= most:
+        return list(range(1, num_nodes))
+    return [1 + round(i * (others - 1) / (most - 1)) for i in range(most)]
+
+
+def lead(
+    folder: Path, num_nodes: int, budget_s: float, wait_s: float | None = None, ranks: list[int] | None = None
+) -> Findings:
+    """Rank 0's side for every other rank at once, or for `ranks` (waiting `wait_s`, default `budget_s`, for them
+    to answer); returns what each saw. Once it stops waiting for answers it writes `closed`: a rank that comes
+    later keeps out (`follow` returns at once)."""
     folder.mkdir(parents=True, exist_ok=True)
-    ranks = range(1, num_nodes)
+    ranks = list(range(1, num_nodes)) if ranks is None else ranks
     for r in ranks:
         _write(folder / f"a.{r}.gone", {})
         _write(folder / f"a.{r}.content", {"version": 1})

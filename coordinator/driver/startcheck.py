@@ -6,9 +6,10 @@ the long one), beside the start rather than in its way:
     check.stop()                       # on the way out
 
 A worker joins only after it saw the master beat (a beat or two after the master started), so the master first
-waits for every rank to register (at most REGISTER_WAIT_S), then pings them all; the check itself takes at most
-BATON_FS_CHECK_S: 30 % of it waiting for the answers, a fifth for each watch. A rank that registers later takes
-no part (`fscheck.lead` writes `closed`). Meanwhile the node goes on (vLLM starts): the findings come a few
+waits for every rank to register (at most REGISTER_WAIT_S), then pings at most CHECKED_RANKS of them, spread over
+the cluster (the others take no part: the check's files and 10 ms polls stay the same at any N); the check itself
+takes at most BATON_FS_CHECK_S: 30 % of it waiting for the answers, a fifth for each watch. A rank that registers
+later takes no part (`fscheck.lead` writes `closed`). Meanwhile the node goes on (vLLM starts): the findings come a few
 seconds into the run, at the next supervisor tick.
 """
 
@@ -20,11 +21,13 @@ from dataclasses import dataclass, field
 
 from coordinator.cluster import Cluster, RunRecord
 from coordinator.driver import say
-from coordinator.fscheck import follow, lead, save_findings, summary, verdict
+from coordinator.fscheck import checked_ranks, follow, lead, save_findings, summary, verdict
 from rollout_engine.defaults import FS_CHECK_S
 
 #: how long the master waits for every rank to register before it checks with those that did (s)
 REGISTER_WAIT_S = 120.0
+#: the most ranks the start's check pings (spread over the cluster); the others take no part
+CHECKED_RANKS = 8
 
 
 @dataclass
@@ -57,16 +60,19 @@ class StartCheck:
     def _run(self) -> None:
         cluster, record = self.cluster, self.record
         folder, budget, wait = cluster.paths.fscheck, self.total_s / 5, self.total_s * 0.3
+        ranks = checked_ranks(record.num_nodes, CHECKED_RANKS)
         try:
-            if cluster.rank != 0:
-                follow(folder, int(cluster.rank or 0), budget, wait_s=REGISTER_WAIT_S + self.total_s, stop=self._stop)
+            rank = int(cluster.rank or 0)
+            if rank != 0:
+                if rank in ranks:
+                    follow(folder, rank, budget, wait_s=REGISTER_WAIT_S + self.total_s, stop=self._stop)
                 return
             deadline = time.monotonic() + REGISTER_WAIT_S
             while len(cluster.nodes()) < record.num_nodes and time.monotonic() < deadline:
                 if self._stop.wait(0.5):
                     return
             started = time.monotonic()
-            findings = lead(folder, record.num_nodes, budget, wait_s=wait)
+            findings = lead(folder, record.num_nodes, budget, wait_s=wait, ranks=ranks)
             path = save_findings(folder, findings)
             took = time.monotonic() - started
             self.line = f"shared filesystem ({took:.1f} s check): {summary(findings)}; {path}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from coordinator.fscheck import Findings, PairFindings, follow, lead, summary, verdict
+from coordinator.fscheck import Findings, PairFindings, checked_ranks, follow, lead, summary, verdict
 
 
 def test_two_processes_on_one_disk_see_every_change_at_once_and_share_locks(tmp_path: Path) -> None:
@@ -21,6 +21,30 @@ def test_two_processes_on_one_disk_see_every_change_at_once_and_share_locks(tmp_
     for name in ("round_trip_s", "clock_offset_s", "new_by_name_s", "new_by_listing_s", "deleted_visible_s"):
         assert getattr(pair, name) is not None, (name, pair)  # seen within the budget (how soon: bench/)
     assert pair.old_content_s is not None
+
+
+def test_a_start_check_on_many_nodes_checks_a_bounded_spread_of_ranks_and_the_others_write_nothing(
+    tmp_path: Path,
+) -> None:
+    """At 1,000 nodes the start's check pings 8 ranks spread over the cluster, not 999 (each ping is 7 files at the
+    master and two polls every 10 ms at the rank); every rank checked at 9 nodes or fewer."""
+    assert checked_ranks(2, 8) == [1] and checked_ranks(9, 8) == list(range(1, 9))
+    spread = checked_ranks(1000, 8)
+    assert len(spread) == 8 and spread[0] == 1 and spread[-1] == 999 and spread == sorted(set(spread))
+    assert checked_ranks(10, 8) == [1, 2, 3, 4, 6, 7, 8, 9]
+
+    folder = tmp_path / "check"
+    folder.mkdir()
+    ranks = checked_ranks(12, 3)  # [1, 6, 11]
+    others = [threading.Thread(target=follow, args=(folder, r, 5.0)) for r in ranks]
+    for thread in others:
+        thread.start()
+    found = lead(folder, 12, 5.0, ranks=ranks)
+    for thread in others:
+        thread.join()
+    assert [pair.rank for pair in found.pairs] == ranks and all(p.locks_shared for p in found.pairs)
+    named = {path.name.split(".")[1] for path in folder.iterdir() if path.name.startswith(("a.", "b."))}
+    assert named == {str(r) for r in ranks}  # no file of an unchecked rank
 
 
 def findings(**pair: float | None) -> Findings:
