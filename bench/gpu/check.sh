@@ -10,7 +10,8 @@
 # /tmp/site once per machine (GPU_CHECK_NO_INSTALL=1: use python3's own packages, e.g. a rehearsal
 # on a CPU machine with the train environment first on PATH). Results: $OUT (default /tmp/gpu-check): cases.jsonl, table.md,
 # logs.tgz. Cases: check rft_auto rft_none rft_zero2 rft_zero3 lora lora_auto dpo kto
-# prepare_2gpu check_2gpu rft_fp32 rft_ckpt quickstart; --parallel runs N cases at a time (the machine
+# prepare_2gpu check_2gpu rft_fp32 rft_ckpt quickstart, and warm (issue 45: bench/gpu/warm_check.py, its table in
+# $OUT/warm/table.md); --parallel runs N cases at a time (the machine
 # has many cores and the model is small: start-up is CPU-bound; the table says how many ran at once).
 set -Eeuo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
@@ -57,9 +58,21 @@ case_args() {
   esac
 }
 
+# warm_case: issue 45's check, two updates in one warm trainer against fresh processes, every path at once
+# (bench/gpu/warm_check.py; WARM_IDLE s between the jobs, default 180).
+warm_case() {
+  local rc=0
+  python3 "$ROOT/bench/gpu/warm_check.py" --model /tmp/model --journal "$G/journal" --out "$OUT/warm" \
+    --parallel "${WARM_PARALLEL:-6}" --together --idle "${WARM_IDLE:-180}" --limit "${CASE_LIMIT:-240}" \
+    >"$LOGS/warm.out" 2>&1 || rc=$?
+  note "warm: exit $rc"
+  tail -12 "$LOGS/warm.out" | cut -c1-400 | tee -a "$OUT/summary.txt"
+}
+
 run_case() {
   local name=$1 log=/tmp/runs/$1 port started rc=0 phase=all
   local -a extra common runner
+  [[ $name == warm ]] && { warm_case; return; }
   read -r -a extra <<<"$(case_args "$name")"
   [[ " ${extra[*]} " == *" phase="* ]] && phase=""
   common=(algorithm.max_steps=2 algorithm.per_device_train_batch_size=2 algorithm.gradient_accumulation_steps=1
