@@ -1,7 +1,7 @@
 """Issue 45's check: two updates in a row inside one warm trainer, against fresh processes, for each update path.
 
     python3 bench/gpu/warm_check.py --model /tmp/model --journal DIR [--paths none,zero1,zero2,zero3,lora,grpo]
-        [--idle 240] [--parallel 6] [--together] [--steps 2] [--out /tmp/warm-check]
+        [--idle 240] [--parallel 6] [--together] [--steps 2] [--out /tmp/warm-check] [--keep]
 
 Run from the repository root with the update's stack importable (on a GPU machine: after bench/gpu/check.sh
 installed the carried packages, PYTHONPATH=<repo>:/tmp/site; a rehearsal on a CPU: the train environment's
@@ -298,6 +298,10 @@ def check_path(path: str, args: argparse.Namespace) -> dict:
             for v in (1, 2)
         }
     print(f"{path}: {json.dumps(result)}", flush=True)
+    if not args.keep:  # each arm's policies, outputs and optimizer moments: about 5 GB a path for a 135M model
+        for log in logs.values():
+            for name in ("policy", "training"):
+                shutil.rmtree(log / name, ignore_errors=True)
     return result
 
 
@@ -338,6 +342,7 @@ def main() -> int:
     parser.add_argument("--together", action="store_true", help="each path's two arms at once (else fresh first)")
     parser.add_argument("--limit", type=float, default=600, help="seconds one update may take")
     parser.add_argument("--out", type=Path, default=Path("/tmp/warm-check"))
+    parser.add_argument("--keep", action="store_true", help="keep each arm's policies and training outputs")
     args = parser.parse_args()
     paths = args.paths.split(",")
     if unknown := [p for p in paths if p not in PATHS]:
