@@ -33,8 +33,6 @@ import concurrent.futures
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,8 +43,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from coordinator.driver.procs import Group, Groups  # noqa: E402
+from coordinator.driver.trainer import kill_listed  # noqa: E402
 from rollout_engine.files import save_json  # noqa: E402
 from rollout_engine.metrics_log import load_metrics  # noqa: E402
+from training.launch import free_port  # noqa: E402
 
 PATHS = {
     "none": ["launch.deepspeed=none"],
@@ -89,12 +90,6 @@ class Update:
 class Arm:
     updates: list[Update] = field(default_factory=list)
     held_mib: float | None = None  # warm: the most GPU memory its processes held between the jobs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def hand_over(journal: Path, log: Path, iteration: int) -> None:
@@ -184,10 +179,10 @@ class GpuMemory:
         return used / 2**20
 
 
-def wait_file(path: Path, seq: int | None, proc: subprocess.Popen, limit_s: float) -> dict | None:
+def wait_file(path: Path, seq: int | None, trainer: Group, limit_s: float) -> dict | None:
     """The JSON of `path` once it exists (and names job `seq`); None when the trainer ended or time ran out."""
     deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and trainer.poll() is None:
         try:
             data = json.loads(path.read_text())
             if seq is None or int(data.get("seq", 0)) == seq:
@@ -203,45 +198,32 @@ def warm_arm(log: Path, model: Path, path: str, steps: int, idle_s: float, limit
     directory, trainer_log = log / "trainer", log / "trainer.log"
     directory.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "training.warm", "--dir", str(directory), "--log", str(trainer_log), "--nproc=1"]
-    with open(log / "warm.out", "w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    groups = Groups(log)  # started, recorded and stopped as the driver does its trainer
+    trainer = groups.start("trainer", cmd, log / "warm.out")
     try:
-        if wait_file(directory / "ready.json", None, proc, limit_s) is None:
+        if wait_file(directory / "ready.json", None, trainer, limit_s) is None:
             arm.updates.append(Update(None))
             return arm
         for seq in (1, 2):
             if seq == 2:  # the trainer idles as through a rollout phase, its process group up
                 samples, ends = [], time.monotonic() + idle_s
-                while time.monotonic() < ends and proc.poll() is None:
-                    samples.append(gpu.held_mib(descendants(proc.pid)))
+                while time.monotonic() < ends and trainer.poll() is None:
+                    samples.append(gpu.held_mib(descendants(trainer.pgid)))
                     time.sleep(0.5)
                 held = [s for s in samples if s is not None]
                 arm.held_mib = round(max(held)) if held else None
             argv = update_argv(log, seq, model, path, steps)
             began = time.monotonic()
             save_json(directory / "job.json", {"seq": seq, "argv": argv, "log": str(log / f"warm.{seq}.log")})
-            done = wait_file(directory / "done.0.json", seq, proc, limit_s)
+            done = wait_file(directory / "done.0.json", seq, trainer, limit_s)
             code = None if done is None else int(done["exit"])
             arm.updates.append(Update(code, round(time.monotonic() - began, 1), runtime(log, seq)))
             if code != 0:
                 break
         return arm
     finally:
-        stop_group(proc)
-        from coordinator.driver.trainer import kill_listed
-
+        groups.stop("trainer", 20)
         kill_listed(trainer_log.with_name(trainer_log.name + ".pgid"))
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the trainer's own process group, SIGKILL what is left after 20 s."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def tensors(folder: Path) -> dict:

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,15 @@ def processes_mentioning(*needles: str) -> list[str]:
     each line at 80 columns when it runs under pytest, and a log path further right is never seen."""
     out = subprocess.run(["ps", "-ww", "-e", "-o", "stat=,args="], capture_output=True, text=True, check=True).stdout
     return [line for line in out.splitlines() if not line.startswith("Z") and any(n in line for n in needles)]
+
+
+def serves(port: int) -> bool:
+    """A server answers /health on 127.0.0.1:`port` (vLLM's)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3):
+            return True
+    except OSError:
+        return False
 
 
 def policy_server(run_dir: Path, port: int, name: str = "policy") -> PolicyServer:

@@ -40,7 +40,7 @@ from rollout_engine.envs.miniwob import build_tasks
 from rollout_engine.images import url_path
 from rollout_engine.layout import Layout
 from tests.conftest import REPO, default_sigint, env_python
-from tests.e2e.conftest import free_port, processes_mentioning
+from tests.e2e.conftest import free_port, processes_mentioning, serves
 from tests.waits import START_S, VLLM_START_S, communicate_waiting, generation_s, run_waiting, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -133,14 +133,6 @@ def hold_after_next_episode(log: Path, proc: subprocess.Popen, before: int, time
 def signal_group(log: Path, name: str, sig: signal.Signals) -> None:
     """Signal a process group the run recorded (run/rank_0/pids/<name>.pgid)."""
     os.killpg(int((log / "run" / "rank_0" / "pids" / f"{name}.pgid").read_text().split()[0]), sig)
-
-
-def serves(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3):
-            return True
-    except OSError:
-        return False
 
 
 def journal(log: Path, split: str, iteration: int) -> list[dict]:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from rollout_engine.layout import Layout
 from tests.conftest import REPO, default_sigint
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import free_port, serves
 from tests.waits import communicate_waiting, generation_s
 
 pytestmark = pytest.mark.e2e
@@ -47,14 +46,6 @@ def finish(proc: subprocess.Popen, waiting_for: str, timeout: float) -> tuple[in
 def journal(log: Path, split: str, iteration: int) -> list[dict]:
     path = Layout(log).journal(split, iteration, 0)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def serves(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3):
-            return True
-    except OSError:
-        return False
 
 
 def test_debug_mode_uses_the_external_server_and_leaves_it_running(vllm_server, data_dir: Path, tmp_path: Path) -> None:
