@@ -3,7 +3,7 @@
     save_bytes(path, data)      # temp file in the same directory, fsync, rename, fsync dir
     save_text(path, text) / save_json(path, obj) / save_jsonl(path, rows)
     save_text(path, text, durable=False)   # atomic, no fsync
-    overwrite_text(path, text)  # in place, no create or rename: a heartbeat, a status file (below)
+    overwrite_text(path, text)  # in place, no rename: a heartbeat, a status file, a process record (below)
     append_line(path, line)     # one O_APPEND write, then fsync
     appender = LineAppender(path); appender.append(line); appender.close()   # the same, the file kept open
                                 # (a rank's journal: one writer, a line per episode)
@@ -13,7 +13,8 @@
     read = read_jsonl(path)     # read.rows, read.torn (line numbers skipped)
     read = parse_jsonl(data)    # the same rule on bytes already read
 
-Readers see the old file or the whole new one, never a mix (but for `overwrite_*`).
+Readers see the old file or the whole new one, never a mix (but for `overwrite_*`, whose readers skip what does
+not parse).
 Files are 0644:
 the log path is shared with other nodes and users. `durable=False` keeps the
 atomic rename and drops the fsyncs, for a file whose content is worthless after
@@ -21,9 +22,10 @@ a crash and must never wait for the disk: a heartbeat (an fsync waits for the
 writeback of other processes' dirty data; under memory pressure on 2 cores it
 took up to 26 s, long enough for the other nodes to count a live node dead).
 
-`overwrite_text` rewrites an existing file in place: no create, no rename and no
-fsync, for a file rewritten every second or few by one writer on every node (a
-heartbeat, a rollout's status file). On a distributed filesystem creates and
+`overwrite_text` rewrites a file in place: no rename and no fsync, and no create
+but the first, for a file rewritten every second or few by one writer on every
+node (a heartbeat, a rollout's status file) or written once at a node's start (a
+process record, serving.json). On a distributed filesystem creates and
 renames are the metadata server's costly operations (Lustre's MDS); at 1,000
 nodes the rename-per-write files made 2,400 of each a second. A reader may see
 a mix of the old and new bytes for an instant: every reader of such a file
@@ -106,6 +108,22 @@ def _temp_file(path: Path) -> tuple[int, str]:
     raise FileExistsError(f"no free temp file name beside {path}")
 
 
+def _create(path: Path) -> int:
+    """A descriptor of `path` open for writing, created 0644 (its folder made first when missing); a file another
+    writer created meanwhile is opened as it is."""
+    flags = os.O_WRONLY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileNotFoundError:
+        make_dirs(path.parent)
+        return _create(path)
+    except FileExistsError:
+        return os.open(path, flags)
+    if _UMASK & 0o644:
+        os.fchmod(fd, 0o644)
+    return fd
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -121,13 +139,14 @@ def save_text(path: str | Path, text: str, *, durable: bool = True) -> None:
 
 
 def overwrite_bytes(path: str | Path, data: bytes) -> None:
-    """Rewrite `path` in place (created atomically the first time): the new bytes from offset 0, then the file cut
-    to their length (never empty in between: a reader sees the old bytes, the new, or a mix it cannot parse)."""
+    """Rewrite `path` in place: the new bytes from offset 0, then the file cut to their length (a reader sees the
+    old bytes, the new, or a mix it cannot parse). The first write creates the file by name, one create and no
+    rename (at a node's start these files are most of its names): a reader may find it empty for an instant,
+    which it skips as it skips a mix."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        save_bytes(path, data, durable=False)
-        return
+        fd = _create(Path(path))
     try:
         view, offset = memoryview(data), 0
         while offset < len(data):

@@ -35,7 +35,8 @@ JOURNAL = re.compile(r"rank_(\d+)(?:\.takeover_(\d+))?\.jsonl")
 TAKEOVER_JOURNAL = re.compile(r"rank_(\d+)\.takeover_(\d+)\.jsonl")
 #: phases of an iteration that leave a marker `<phase>.done` in its state folder
 MARKER_SUFFIX = ".done"
-#: a rank's owner record of one role, `owner.<role>` in its run folder (and `owner.lock`, the claims' lock)
+#: a rank's owner record of one role, `owner.<role>` in its run folder (locked to claim the role; an older run's
+#: `owner.lock` may be there too)
 OWNER_PREFIX = "owner."
 
 
@@ -215,7 +216,7 @@ class Layout:
         return self.rank_dir(rank) / f"{OWNER_PREFIX}{role}"
 
     def owners(self) -> list[Path]:
-        """Every rank's `run/rank_*/owner.*` (owner.lock, the claims' lock file, among them), sorted."""
+        """Every rank's `run/rank_*/owner.*` (an older run's owner.lock among them), sorted."""
         return sorted(self.root.glob(f"run/rank_*/{OWNER_PREFIX}*"))
 
     def pids_dir(self, rank: int) -> Path:

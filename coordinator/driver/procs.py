@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coordinator.driver import say
+from rollout_engine.files import overwrite_text
 from rollout_engine.shared_read import make_dirs
 
 #: Bash's `wait` on a pid that is not its child; Group.poll's code for a group it did not start
@@ -220,9 +221,9 @@ class Groups:
                 raise say.Die(1, f"cannot start {name} ({cmd[0]}): {exc.strerror or exc}") from exc
         # not reaped yet, so /proc/<pid>/stat is there even when it already exited
         group = Group(name, popen.pid, start_time(popen.pid) or "", log, popen)
-        tmp = self.pids / f"{name}.pgid.tmp"
-        tmp.write_text(f"{group.pgid} {group.start}\n")
-        os.replace(tmp, self._file(name))
+        # in place, one create: a reader that finds it empty for an instant reads no record (each start of a
+        # node records its groups, N creates at once on the shared path; a temp file and a rename were 2N)
+        overwrite_text(self._file(name), f"{group.pgid} {group.start}\n")
         self._started[name] = group
         return group
 
@@ -333,13 +334,18 @@ class LockBusy(Exception):
         self.message = message
 
 
+def _parse_owner(data: bytes) -> tuple[str, str, str]:
+    """(host, pid, start time) of an owner record's bytes; empty words for what is missing."""
+    words = [*data.decode("utf-8", "replace").split(), "", "", ""]
+    return words[0], words[1], words[2]
+
+
 def _owner(file: Path) -> tuple[str, str, str] | None:
     """(host, pid, start time) of an owner record; None without one."""
     try:
-        words = [*file.read_text().split(), "", "", ""]
+        return _parse_owner(file.read_bytes())
     except OSError:
         return None
-    return words[0], words[1], words[2]
 
 
 def _lives_here(host: str, pid: str, start: str) -> bool:
@@ -347,51 +353,75 @@ def _lives_here(host: str, pid: str, start: str) -> bool:
     return host == socket.gethostname() and pid.isdigit() and start_time(int(pid)) == start
 
 
-def _lock(lock: Path, wait_s: float) -> int | None:
-    """An open descriptor of `lock` holding its exclusive flock, or None after `wait_s` seconds."""
-    fd = os.open(lock, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def _lock(file: Path, wait_s: float, *, create: bool = True) -> int | None:
+    """A descriptor of `file` (created when missing, if `create`) holding its exclusive flock, the file still named
+    `file` (one removed while this waited is let go, and the name taken anew); None after `wait_s` seconds, or
+    without the file when not `create`."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(file, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+        except FileNotFoundError:
+            return None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return None
+                time.sleep(LOCK_POLL_S)
+        try:
+            named = os.stat(file)
+        except FileNotFoundError:
+            named = None
+        held = os.fstat(fd)
+        if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
             return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(LOCK_POLL_S)
+        os.close(fd)
 
 
 def claim(run_dir: Path, role: str, wait_s: float = 10) -> None:
     """Make this process the owner of `role` under `run_dir` (owner.<role>: "host pid start_time").
     Raises Claimed while another live process on this host owns it. The check and the write are one
-    step under a flock on <run_dir>/owner.lock; when that lock is not free within `wait_s` seconds,
-    nothing is claimed and LockBusy says which lock."""
+    step under a flock on the record itself (one file a role, rewritten in place: a node's start makes one
+    create a role on the shared path); when that lock is not free within `wait_s` seconds, nothing is
+    claimed and LockBusy says which lock."""
     run_dir = Path(run_dir)
     make_dirs(run_dir)  # every node makes <log>/run/ at its start
-    lock = run_dir / "owner.lock"
-    fd = _lock(lock, wait_s)
+    file = run_dir / f"owner.{role}"
+    fd = _lock(file, wait_s)
     if fd is None:
         raise LockBusy(
-            f"[baton] error: waited {wait_s:g}s for the lock {lock} to claim {role}; another process holds it "
-            f"(check: fuser {lock})"
+            f"[baton] error: waited {wait_s:g}s for the lock {file} to claim {role}; another process holds it "
+            f"(check: fuser {file})"
         )
     try:
-        file = run_dir / f"owner.{role}"
         host, me = socket.gethostname(), os.getpid()
-        owner = _owner(file)
-        if owner is not None and _lives_here(*owner) and int(owner[1]) != me:
+        owner = _parse_owner(os.pread(fd, 4096, 0))
+        if _lives_here(*owner) and int(owner[1]) != me:
             raise Claimed(int(owner[1]), role)
-        tmp = run_dir / f"owner.{role}.tmp"
-        tmp.write_text(f"{host} {me} {start_time(me) or ''}\n")
-        os.replace(tmp, file)
+        data = f"{host} {me} {start_time(me) or ''}\n".encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
 
 
-def release(run_dir: Path, role: str) -> None:
-    """Forget the owner record of `role` if it is this process's."""
+def release(run_dir: Path, role: str, wait_s: float = 10) -> None:
+    """Forget the owner record of `role` if it is this process's; under the record's lock, so that a claim
+    waiting on it takes the name anew rather than writing into the removed file."""
     file = Path(run_dir) / f"owner.{role}"
     owner = _owner(file)
-    if owner is not None and owner[0] == socket.gethostname() and owner[1] == str(os.getpid()):
-        file.unlink(missing_ok=True)
+    if owner is None or owner[0] != socket.gethostname() or owner[1] != str(os.getpid()):
+        return
+    fd = _lock(file, wait_s, create=False)
+    if fd is None:
+        return
+    try:
+        owner = _parse_owner(os.pread(fd, 4096, 0))
+        if owner[0] == socket.gethostname() and owner[1] == str(os.getpid()):
+            file.unlink(missing_ok=True)
+    finally:
+        os.close(fd)

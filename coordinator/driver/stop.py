@@ -87,8 +87,8 @@ def signal_owners(log: str) -> bool:
 
 
 def read_owner(path: Path) -> tuple[str, int, str] | None:
-    """(host, pid, start time) of an owner record's first line, None for anything else (owner.lock, a
-    folder, a record being written)."""
+    """(host, pid, start time) of an owner record's first line, None for anything else (an older run's
+    owner.lock, a folder, a record being written)."""
     try:
         line = path.read_text(encoding="utf-8", errors="replace").split("\n", 1)[0] if path.is_file() else ""
     except OSError:

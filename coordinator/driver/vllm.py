@@ -36,7 +36,7 @@ from coordinator.driver.vllm_settings import ServerSettings, blame, device, for_
 from rollout_engine.config import VllmConfig
 from rollout_engine.defaults import VLLM_RELOAD_S, VLLM_START_S
 from rollout_engine.errors import ConfigError
-from rollout_engine.files import save_json
+from rollout_engine.files import overwrite_text
 
 #: the name of the server's process group under <run_dir>/pids
 GROUP = "vllm"
@@ -175,7 +175,8 @@ class PolicyServer:
         except ValueError as exc:
             raise say.Die(2, str(exc)) from exc
         if record:
-            save_json(Path(self.run_dir) / "serving.json", plan.record())
+            record_text = json.dumps(plan.record(), indent=2, sort_keys=True) + "\n"
+            overwrite_text(Path(self.run_dir) / "serving.json", record_text)  # one create at a node's start
         self.dtype = plan.precision.dtype
         self.kv_gib = _whole("VLLM_CPU_KVCACHE_SPACE", plan.kv_cache_gib, "GiB", least=0)
         if s.device == "cuda":
@@ -345,9 +346,7 @@ class PolicyServer:
     def record_weights(self, model: str) -> None:
         """Note which weights the recorded server holds now (after a start or an in-place reload), so that
         a later run that reuses the server knows."""
-        tmp = Path(self.run_dir) / ".vllm.weights.tmp"
-        tmp.write_text(f"{model}\n")
-        os.replace(tmp, Path(self.run_dir) / "vllm.weights")
+        overwrite_text(Path(self.run_dir) / "vllm.weights", f"{model}\n")  # one create at a node's start
 
     def reload(self, model: str) -> bool:
         """Load `model`'s weights into the running server without a restart (needs VLLM_SERVER_DEV_MODE=1,

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -282,21 +283,41 @@ def owner_text(pid: int) -> str:
     return f"{socket.gethostname()} {pid} {start_time(pid)}\n"
 
 
-def test_claim_a_lock_held_past_the_wait_names_the_lock_and_claims_nothing(run_dir: Path) -> None:
+def test_claim_a_record_locked_past_the_wait_names_it_and_claims_nothing(run_dir: Path) -> None:
+    """The claim locks the role's record itself: one file a role, made with one create (no lock file, no temp file
+    and rename: every node's start on the shared path)."""
     run_dir.mkdir(parents=True)
-    lock = run_dir / "owner.lock"
-    with open(lock, "a") as held:
+    record = run_dir / "owner.update"
+    with open(record, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another open file: flock conflicts as with another process
         with pytest.raises(LockBusy) as busy:
             claim(run_dir, "update", 1)
     assert busy.value.message == (
-        f"[baton] error: waited 1s for the lock {lock} to claim update; another process holds it (check: fuser {lock})"
+        f"[baton] error: waited 1s for the lock {record} to claim update; another process holds it "
+        f"(check: fuser {record})"
     )
-    assert not (run_dir / "owner.update").exists()
+    assert record.read_text() == ""
 
     claim(run_dir, "update", 1)
+    claim(run_dir, "rollout", 1)
 
-    assert (run_dir / "owner.update").read_text() == owner_text(os.getpid())
+    assert record.read_text() == owner_text(os.getpid())
+    assert sorted(p.name for p in run_dir.iterdir()) == ["owner.rollout", "owner.update"]
+
+
+def test_a_claim_waiting_on_a_record_its_owner_releases_writes_the_record_that_is_there_then(run_dir: Path) -> None:
+    """An owner that ends removes its record under the record's lock; a claim that waited on that lock then holds a
+    file no longer named: it claims the name anew, so that its record is the one others read."""
+    run_dir.mkdir(parents=True)
+    record = run_dir / "owner.rollout"
+    record.write_text(owner_text(os.getpid()))
+    held = open(record, "a")
+    fcntl.flock(held, fcntl.LOCK_EX)
+    timer = threading.Timer(0.3, lambda: (record.unlink(), held.close()))  # the owner's release
+    timer.start()
+    claim(run_dir, "rollout", 5)
+    timer.join()
+    assert record.read_text() == owner_text(os.getpid())
 
 
 def test_claim_refuses_a_live_owner_and_takes_over_a_dead_one(run_dir: Path, outsiders) -> None:

@@ -128,19 +128,24 @@ def test_a_non_durable_save_is_atomic_and_never_fsyncs(tmp_path: Path, monkeypat
 def test_an_overwrite_creates_the_file_once_then_rewrites_it_in_place_without_rename_or_fsync(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """A heartbeat or status file on every node: after the first write no create, no rename (a metadata server's
-    costly operations), no fsync; a shorter content leaves no tail of the longer one."""
+    """A heartbeat, a status file or a process record on every node: one create the first time (no temp file and
+    rename), then no create, no rename (a metadata server's costly operations), no fsync; a shorter content leaves
+    no tail of the longer one."""
     from rollout_engine.files import overwrite_text
 
     path = tmp_path / "beats" / "rank_1"
-    overwrite_text(path, "1 2.000 host 3 stop\n")  # the first: its folder made, written whole, atomically
-    inode = path.stat().st_ino
-    seen = []
+    seen: list = []
+    real_open, real_replace = os.open, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: seen.append("fsync"))
-    monkeypatch.setattr(os, "replace", lambda *a, **k: seen.append("replace"))
+    monkeypatch.setattr(os, "replace", lambda *a, **k: seen.append("replace") or real_replace(*a, **k))
     monkeypatch.setattr(os, "rename", lambda *a, **k: seen.append("rename"))
-    real_open = os.open
     monkeypatch.setattr(os, "open", lambda p, flags, *a: seen.append(flags & os.O_CREAT) or real_open(p, flags, *a))
+    overwrite_text(path, "1 2.000 host 3 stop\n")  # the first: one create by name, no temp file or rename
+    assert path.read_text() == "1 2.000 host 3 stop\n" and path.stat().st_mode & 0o777 == 0o644
+    # no file: an open, a create that finds no folder, the folder made, the create
+    assert seen == [0, os.O_CREAT, os.O_CREAT] and sorted(p.name for p in path.parent.iterdir()) == ["rank_1"]
+    inode = path.stat().st_ino
+    seen.clear()
     overwrite_text(path, "2 3.000 host 3\n")
     assert path.read_text() == "2 3.000 host 3\n" and path.stat().st_ino == inode
     assert seen == [0]  # one open, without O_CREAT: nothing else went to the server but the write and the cut
