@@ -311,12 +311,12 @@ def test_a_claim_waiting_on_a_record_its_owner_releases_writes_the_record_that_i
     run_dir.mkdir(parents=True)
     record = run_dir / "owner.rollout"
     record.write_text(owner_text(os.getpid()))
-    held = open(record, "a")
-    fcntl.flock(held, fcntl.LOCK_EX)
-    timer = threading.Timer(0.3, lambda: (record.unlink(), held.close()))  # the owner's release
-    timer.start()
-    claim(run_dir, "rollout", 5)
-    timer.join()
+    with open(record, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        timer = threading.Timer(0.3, lambda: (record.unlink(), held.close()))  # the owner's release
+        timer.start()
+        claim(run_dir, "rollout", 5)
+        timer.join()
     assert record.read_text() == owner_text(os.getpid())
 
 
