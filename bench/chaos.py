@@ -5,7 +5,7 @@
 
 One log path for the whole soak (a temp directory, or `--log-path`); round r runs iteration r:
 `bash scripts/run.sh --rl-phase both --max-iterations 1 [--resume]` with small settings (`SETTINGS`),
-waits until the fault's phase runs (its group's record `run/rank_0/pids/<name>.pgid`, or LLaMA-Factory's
+waits until the fault's phase runs (its group's record in `run/rank_0/groups.json`, or LLaMA-Factory's
 `training/iter_<NNNN>/train.log.pgid`, or the warm trainer's `run/rank_0/logs/trainer.log.pgid` while it
 trains), waits a seeded random moment into it, and injects the fault
 (`FAULTS`). Then it restarts the way docs/cli.md tells a user to (`--resume`, nothing killed by hand)
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from bench.chaos_checks import check_log, start_time
 from bench.chaos_faults import MemoryJail, SmallDisk, available, processes_of_groups
+from coordinator import groupfile
 from rollout_engine.layout import Layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -222,7 +223,8 @@ class Chaos:
                 paths.append(layout.trainer_log(0).with_name("trainer.log.pgid"))
         else:
             names = {"train_rollout": ["rollout-train"], "update": ["update", "trainer"]}.get(phase, [phase])
-            paths = [layout.pids_dir(0) / f"{name}.pgid" for name in names]
+            records = groupfile.read(layout.groups(0))
+            return [(records[n].pgid, records[n].start or "-") for n in names if n in records]
         lines = []
         for path in paths:
             with contextlib.suppress(OSError):

@@ -22,7 +22,7 @@
   journal in an iteration after the one it died in (it was a member of a later step), and every
   iteration of the run done (`check_iterations_done`);
 - deadlines: no phase in `run/state/iter_<NNNN>/times` took longer than its deadline;
-- nothing left: no recorded process group alive (`run/rank_<r>/pids/*.pgid`,
+- nothing left: no recorded process group alive (`run/rank_<r>/groups.json`,
   `training/iter_<NNNN>/train[.rank_<r>].log.pgid`), no process whose command line names the
   log path (or one of `needles`, e.g. the run's vLLM port).
 
@@ -42,6 +42,7 @@ from pathlib import Path
 
 import psutil
 
+from coordinator import groupfile
 from coordinator.runstate import load_times, state_iterations
 from rollout_engine.layout import MERGED_MANIFEST, Layout, manifest_name, parse_iteration, version_name
 from training.groups import start_ticks
@@ -379,10 +380,14 @@ def group_alive(pgid: int) -> bool:
 
 
 def recorded_groups(log: Path) -> list[tuple[str, int, str]]:
-    """(record file, pgid, leader start time) of every group the run recorded and did not forget."""
-    out = []
+    """(record, pgid, leader start time) of every group the run recorded and did not forget."""
     # every rank's groups, LLaMA-Factory's of every node (train.log.pgid, train.rank_<r>.log.pgid), the warm trainer's
-    files = sorted(log.glob("run/rank_*/pids/*.pgid")) + sorted(log.glob("training/iter_*/*.log.pgid"))
+    out = [
+        (f"{path}:{name}", r.pgid, r.start or "-")
+        for path in sorted(log.glob(f"run/rank_*/{groupfile.NAME}"))
+        for name, r in sorted(groupfile.read(path).items())
+    ]
+    files = sorted(log.glob("training/iter_*/*.log.pgid"))
     files += sorted(log.glob("run/rank_*/logs/trainer.log.pgid"))
     for path in files:
         for line in path.read_text().splitlines():

@@ -18,11 +18,11 @@ its own (still bound with taskset), host name node<r>, address 127.0.0.<r+2>, it
 in <--log-path>/chaos/. `--log-path` is then a new folder each soak (default `local`: the disk, as above).
 A round runs the next iteration with bench/chaos.py's small settings (`SETTINGS`), `--max-iterations 1` (a late
 restart's: 3) and the round's `--on-rank-failure` (`abort` or `continue`), waits until the fault's phase runs on
-the struck node in its first iteration (its recorded group: `run/rank_<r>/pids/rollout-train.pgid`, or its
+the struck node in its first iteration (its recorded group `rollout-train` in `run/rank_<r>/groups.json`, or its
 LLaMA-Factory groups `training/iter_<NNNN>/train[.rank_<r>].log.pgid`), then a seeded random moment more, and
 strikes (`FAULTS`):
 
-- a heartbeat: SIGKILL of the group `run/rank_<r>/pids/heartbeat.pgid` (the node's run.sh lives on, and must
+- a heartbeat: SIGKILL of the group `heartbeat` of `run/rank_<r>/groups.json` (the node's run.sh lives on, and must
   start it again before the others count the node dead: no node may stop); in a namespace the recorded id is
   the node's own, mapped to this machine's through /proc/<pid>/status NSpgid of the node's processes;
 - a whole node, as a machine losing power: SIGSTOP of the node's run.sh session and of every group the node
@@ -71,6 +71,7 @@ from bench.chaos_checks import check_iterations_done, check_log, check_rejoined,
 from bench.nodes import LEFT_RUNNING, NO_MOUNT, host_pgid, host_pid, node_command, signal_run_sh
 from bench.nodes import kill_node as kill_namespace
 from bench.sharedfs import PROFILES, SharedFs, shared_fs
+from coordinator import groupfile
 from coordinator.cluster import Cluster, load_run
 from coordinator.runstate import next_iteration, state_iterations
 from rollout_engine.layout import Layout
@@ -282,13 +283,13 @@ class ChaosNodes:
 
     # ---- the nodes' recorded groups ---------------------------------------------------------------------
     def records(self, rank: int) -> list[tuple[str, int, str]]:
-        """(record file, pgid, leader start time) of every group node `rank` recorded: its run directory's
-        and its LLaMA-Factory groups (train.log.pgid on the master, train.rank_<r>.log.pgid on a worker)."""
+        """(name, pgid, leader start time) of every group node `rank` recorded: its run directory's (named as
+        there) and its LLaMA-Factory groups (named by their listing: train.log.pgid on the master,
+        train.rank_<r>.log.pgid on a worker)."""
         mine = "train.log.pgid" if rank == 0 else f"train.rank_{rank}.log.pgid"
-        files = sorted(Layout(self.log).pids_dir(rank).glob("*.pgid"))
-        files += sorted(self.log.glob(f"training/iter_*/{mine}"))
-        out = []
-        for path in files:
+        groups = Layout(self.log).groups(rank)
+        out = [(name, r.pgid, r.start or "-") for name, r in sorted(groupfile.read(groups).items())]
+        for path in sorted(self.log.glob(f"training/iter_*/{mine}")):
             try:
                 lines = path.read_text().splitlines()
             except OSError:
@@ -303,7 +304,8 @@ class ChaosNodes:
             name = "train.log.pgid" if rank == 0 else f"train.rank_{rank}.log.pgid"
             path = Layout(self.log).training_dir(iteration) / name
         else:
-            path = Layout(self.log).pids_dir(rank) / "rollout-train.pgid"
+            record = groupfile.read(Layout(self.log).groups(rank)).get("rollout-train")
+            return [] if record is None else [(record.pgid, record.start or "-")]
         try:
             lines = path.read_text().splitlines()
         except OSError:
@@ -338,7 +340,7 @@ class ChaosNodes:
         that id, its leader's start time checked as here)."""
         sent = False
         for name, pgid, start in self.records(rank):
-            if name != "heartbeat.pgid":
+            if name != "heartbeat":
                 continue
             if self.fs is None:
                 if self.ours(pgid, start):

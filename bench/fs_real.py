@@ -51,6 +51,8 @@ from pathlib import Path
 from bench.nodes import descendant, host_pgid, node_command
 from bench.server import add_server_args, free_port, serve
 from bench.sharedfs import SharedFs, shared_fs
+from coordinator import groupfile
+from rollout_engine.layout import Layout
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("start", "rollout", "arrivals", "barrier", "update", "end")
@@ -256,11 +258,8 @@ def start_nodes(n: int, args: argparse.Namespace, fs: SharedFs, url: str, output
 
 def engine_pgid(seen: Path, rank: int) -> int | None:
     """The rank's train rollout engine's group (the node's own id) while it runs; None before and after."""
-    try:
-        words = (seen / "run" / f"rank_{rank}" / "pids" / "rollout-train.pgid").read_text().split()
-    except OSError:
-        return None
-    return int(words[0]) if words else None
+    record = groupfile.read(Layout(seen).groups(rank)).get("rollout-train")
+    return None if record is None else record.pgid
 
 
 def marked(seen: Path, phase: str) -> str | None:

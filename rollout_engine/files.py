@@ -3,7 +3,7 @@
     save_bytes(path, data)      # temp file in the same directory, fsync, rename, fsync dir
     save_text(path, text) / save_json(path, obj) / save_jsonl(path, rows)
     save_text(path, text, durable=False)   # atomic, no fsync
-    overwrite_text(path, text)  # in place, no rename: a heartbeat, a status file, a process record (below)
+    overwrite_text(path, text)  # in place, no rename: a heartbeat, a status file, a node's records (below)
     append_line(path, line)     # one O_APPEND write, then fsync
     appender = LineAppender(path); appender.append(line); appender.close()   # the same, the file kept open
                                 # (a rank's journal: one writer, a line per episode)
@@ -24,8 +24,8 @@ took up to 26 s, long enough for the other nodes to count a live node dead).
 
 `overwrite_text` rewrites a file in place: no rename and no fsync, and no create
 but the first, for a file rewritten every second or few by one writer on every
-node (a heartbeat, a rollout's status file) or written once at a node's start (a
-process record, serving.json). On a distributed filesystem creates and
+node (a heartbeat, a rollout's status file) or written once at a node's start (its
+resolved config, serving.json). On a distributed filesystem creates and
 renames are the metadata server's costly operations (Lustre's MDS); at 1,000
 nodes the rename-per-write files made 2,400 of each a second. A reader may see
 a mix of the old and new bytes for an instant: every reader of such a file

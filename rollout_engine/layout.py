@@ -201,7 +201,7 @@ class Layout:
         return self.state_dir(iteration) / "times"
 
     def rank_dir(self, rank: int) -> Path:
-        """`run/rank_<r>/`: one node's run state (logs/, pids/, owner records, resolved.yaml, serving.json)."""
+        """`run/rank_<r>/`: one node's run state (logs/, groups.json, owner records, resolved.yaml, serving.json)."""
         return self.root / "run" / rank_file_name(rank)
 
     def logs_dir(self, rank: int) -> Path:
@@ -219,8 +219,9 @@ class Layout:
         """Every rank's `run/rank_*/owner.*` (an older run's owner.lock among them), sorted."""
         return sorted(self.root.glob(f"run/rank_*/{OWNER_PREFIX}*"))
 
-    def pids_dir(self, rank: int) -> Path:
-        return self.rank_dir(rank) / "pids"
+    def groups(self, rank: int) -> Path:
+        """`run/rank_<r>/groups.json`: the process groups rank r's run.sh runs now (coordinator/groupfile.py)."""
+        return self.rank_dir(rank) / "groups.json"
 
     def trainer_dir(self, rank: int) -> Path:
         """`run/rank_<r>/trainer/`: the warm trainer's jobs and answers (training/warm.py describes the files)."""

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator import groupfile
 from coordinator.dashboard.journals import Journals
 from coordinator.dashboard.svg import Chart, Series
 from coordinator.runstate import load_markers, state_iterations
@@ -72,13 +73,16 @@ def rollout_dict(r: RankRollout) -> dict[str, Any]:
 
 
 def running_groups(log: Path) -> list[dict[str, Any]]:
-    """The phases running now, by rank: the process groups run.sh recorded (run/rank_<r>/pids/<name>.pgid)."""
+    """The phases running now, by rank: the process groups run.sh recorded (run/rank_<r>/groups.json)."""
     found = []
-    for path in sorted(log.glob("run/rank_*/pids/*.pgid")):
-        name = path.name.removesuffix(".pgid")
-        rank = path.parent.parent.name.removeprefix("rank_")
-        if not _HELPERS.fullmatch(name) and rank.isdigit():
-            found.append({"rank": int(rank), "phase": name})
+    for path in sorted(log.glob(f"run/rank_*/{groupfile.NAME}")):
+        rank = path.parent.name.removeprefix("rank_")
+        if rank.isdigit():
+            found += [
+                {"rank": int(rank), "phase": name}
+                for name in sorted(groupfile.read(path))
+                if not _HELPERS.fullmatch(name)
+            ]
     return found
 
 

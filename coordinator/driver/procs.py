@@ -1,17 +1,17 @@
 """Process groups the driver starts: each in its own session, recorded, and stopped exactly.
 
     groups = Groups(run_dir)
-    job = groups.start("rollout", cmd, run_dir / "logs" / "rollout.log")   # pid == pgid
+    job = groups.start("rollout", cmd, run_dir / "logs" / "rollout.log")   # pid == pgid, in groups.json
     job.poll()                        # None while its leader runs, else its exit code (signal n: 128 + n)
     groups.stop("rollout", grace_s=10)   # SIGTERM (+ SIGCONT), grace, SIGKILL; the record goes
     claim(run_dir, "rollout")         # owner.rollout names this process; Claimed / LockBusy otherwise
 
-The records are files other tools read too (run.sh --stop the owner records, the e2e tests both):
-`<run_dir>/pids/<name>.pgid` holds "pgid start_time" (the leader's start time, field 22 of
-/proc/<pid>/stat, in clock ticks since boot), and `<run_dir>/owner.<role>` holds "host pid start_time". A
-pid with its start time names one process even after the pid is reused, so a group is signalled only
-while its recorded leader (or, the leader gone, members that outlived it) is still the one recorded;
-nothing that was not recorded is ever signalled.
+The records are files other tools read too (run.sh --stop the owner records, the dashboard and the e2e
+tests the groups): `<run_dir>/groups.json` holds each running group's id and leader's start time
+(coordinator/groupfile.py), and `<run_dir>/owner.<role>` holds "host pid start_time". A pid with its start
+time names one process even after the pid is reused, so a group is signalled only while its recorded leader
+(or, the leader gone, members that outlived it) is still the one recorded; nothing that was not recorded is
+ever signalled.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from coordinator import groupfile
 from coordinator.driver import say
-from rollout_engine.files import overwrite_text
+from coordinator.groupfile import Record
 from rollout_engine.shared_read import make_dirs
 
 #: Bash's `wait` on a pid that is not its child; Group.poll's code for a group it did not start
@@ -39,6 +40,8 @@ STOP_POLL_S = 0.1
 REAP_S = 10.0
 #: seconds between tries of the owner lock
 LOCK_POLL_S = 0.05
+#: seconds to wait for the lock of the group records (held for one read and one write)
+RECORDS_WAIT_S = 30.0
 
 
 def child_env(root: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -179,30 +182,55 @@ class Group:
 
 
 class Groups:
-    """The groups recorded under one run directory (`<run_dir>/pids/<name>.pgid`)."""
+    """The groups recorded under one run directory (`<run_dir>/groups.json`: coordinator/groupfile.py)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
-        self.pids = self.run_dir / "pids"
+        self.file = self.run_dir / groupfile.NAME
         self._started: dict[str, Group] = {}
 
-    def _file(self, name: str) -> Path:
-        return self.pids / f"{name}.pgid"
+    def records(self) -> dict[str, Record]:
+        """Every recorded group by name."""
+        return groupfile.read(self.file)
 
-    def _read(self, name: str) -> tuple[str, str] | None:
-        """The record's two words (pgid, start time) as written; None without a record."""
+    def _write(self, name: str, record: Record | None) -> None:
+        """Record `name` as `record` (None: forget it): the file read and rewritten in place under its lock, as the
+        two runs of a split deployment share a rank's directory. One create on the shared path, at a node's first
+        start; none at each start of a phase (a file a group made a create and an unlink there every time)."""
+        make_dirs(self.run_dir)
+        fd = _lock(self.file, RECORDS_WAIT_S)
+        if fd is None:
+            raise say.Die(
+                1,
+                f"waited {RECORDS_WAIT_S:g}s for the lock {self.file} to record the group {name}; another process "
+                f"holds it (check: fuser {self.file})",
+            )
         try:
-            words = self._file(name).read_text().split()
-        except OSError:
-            return None
-        return (words[0] if words else "", words[1] if len(words) > 1 else "")
+            size = os.fstat(fd).st_size
+            records = groupfile.parse(os.pread(fd, size, 0) if size else b"")
+            records = dict(records or {})
+            if record is None:
+                if records.pop(name, None) is None:
+                    return
+            else:
+                records[name] = record
+            data = groupfile.encode(records)
+            offset = 0
+            while offset < len(data):
+                offset += os.pwrite(fd, data[offset:], offset)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
+    def _read(self, name: str) -> Record | None:
+        """The record of `name`; None without one."""
+        return self.records().get(name)
 
     def start(self, name: str, cmd: Sequence[str], log: Path | None, env: Mapping[str, str] | None = None) -> Group:
         """Start `cmd` in a new session (its own process group: pid == pgid) with stdin from /dev/null
         and its output appended to `log` (None: to the driver's stderr); record the group. `env` None
         inherits os.environ, else the child gets exactly `env`. A command that cannot be executed is
         Die(1) (Bash's setsid would have exited 127)."""
-        self.pids.mkdir(parents=True, exist_ok=True)
         if log is not None:
             log.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:
@@ -221,9 +249,7 @@ class Groups:
                 raise say.Die(1, f"cannot start {name} ({cmd[0]}): {exc.strerror or exc}") from exc
         # not reaped yet, so /proc/<pid>/stat is there even when it already exited
         group = Group(name, popen.pid, start_time(popen.pid) or "", log, popen)
-        # in place, one create: a reader that finds it empty for an instant reads no record (each start of a
-        # node records its groups, N creates at once on the shared path; a temp file and a rename were 2N)
-        overwrite_text(self._file(name), f"{group.pgid} {group.start}\n")
+        self._write(name, Record(group.pgid, group.start))
         self._started[name] = group
         return group
 
@@ -236,10 +262,10 @@ class Groups:
 
     def recorded(self, name: str) -> tuple[int, str] | None:
         """(pgid, leader's start time) of the record of `name`; None without a usable record."""
-        words = self._read(name)
-        if words is None or not words[0].isdigit():
+        record = self._read(name)
+        if record is None or record.pgid <= 0:
             return None
-        return int(words[0]), words[1]
+        return record.pgid, record.start
 
     def leader_alive(self, name: str) -> bool:
         """True while the recorded group's leader runs: the same pid with the same start time."""
@@ -260,8 +286,7 @@ class Groups:
         """SIGTERM the recorded group, wait up to `grace_s` seconds, then SIGKILL what is left; reap
         the leader when it is our child; forget the record. A record whose pid now names another
         process is never signalled (a warning says so). No record: nothing to do."""
-        words = self._read(name)
-        if words is None:
+        if self._read(name) is None:
             return
         record = self.recorded(name)
         if record is not None and signal_group(*record, signal.SIGTERM):
@@ -278,30 +303,30 @@ class Groups:
             say.warn(f"{name}: the recorded pid {record[0]} now names another process; not signalled")
         else:
             self._reap(name, record[0] if record is not None else -1, 0)
-        self._file(name).unlink(missing_ok=True)
+        self._write(name, None)
         self._started.pop(name, None)
 
     def stop_stale(self, name: str) -> None:
         """A record left by a run that died: stop its group when the leader is verifiably ours;
         otherwise only forget the record (warning when its group still has members)."""
-        words = self._read(name)
-        if words is None:
+        found = self._read(name)
+        if found is None:
             return
         if self.leader_alive(name):
-            say.warn(f"{name} (group {words[0]}) was left running by an earlier run; stopping it")
+            say.warn(f"{name} (group {found.pgid}) was left running by an earlier run; stopping it")
             self.stop(name, 10)
             return
         record = self.recorded(name)
         if record is not None and group_alive(record[0]):
             say.warn(f"{name}: recorded group {record[0]} outlived its leader; not ours to stop, check it")
-        self._file(name).unlink(missing_ok=True)
+        self._write(name, None)
         self._started.pop(name, None)
 
     def forget(self, name: str) -> None:
         """Remove the record of `name` (its group exited) and reap its leader when it is our child."""
         record = self.recorded(name)
         self._reap(name, record[0] if record is not None else -1, 0)
-        self._file(name).unlink(missing_ok=True)
+        self._write(name, None)
         self._started.pop(name, None)
 
     def _reap(self, name: str, pgid: int, wait_s: float) -> None:

@@ -218,9 +218,10 @@ def execute(run: Run, resolved: Path) -> int:
         claim(run)
         install_signals(run)
         make_dirs(run.run_dir / "logs")
-        from rollout_engine.files import save_bytes
+        from rollout_engine.files import overwrite_bytes
 
-        save_bytes(run.layout.resolved(run.rank), resolved.read_bytes())
+        # in place: one create at a node's first start, none at a --resume (this node's own run reads it, after)
+        overwrite_bytes(run.layout.resolved(run.rank), resolved.read_bytes())
         a = run.args
         log(f"run: --rl-phase {a.phase}, log path {a.log}, policy {run.composed.base_url} ({run.composed.model})")
         dashboard_start(run)

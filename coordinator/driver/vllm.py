@@ -11,7 +11,7 @@ reloads, sleep/wake around a colocated training, and a stop of exactly that grou
 Its settings are vllm_config's, resolved for this node (`settings`: coordinator/driver/vllm_settings.py;
 without them, vllm_config's defaults are resolved at the first start, with no media path). Its files:
 `<run_dir>/serving.json`, `<run_dir>/vllm.weights`, `<run_dir>/logs/vllm.log` and the group record
-`<run_dir>/pids/vllm.pgid`; its variables: BATON_DEVICE, BATON_VLLM_DTYPE, VLLM_CPU_KVCACHE_SPACE,
+`vllm` in `<run_dir>/groups.json`; its variables: BATON_DEVICE, BATON_VLLM_DTYPE, VLLM_CPU_KVCACHE_SPACE,
 BATON_VLLM_START_S, BATON_VLLM_RELOAD_S. A server on the port that this run directory did not start is never
 reused, reloaded or stopped. A server that exits at its start because vLLM's argument parser refused its
 command line is bad input (exit 2 at once).
@@ -38,7 +38,7 @@ from rollout_engine.defaults import VLLM_RELOAD_S, VLLM_START_S
 from rollout_engine.errors import ConfigError
 from rollout_engine.files import overwrite_text
 
-#: the name of the server's process group under <run_dir>/pids
+#: the name of the server's process group in <run_dir>/groups.json
 GROUP = "vllm"
 #: start attempts before the run ends
 ATTEMPTS = 3

@@ -83,7 +83,7 @@ def serves(port: int) -> bool:
 
 
 def policy_server(run_dir: Path, port: int, name: str = "policy") -> PolicyServer:
-    """The driver's policy server for `run_dir` (its groups recorded under <run_dir>/pids), serving `name` on
+    """The driver's policy server for `run_dir` (its group recorded in <run_dir>/groups.json), serving `name` on
     127.0.0.1:`port` with the serve environment's interpreter, as run.sh's driver builds it."""
     return PolicyServer(Path(run_dir), port, name, Groups(Path(run_dir)), Supervisor(), env_python("serve"))
 
@@ -99,7 +99,7 @@ class VllmServer:
     server: PolicyServer
 
     def pgid(self) -> int:
-        return int((self.run_dir / "pids" / "vllm.pgid").read_text().split()[0])
+        return Groups(self.run_dir).records()["vllm"].pgid
 
 
 def start_vllm(run_dir: Path, model_path: Path, name: str = "policy") -> VllmServer:

@@ -45,6 +45,7 @@ import pytest
 
 from bench.nodes import host_pid, kill_node, signal_group, signal_run_sh
 from bench.sharedfs import SharedFs
+from coordinator import groupfile
 from rollout_engine.layout import Layout
 from rollout_engine.metrics_log import load_metrics
 from tests.conftest import REPO
@@ -116,11 +117,8 @@ def wait_for(condition, waiting_for: str, timeout: float, procs: list[subprocess
 def engine_group(seen: Path, rank: int) -> int | None:
     """The train rollout engine's group from rank's record; None when there is none (its engine is not started,
     or it has finished and its record is gone)."""
-    try:
-        words = (seen / "run" / f"rank_{rank}" / "pids" / "rollout-train.pgid").read_text().split()
-    except FileNotFoundError:
-        return None
-    return int(words[0]) if words else None
+    record = groupfile.read(Layout(seen).groups(rank)).get("rollout-train")
+    return None if record is None else record.pgid
 
 
 def hold_rollouts_after_next_episode(volume: SharedFs, nodes: dict[int, subprocess.Popen], timeout: float) -> None:
@@ -147,7 +145,7 @@ def hold_rollouts_after_next_episode(volume: SharedFs, nodes: dict[int, subproce
 
 def assert_nothing_left(log: Path, ranks: int = 2) -> None:
     for rank in range(ranks):
-        assert not list((log / "run" / f"rank_{rank}" / "pids").glob("*.pgid")), rank
+        assert groupfile.read(Layout(log).groups(rank)) == {}, rank
     assert not processes_mentioning(str(log))
 
 
@@ -180,7 +178,7 @@ def assert_survivor_names_the_dead(log: Path, survivor_proc: subprocess.Popen, s
     out = communicate_waiting(survivor_proc, waiting_for=waiting_for, timeout=10 + 120)
     assert survivor_proc.returncode == 1, out[-3000:]
     assert f"rank {dead}: dead: no heartbeat change seen for" in out, out[-3000:]
-    assert not list((log / "run" / f"rank_{survivor}" / "pids").glob("*.pgid"))
+    assert groupfile.read(Layout(log).groups(survivor)) == {}
     assert not processes_mentioning(str(log / "run" / f"rank_{survivor}"))
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import groupfile
 from rollout_engine.envs.miniwob import build_tasks
 from rollout_engine.images import url_path
 from rollout_engine.layout import Layout
@@ -131,8 +132,8 @@ def hold_after_next_episode(log: Path, proc: subprocess.Popen, before: int, time
 
 
 def signal_group(log: Path, name: str, sig: signal.Signals) -> None:
-    """Signal a process group the run recorded (run/rank_0/pids/<name>.pgid)."""
-    os.killpg(int((log / "run" / "rank_0" / "pids" / f"{name}.pgid").read_text().split()[0]), sig)
+    """Signal a process group the run recorded (run/rank_0/groups.json)."""
+    os.killpg(groupfile.read(Layout(log).groups(0))[name].pgid, sig)
 
 
 def journal(log: Path, split: str, iteration: int) -> list[dict]:

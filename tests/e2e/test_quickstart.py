@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import groupfile
 from rollout_engine.layout import Layout
 from tests.conftest import REPO
 from tests.e2e.conftest import processes_mentioning
@@ -110,7 +111,7 @@ def test_quickstart_runs_two_short_iterations_promotes_serves_records_and_evalua
     assert tracked["training/train_loss"][0] == (1, pytest.approx(iterations[1]["train_loss"]))
     curves = tensorboard_scalars(log / "training" / "iter_0001" / "tensorboard")  # LLaMA-Factory's report_to
     assert curves["train/loss"], sorted(curves)
-    assert not list((log / "run" / "rank_0" / "pids").glob("*.pgid"))
+    assert groupfile.read(Layout(log).groups(0)) == {}
     assert processes_mentioning(str(tmp_path)) == []
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import groupfile
+from rollout_engine.layout import Layout
 from tests.conftest import REPO
 from tests.e2e.conftest import VllmServer, processes_mentioning
 from tests.e2e.slurm_cluster import KILL_WAIT_S, SlurmCluster, start_cluster
@@ -118,7 +120,7 @@ def hold_each_rank_after_its_first_episode(job: str, out: Path, log: Path) -> No
     def hold_the_ready() -> bool:
         for rank in {0, 1} - held:
             if episodes(log, rank):
-                pgid = int((log / "run" / f"rank_{rank}" / "pids" / "rollout-train.pgid").read_text().split()[0])
+                pgid = groupfile.read(Layout(log).groups(rank))["rollout-train"].pgid
                 os.killpg(pgid, signal.SIGSTOP)
                 held.add(rank)
         return held == {0, 1}
@@ -145,7 +147,7 @@ def job_held_mid_rollout(
 
 def assert_nothing_left(log: Path) -> None:
     for rank in (0, 1):
-        assert not list((log / "run" / f"rank_{rank}" / "pids").glob("*.pgid")), rank
+        assert groupfile.read(Layout(log).groups(rank)) == {}, rank
     assert not processes_mentioning(str(log))
 
 

@@ -42,8 +42,9 @@ line_of() {
   # the check ran once, with the update's own overrides; vLLM was stopped by the EXIT trap
   [ "$(wc -l <"$CALLS")" -eq 1 ]
   [[ $(cat "$CALLS") == "-m training --config-name update log_path=$LOG iteration=1 model_path=$DATA/models/SmolLM2-135M-Instruct phase=check "*" algorithm.max_steps=1" ]]
-  [ ! -e "$LOG/run/rank_0/pids/vllm.pgid" ]
-  [ ! -e "$LOG/run/rank_0/pids/update-check.pgid" ]
+  # both groups forgotten: the node's records (run/rank_0/groups.json) name neither
+  [[ $(PYTHONPATH=$ROOT "$BATON_APP_PY" -c 'import sys; from coordinator import groupfile
+print(sorted(groupfile.read(sys.argv[1])))' "$LOG/run/rank_0/groups.json") == "[]" ]]
   run ! kill -0 "$(cat "$VLLM_PID_FILE")"
 }
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.fs_real import Node, observe
+from coordinator import groupfile
+from rollout_engine.layout import Layout
 
 
 class Running:
@@ -18,12 +20,9 @@ class Running:
 
 
 def _engine(seen: Path, rank: int, running: bool) -> None:
-    path = seen / "run" / f"rank_{rank}" / "pids" / "rollout-train.pgid"
+    path = Layout(seen).groups(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if running:
-        path.write_text(f"{1000 + rank}\n")
-    else:
-        path.unlink(missing_ok=True)
+    path.write_bytes(groupfile.encode({"rollout-train": groupfile.Record(1000 + rank, "")} if running else {}))
 
 
 def _mark(seen: Path, phase: str) -> None:

@@ -27,6 +27,7 @@ from bench.chaos_checks import (
     recorded_groups,
     start_time,
 )
+from coordinator import groupfile
 from coordinator.aggregate import aggregate
 from coordinator.reassign import plan_takeover
 from rollout_engine.config import RolloutConfig
@@ -163,13 +164,14 @@ def test_a_phase_past_its_deadline(tmp_path: Path) -> None:
 
 
 def test_a_live_recorded_group_is_left_and_a_reused_pid_is_not(tmp_path: Path) -> None:
-    pids = tmp_path / "run" / "rank_0" / "pids"
-    pids.mkdir(parents=True)
+    file = Layout(tmp_path).groups(0)
+    file.parent.mkdir(parents=True)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        (pids / "rollout-train.pgid").write_text(f"{child.pid} {start_time(child.pid)}\n")
-        assert leftover_processes(tmp_path) == [f"group {child.pid} recorded in {pids / 'rollout-train.pgid'}"]
-        (pids / "rollout-train.pgid").write_text(f"{child.pid} 1\n")  # the pid names another process now
+        file.write_bytes(groupfile.encode({"rollout-train": groupfile.Record(child.pid, str(start_time(child.pid)))}))
+        assert leftover_processes(tmp_path) == [f"group {child.pid} recorded in {file}:rollout-train"]
+        # the pid names another process now
+        file.write_bytes(groupfile.encode({"rollout-train": groupfile.Record(child.pid, "1")}))
         assert leftover_processes(tmp_path) == []
     finally:
         child.kill()

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import groupfile
 from coordinator.dashboard.server import DashboardServer, safe_file
 from coordinator.dashboard.state import Board
 from coordinator.dashboard.svg import Chart, Series, ticks
 from coordinator.runview import StallWatch
+from rollout_engine.layout import Layout
 
 
 class Clock:
@@ -133,10 +135,9 @@ def fake_run(log: Path) -> Path:
     state1.mkdir(parents=True)
     (state0 / "update.done").write_text("failed (exit 1)\n")
     (state1 / "train_rollout.done").write_text("")  # not yet, but markers are read as they are
-    pids = log / "run" / "rank_0" / "pids"
-    pids.mkdir(parents=True)
-    for name in ("rollout-train", "vllm", "watch"):
-        (pids / f"{name}.pgid").write_text("123 456\n")
+    records = {name: groupfile.Record(123, "456") for name in ("rollout-train", "vllm", "watch")}
+    Layout(log).groups(0).parent.mkdir(parents=True)
+    Layout(log).groups(0).write_bytes(groupfile.encode(records))
     return log
 
 

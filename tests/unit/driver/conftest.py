@@ -31,8 +31,8 @@ def groups(run_dir: Path) -> Iterator[Groups]:
     """A Groups of the test's run directory; whatever it still records is stopped afterwards."""
     groups = Groups(run_dir)
     yield groups
-    for record in sorted((run_dir / "pids").glob("*.pgid")):
-        groups.stop(record.name.removesuffix(".pgid"), 2)
+    for name in sorted(groups.records()):
+        groups.stop(name, 2)
 
 
 @pytest.fixture

@@ -138,8 +138,8 @@ class Runs:
 
     def stop_all(self) -> None:
         for run in self.made:
-            for record in sorted((run.run_dir / "pids").glob("*.pgid")):
-                run.groups.stop(record.name.removesuffix(".pgid"), 2)
+            for name in sorted(run.groups.records()):
+                run.groups.stop(name, 2)
 
 
 def clean_settings(monkeypatch: pytest.MonkeyPatch) -> None:

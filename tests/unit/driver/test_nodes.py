@@ -22,57 +22,19 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import groupfile
 from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Eviction, StopRequest
 from coordinator.driver import say, startcheck
 from coordinator.driver.nodes import Members, Node, failed_partner
+from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import EXPIRED, Supervisor
 from coordinator.fscheck import load_findings
-from coordinator.membership import pid_running, pid_started, start_run
+from coordinator.membership import pid_running, start_run
 from tests.unit.coordinator.fakes import file_operations, old_run
 
 ROOT = str(Path(__file__).resolve().parents[2])
 BEAT_STARTED = "starting it again"
-
-
-class LocalGroups:
-    """procs.Groups as far as Node uses it (start, stop, group), for as long as procs.py is not there: a
-    process group per name, recorded in <run_dir>/pids/<name>.pgid ("pid start_time")."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        (self.run_dir / "pids").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "pids" / f"{name}.pgid").write_text(f"{proc.pid} {pid_started(proc.pid)}\n")
-        self.procs[name] = proc
-        return proc
-
-    def stop(self, name: str, grace_s: float) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        (self.run_dir / "pids" / f"{name}.pgid").unlink(missing_ok=True)
-
-    def group(self, name: str) -> subprocess.Popen | None:
-        return self.procs.get(name)
-
-
-try:
-    from coordinator.driver.procs import Groups  # type: ignore[attr-defined]
-except ImportError:  # procs.py is not there yet
-    Groups = LocalGroups  # type: ignore[misc,assignment]
 
 
 try:
@@ -189,7 +151,7 @@ def nodes(tmp_path: Path, signals: Signals, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def beat_pid(node: Node) -> int:
-    return int((node.run_dir / "pids" / f"{node.beat_name}.pgid").read_text().split()[0])
+    return Groups(node.run_dir).records()[node.beat_name].pgid
 
 
 def until(done: Callable[[], bool], what: str, timeout_s: float = 10) -> None:
@@ -328,7 +290,7 @@ def test_a_signal_during_the_join_ends_the_wait_at_once(nodes: Nodes) -> None:
     with pytest.raises(say.Ended) as caught:
         worker.start(0)
     assert caught.value.code == 143 and time.monotonic() - began < 5
-    assert worker.run_id == "" and not (worker.run_dir / "pids").exists()
+    assert worker.run_id == "" and not (worker.run_dir / groupfile.NAME).exists()
     assert worker.leave(143, iteration=0, phase="", last_error="") == 143
 
 
@@ -449,7 +411,7 @@ def test_a_master_whose_values_differ_from_the_pinned_ones_exits_2_naming_both(
         master.start(1)
     assert (caught.value.code, caught.value.message) == (2, "could not start the multi-node run: bad input (above)")
     assert "[baton] error: --num-nodes 2 --rank-weights 2,1 differ from this experiment's" in capsys.readouterr().err
-    assert not (master.run_dir / "pids").exists()
+    assert not (master.run_dir / groupfile.NAME).exists()
 
 
 def test_the_fence_stops_a_master_of_a_superseded_run(nodes: Nodes, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,8 +1,8 @@
 """coordinator/driver/procs.py: recorded process groups are stopped exactly, children included, and
 nothing that was not recorded (an outsider, a reused pid) is ever signalled; role claims.
 
-Real processes throughout (sleep, bash, python); the records keep the Bash loop's format, which other
-tools read, so their text is checked as written.
+Real processes throughout (sleep, bash, python); the group records are read back through their format's
+module (coordinator/groupfile.py), as the dashboard and the tests read them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import groupfile
 from coordinator.driver.procs import (
     Claimed,
     Groups,
@@ -35,6 +36,13 @@ from coordinator.driver.procs import (
 from tests.unit.driver.fakes import wait_for
 
 
+def record(run_dir: Path, name: str, pgid: int, start: str) -> None:
+    """Write a record as an earlier run (or another process) left it, beside the records already there."""
+    records = groupfile.read(run_dir / groupfile.NAME)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / groupfile.NAME).write_bytes(groupfile.encode({**records, name: groupfile.Record(pgid, start)}))
+
+
 def members(pgid: int) -> list[int]:
     """The pids of group `pgid`, as pgrep sees them (independent of the code under test)."""
     out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True, check=False)
@@ -46,7 +54,7 @@ def test_start_records_a_group_whose_children_stop_ends(
 ) -> None:
     job = groups.start("job", ["bash", "-c", "sleep 300 & sleep 300 & wait"], run_dir / "logs" / "job.log")
     assert job.pgid == job.popen.pid and os.getpgid(job.pgid) == job.pgid
-    assert (run_dir / "pids" / "job.pgid").read_text() == f"{job.pgid} {start_time(job.pgid)}\n"
+    assert groupfile.read(run_dir / groupfile.NAME) == {"job": groupfile.Record(job.pgid, start_time(job.pgid) or "")}
     assert groups.recorded("job") == (job.pgid, job.start) and groups.group("job") is job
     wait_for(lambda: len(members(job.pgid)) >= 3, "bash and its two sleeps")
     assert groups.leader_alive("job") and group_alive(job.pgid)
@@ -56,7 +64,7 @@ def test_start_records_a_group_whose_children_stop_ends(
     assert capsys.readouterr().err == ""  # gone on SIGTERM: the leader's zombie, until reaped, is not alive
     assert not group_alive(job.pgid)
     wait_for(lambda: members(job.pgid) == [], "the sleeps' zombies to be reaped by init")
-    assert not (run_dir / "pids" / "job.pgid").exists()
+    assert groupfile.read(run_dir / groupfile.NAME) == {}
     assert groups.group("job") is None and job.poll() is not None  # reaped: no zombie left
 
 
@@ -127,17 +135,54 @@ def test_stop_stale_stops_a_group_whose_recorded_leader_still_runs(
     assert not group_alive(job.pgid) and groups.recorded("left") is None
 
 
+def test_a_phase_start_makes_no_name_on_the_log_path_after_the_nodes_first(
+    groups: Groups, run_dir: Path, tmp_path: Path
+) -> None:
+    # every node starts a phase's group at once after a barrier: a file a group was N creates and N unlinks
+    first = groups.start("rollout-train", ["sleep", "300"], tmp_path / "a.log")
+    file = run_dir / groupfile.NAME
+    inode = file.stat().st_ino
+    groups.stop("rollout-train", 5)
+    for name in ("rollout-test", "update", "vllm"):
+        groups.start(name, ["sleep", "300"], tmp_path / f"{name}.log")
+    groups.stop("update", 5)
+    assert os.listdir(run_dir) == [groupfile.NAME] and file.stat().st_ino == inode
+    assert sorted(groups.records()) == ["rollout-test", "vllm"] and groups.group("rollout-train") is None
+    assert not group_alive(first.pgid)
+
+
+def test_a_start_waits_for_the_records_lock_and_keeps_what_its_holder_wrote(
+    groups: Groups, run_dir: Path, tmp_path: Path
+) -> None:
+    # the two runs of a split deployment record their groups in one rank directory, each under the file's lock
+    record(run_dir, "vllm", 1, "1")
+    fd = os.open(run_dir / groupfile.NAME, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    started = threading.Thread(target=groups.start, args=("update", ["sleep", "300"], tmp_path / "u.log"))
+    try:
+        started.start()
+        time.sleep(0.5)
+        assert started.is_alive(), "the start did not wait for the lock"
+        record(run_dir, "watch", 1, "1")  # the holder's own write, which the start must keep
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    started.join(10)
+    assert sorted(groups.records()) == ["update", "vllm", "watch"]
+    groups.forget("vllm")
+    groups.forget("watch")
+
+
 def test_stop_stale_only_forgets_a_record_whose_pid_was_reused(
     groups: Groups, run_dir: Path, outsiders, capsys: pytest.CaptureFixture[str]
 ) -> None:
     other = outsiders("sleep", "300")
-    (run_dir / "pids").mkdir(parents=True)
-    (run_dir / "pids" / "reused.pgid").write_text(f"{other.pid} 1\n")
+    record(run_dir, "reused", other.pid, "1")
 
     groups.stop_stale("reused")
 
     assert other.poll() is None
-    assert not (run_dir / "pids" / "reused.pgid").exists()
+    assert groups.recorded("reused") is None
     assert capsys.readouterr().err == ""
 
 
@@ -162,8 +207,7 @@ def test_stop_never_signals_a_recorded_pid_that_now_names_another_process(
     groups: Groups, run_dir: Path, outsiders, capsys: pytest.CaptureFixture[str]
 ) -> None:
     other = outsiders("sleep", "300", new_session=True)  # a group of that id runs, but not the recorded one
-    (run_dir / "pids").mkdir(parents=True)
-    (run_dir / "pids" / "job.pgid").write_text(f"{other.pid} 1\n")  # the job ended and its pid was reused
+    record(run_dir, "job", other.pid, "1")  # the job ended and its pid was reused
 
     groups.stop("job", 1)
 
@@ -171,7 +215,7 @@ def test_stop_never_signals_a_recorded_pid_that_now_names_another_process(
     assert capsys.readouterr().err == (
         f"[baton] warning: job: the recorded pid {other.pid} now names another process; not signalled\n"
     )
-    assert not (run_dir / "pids" / "job.pgid").exists()
+    assert groups.recorded("job") is None
 
 
 def test_group_ours_tells_a_reused_pid_from_members_that_outlived_their_leader(outsiders) -> None:
@@ -234,9 +278,9 @@ def test_env_is_inherited_or_given_exactly(
 
 def test_group_returns_the_started_group_only_while_the_record_names_it(groups: Groups, run_dir: Path) -> None:
     first = groups.start("job", ["sleep", "300"], run_dir / "job.log")
-    (run_dir / "pids" / "job.pgid").write_text("1 1\n")  # someone else's record under that name now
+    record(run_dir, "job", 1, "1")  # someone else's record under that name now
     assert groups.group("job") is None
-    (run_dir / "pids" / "job.pgid").write_text(f"{first.pgid} {first.start}\n")
+    record(run_dir, "job", first.pgid, first.start)
     assert groups.group("job") is first
     groups.stop("job", 5)
     assert groups.group("job") is None

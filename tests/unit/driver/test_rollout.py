@@ -59,7 +59,7 @@ def test_a_rollout_whose_journal_stops_growing_is_stopped_as_a_whole_group(
         "[baton] warning: rollout-train: no progress for 2s (no episode finished; BATON_ROLLOUT_STALL_S); stopping it"
         in capsys.readouterr().err
     )
-    assert not (run.run_dir / "pids" / "rollout-train.pgid").exists()
+    assert run.groups.recorded("rollout-train") is None
     assert not running("sleep 399.31")
 
 

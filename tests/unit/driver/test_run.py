@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import runstate
+from coordinator import groupfile, runstate
 from coordinator.driver import run as driver_run
 from coordinator.driver import say
 from coordinator.driver.cli import Args
@@ -68,7 +68,7 @@ def test_the_dashboard_serves_the_page_until_its_group_is_stopped(
         raise
     run.groups.stop("dashboard", 5)
     assert not group_alive(record[0])
-    assert not (run.run_dir / "pids" / "dashboard.pgid").exists()
+    assert run.groups.recorded("dashboard") is None
     assert "dashboard: stopped" in logfile.read_text()
 
 
@@ -100,13 +100,13 @@ def test_an_eviction_s_sigusr1_during_a_wait_is_waited_through_and_stops_a_train
     threading.Timer(0.3, os.kill, (me, signal.SIGUSR1)).start()
     assert run.supervisor.wait(update) == 128 + signal.SIGTERM  # stopped, not waited for
     assert "a rank of this training was evicted; stopping the update of iteration 3" in capsys.readouterr().err
-    assert not group_alive(update.pgid) and not (run.run_dir / "pids" / "update.pgid").exists()
+    assert not group_alive(update.pgid) and run.groups.recorded("update") is None
 
 
 def test_a_single_node_has_no_heartbeat_and_its_waits_are_plain_waits(runs: Runs) -> None:
     run = runs.make()
     run.node.start(1)
-    assert run.node.run_id == "" and not (run.run_dir / "pids").exists()
+    assert run.node.run_id == "" and not (run.run_dir / groupfile.NAME).exists()
     assert run.supervisor.wait(subprocess.Popen(["sh", "-c", "exit 5"])) == 5  # type: ignore[arg-type]
     assert run.node.leave(5, iteration=1, phase="update", last_error="x") == 5
     assert not (Path(run.log) / "cluster").exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import runstate
+from coordinator import groupfile, runstate
 from coordinator.driver import say
 from coordinator.driver.context import Run
 from coordinator.driver.procs import group_alive, start_time
@@ -63,7 +63,7 @@ def test_a_rejected_check_ends_the_run_with_exit_2_and_the_report_after_its_last
         f"log: {check.log}):\ntemplate=x is wrong; use smollm2\nsecond"
     )
     assert capsys.readouterr().err == f"[baton] update-check: started (log: {check.log})\n"
-    assert not (check.run.run_dir / "pids" / "update-check.pgid").exists()
+    assert check.run.groups.recorded("update-check") is None
 
 
 def test_an_accepted_check_goes_on_and_a_failed_one_ends_the_run_with_exit_1_and_its_log_s_last_lines(
@@ -109,7 +109,7 @@ def test_a_check_past_its_deadline_is_stopped_exit_1_naming_the_deadline_its_gro
         "the check of the update configuration did not finish within 2s (BATON_CHECK_TIMEOUT_S); stopped it. "
         f"Its log: {check.log}"
     )
-    assert not (check.run.run_dir / "pids" / "update-check.pgid").exists()
+    assert check.run.groups.recorded("update-check") is None
     assert not running("sleep 299.71")
 
 
@@ -252,14 +252,14 @@ def test_stop_update_never_signals_a_recorded_pid_that_now_names_another_process
     run = runs.make()
     run.update_running = 1
     other = sessions("sleep", "300")  # the update ended; its pid was reused
-    (run.run_dir / "pids").mkdir(parents=True)
-    (run.run_dir / "pids" / "update.pgid").write_text(f"{other.pid} 1\n")
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    (run.run_dir / groupfile.NAME).write_bytes(groupfile.encode({"update": groupfile.Record(other.pid, "1")}))
     reused = sessions("sleep", "300")
     listed(run, 1, (reused.pid, "1"))
     stop_update(run)
     assert other.poll() is None and reused.poll() is None
     assert f"update: the recorded pid {other.pid} now names another process; not signalled" in capsys.readouterr().err
-    assert not (run.run_dir / "pids" / "update.pgid").exists()
+    assert run.groups.recorded("update") is None
 
 
 def test_stop_update_stops_the_recorded_update_and_sigkills_a_listed_worker_group_still_the_recorded_one(
@@ -268,11 +268,12 @@ def test_stop_update_stops_the_recorded_update_and_sigkills_a_listed_worker_grou
     run = runs.make()
     run.update_running = 1
     leader = sessions("sleep", "300")
-    (run.run_dir / "pids").mkdir(parents=True)
-    (run.run_dir / "pids" / "update.pgid").write_text(f"{leader.pid} {start_time(leader.pid)}\n")
+    record = groupfile.Record(leader.pid, start_time(leader.pid) or "")
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    (run.run_dir / groupfile.NAME).write_bytes(groupfile.encode({"update": record}))
     worker = sessions("bash", "-c", 'trap "" TERM; sleep 300 & wait')  # a worker group that outlives its launcher
     listed(run, 1, (worker.pid, str(start_time(worker.pid))))
     stop_update(run)
     assert not group_alive(leader.pid)
     assert not group_alive(worker.pid)
-    assert not (run.run_dir / "pids" / "update.pgid").exists()
+    assert run.groups.recorded("update") is None

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import groupfile
 from coordinator.driver import say
 from coordinator.driver.procs import Groups, group_alive
 from coordinator.driver.supervise import Supervisor
@@ -333,13 +334,13 @@ def test_start_never_takes_a_server_it_did_not_start_for_the_recorded_one(
 
 def test_reuse_forgets_a_record_whose_pid_now_names_another_process(run_dir: Path, groups: Groups, outsiders) -> None:
     other = outsiders("sleep", "300", new_session=True)
-    (run_dir / "pids").mkdir(parents=True)
-    (run_dir / "pids" / "vllm.pgid").write_text(f"{other.pid} 1\n")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / groupfile.NAME).write_bytes(groupfile.encode({"vllm": groupfile.Record(other.pid, "1")}))
 
     assert not policy_server(run_dir, free_port(), groups).reuse()
 
     assert other.poll() is None
-    assert not (run_dir / "pids" / "vllm.pgid").exists()
+    assert groupfile.read(run_dir / groupfile.NAME) == {}
 
 
 # --- start ------------------------------------------------------------------------------------------
