@@ -384,10 +384,15 @@ def _lock(file: Path, wait_s: float, *, create: bool = True) -> int | None:
     without the file when not `create`."""
     deadline = time.monotonic() + wait_s
     while True:
-        try:
-            fd = os.open(file, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+        try:  # O_CREAT only for a file that is missing: on NFS or Lustre an open that may create is a create's call
+            fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
-            return None
+            if not create:
+                return None
+            try:
+                fd = os.open(file, os.O_RDWR | os.O_CLOEXEC | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                return None
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
