@@ -249,7 +249,13 @@ class Groups:
                 raise say.Die(1, f"cannot start {name} ({cmd[0]}): {exc.strerror or exc}") from exc
         # not reaped yet, so /proc/<pid>/stat is there even when it already exited
         group = Group(name, popen.pid, start_time(popen.pid) or "", log, popen)
-        self._write(name, Record(group.pgid, group.start))
+        try:
+            self._write(name, Record(group.pgid, group.start))
+        except BaseException:  # no record names it, so no clean-up would find it: it ends with this start
+            with contextlib.suppress(OSError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+            raise
         self._started[name] = group
         return group
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import groupfile
+from coordinator.driver import procs, say
 from coordinator.driver.procs import (
     Claimed,
     Groups,
@@ -33,7 +34,7 @@ from coordinator.driver.procs import (
     release,
     start_time,
 )
-from tests.unit.driver.fakes import wait_for
+from tests.unit.driver.fakes import running, wait_for
 
 
 def record(run_dir: Path, name: str, pgid: int, start: str) -> None:
@@ -171,6 +172,26 @@ def test_a_start_waits_for_the_records_lock_and_keeps_what_its_holder_wrote(
     assert sorted(groups.records()) == ["update", "vllm", "watch"]
     groups.forget("vllm")
     groups.forget("watch")
+
+
+def test_a_start_whose_record_cannot_be_written_leaves_nothing_running(
+    groups: Groups, run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a group no record names is one no clean-up would find
+    monkeypatch.setattr(procs, "RECORDS_WAIT_S", 0.3)
+    record(run_dir, "vllm", 1, "1")
+    fd = os.open(run_dir / groupfile.NAME, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(say.Die) as caught:
+            groups.start("job", ["sleep", "300.77"], tmp_path / "job.log")
+    finally:
+        os.close(fd)
+    assert caught.value.code == 1 and f"the lock {run_dir / groupfile.NAME} to record the group job" in str(
+        caught.value.message
+    )
+    assert not running("sleep 300.77") and sorted(groups.records()) == ["vllm"]
+    groups.forget("vllm")
 
 
 def test_stop_stale_only_forgets_a_record_whose_pid_was_reused(
