@@ -100,6 +100,6 @@ def serve(args: argparse.Namespace) -> Iterator[str]:
             raise SystemExit(f"vLLM did not start (exit {exc.code}: {exc.message}); see {server.log}") from exc
         yield f"http://127.0.0.1:{port}/v1"
     finally:
-        logger.info("stopping the vLLM we started (process group in %s/pids)", run_dir)
+        logger.info("stopping the vLLM we started (process group in %s/groups.json)", run_dir)
         server.stop()
         signal.signal(signal.SIGTERM, previous)

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from coordinator import groupfile
 from rollout_engine.checkpoint import HEAD, tensor_files
 from rollout_engine.history import load_trajectories
 from rollout_engine.types import Failure
@@ -261,7 +262,7 @@ def test_a_reloaded_policy_serves_what_a_fresh_server_serves(
     assert fresh == reloaded, f"{path}: reloaded in place {reloaded} != served by a fresh start {fresh}"
     left = [pid for pid in started if _alive(pid)]
     assert left == [], f"processes left after PolicyServer.stop: {left}"
-    assert not (run_dir / "pids" / "vllm.pgid").exists()
+    assert "vllm" not in groupfile.read(run_dir / groupfile.NAME)
 
 
 def _descendants(root: int) -> set[int]:
