@@ -27,7 +27,8 @@
 # --iterations N: each arm's iterations in all. A rerun skips what is done and continues the rest: an
 # interrupted arm, or every arm for a larger N (after the final evaluation of the earlier N, more
 # iterations, then another final evaluation).
-# An arm runs beside another (another BATON_VLLM_PORT) once the warm start is there.
+# An arm runs beside another (another BATON_VLLM_PORT) once the warm start is there, where memory allows: on
+# 24 GiB two arms' updates at once (a trainer of about 7 GB each, beside two vLLMs) ran out of it.
 # Outside CI: about 90 minutes (miniwob, N=5), about 60 a seed (miniwob-open, N=4) on
 # 2 cores. Record the table and the plot in docs/benchmarks.md (section 3d).
 set -Eeuo pipefail
@@ -168,7 +169,7 @@ main() {
         shift 2
         ;;
       -h | --help)
-        sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}" # the header
         return 0
         ;;
       *) extra+=("$1") && shift ;;
