@@ -42,6 +42,8 @@ from rollout_engine.files import overwrite_text
 GROUP = "vllm"
 #: start attempts before the run ends
 ATTEMPTS = 3
+#: seconds the fingerprint's request (a 6-token greedy completion) may take
+FINGERPRINT_S = 60.0
 #: seconds a health or model-list request may take
 HTTP_S = 5.0
 #: seconds the health request to a server we did not start may take
@@ -379,9 +381,13 @@ class PolicyServer:
         the server gives none."""
         base_url = f"http://127.0.0.1:{self.port}/v1"
         try:
-            return serving.fingerprint(base_url, self.name)
+            # a loaded server may take the whole timeout: the run's watches (its heartbeat) tick meanwhile
+            return self.supervisor.call(lambda: serving.fingerprint(base_url, self.name, FINGERPRINT_S))
         except OSError as exc:
-            print(f"[baton] error: no fingerprint from {base_url}: {exc}", file=sys.stderr, flush=True)
+            say.warn(
+                f"no fingerprint from {base_url}: {exc}; the run goes on (a restart, not an in-place reload, will "
+                "serve the next policy if the server stays silent)"
+            )
         except (ValueError, LookupError, TypeError):
             pass
         return ""

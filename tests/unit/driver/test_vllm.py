@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import groupfile
-from coordinator.driver import say
+from coordinator.driver import say, vllm
 from coordinator.driver.procs import Groups, group_alive
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.vllm import PolicyServer
@@ -503,7 +503,29 @@ def test_sleep_and_wake_post_on_a_gpu_only(
 def test_fingerprint_is_empty_without_a_server(run_dir: Path, groups: Groups, capsys) -> None:
     port = free_port()
     assert policy_server(run_dir, port, groups).fingerprint() == ""
-    assert f"[baton] error: no fingerprint from http://127.0.0.1:{port}/v1: " in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"[baton] warning: no fingerprint from http://127.0.0.1:{port}/v1: " in err
+    assert "the run goes on" in err
+
+
+def test_a_server_that_does_not_answer_the_fingerprint_leaves_the_watches_ticking(
+    run_dir: Path, groups: Groups, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a loaded vLLM may take its whole timeout to answer: the heartbeat's watch must not wait with it
+    monkeypatch.setattr(vllm, "FINGERPRINT_S", 1.0)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()  # connects, never answers
+    try:
+        server = policy_server(run_dir, silent.getsockname()[1], groups)
+        ticks: list[float] = []
+        server.supervisor.add(lambda: ticks.append(time.monotonic()))
+        began = time.monotonic()
+        assert server.fingerprint() == ""
+        assert 0.9 < time.monotonic() - began < 10 and len(ticks) >= 5
+    finally:
+        silent.close()
+    assert "[baton] warning: no fingerprint from" in capsys.readouterr().err
 
 
 def test_stop_stops_the_recorded_server_and_forgets_its_weights(run_dir: Path, groups: Groups, model: str) -> None:
