@@ -44,7 +44,7 @@ import psutil
 
 from coordinator import groupfile
 from coordinator.runstate import load_times, state_iterations
-from rollout_engine.layout import MERGED_MANIFEST, Layout, manifest_name, parse_iteration, version_name
+from rollout_engine.layout import GROUPS_NAME, MERGED_MANIFEST, Layout, manifest_name, parse_iteration, version_name
 from training.groups import start_ticks
 
 
@@ -384,7 +384,7 @@ def recorded_groups(log: Path) -> list[tuple[str, int, str]]:
     # every rank's groups, LLaMA-Factory's of every node (train.log.pgid, train.rank_<r>.log.pgid), the warm trainer's
     out = [
         (f"{path}:{name}", r.pgid, r.start or "-")
-        for path in sorted(log.glob(f"run/rank_*/{groupfile.NAME}"))
+        for path in sorted(log.glob(f"run/rank_*/{GROUPS_NAME}"))
         for name, r in sorted(groupfile.read(path).items())
     ]
     files = sorted(log.glob("training/iter_*/*.log.pgid"))

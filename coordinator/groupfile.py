@@ -19,8 +19,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-NAME = "groups.json"
-
 
 @dataclass(frozen=True)
 class Record:

@@ -4,6 +4,7 @@
     save_text(path, text) / save_json(path, obj) / save_jsonl(path, rows)
     save_text(path, text, durable=False)   # atomic, no fsync
     overwrite_text(path, text)  # in place, no rename: a heartbeat, a status file, a node's records (below)
+    rewrite(fd, data)           # the same on a descriptor already open (held under a lock)
     append_line(path, line)     # one O_APPEND write, then fsync
     appender = LineAppender(path); appender.append(line); appender.close()   # the same, the file kept open
                                 # (a rank's journal: one writer, a line per episode)
@@ -148,12 +149,17 @@ def overwrite_bytes(path: str | Path, data: bytes) -> None:
     except FileNotFoundError:
         fd = _create(Path(path))
     try:
-        view, offset = memoryview(data), 0
-        while offset < len(data):
-            offset += os.pwrite(fd, view[offset:], offset)
-        os.ftruncate(fd, len(data))
+        rewrite(fd, data)
     finally:
         os.close(fd)
+
+
+def rewrite(fd: int, data: bytes) -> None:
+    """`overwrite_bytes` on an open descriptor (one held under a lock): the bytes from offset 0, then the cut."""
+    view, offset = memoryview(data), 0
+    while offset < len(data):
+        offset += os.pwrite(fd, view[offset:], offset)
+    os.ftruncate(fd, len(data))
 
 
 def overwrite_text(path: str | Path, text: str) -> None:

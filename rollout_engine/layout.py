@@ -38,6 +38,8 @@ MARKER_SUFFIX = ".done"
 #: a rank's owner record of one role, `owner.<role>` in its run folder (locked to claim the role; an older run's
 #: `owner.lock` may be there too)
 OWNER_PREFIX = "owner."
+#: `run/rank_<r>/groups.json`: the process groups a rank runs now (format: coordinator/groupfile.py)
+GROUPS_NAME = "groups.json"
 
 
 def iteration_name(iteration: int) -> str:
@@ -221,7 +223,7 @@ class Layout:
 
     def groups(self, rank: int) -> Path:
         """`run/rank_<r>/groups.json`: the process groups rank r's run.sh runs now (coordinator/groupfile.py)."""
-        return self.rank_dir(rank) / "groups.json"
+        return self.rank_dir(rank) / GROUPS_NAME
 
     def trainer_dir(self, rank: int) -> Path:
         """`run/rank_<r>/trainer/`: the warm trainer's jobs and answers (training/warm.py describes the files)."""

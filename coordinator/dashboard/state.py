@@ -29,7 +29,7 @@ from coordinator.runstate import load_markers, state_iterations
 from coordinator.runview import RankRollout, RunView, StallWatch, Trouble
 from coordinator.summary import iteration_records
 from rollout_engine.journal import load_manifest
-from rollout_engine.layout import Layout, journal_name, manifest_name
+from rollout_engine.layout import GROUPS_NAME, Layout, journal_name, manifest_name
 from rollout_engine.metrics_log import load_metrics
 
 #: tracked groups that are helpers of a phase, not a phase (coordinator/driver/run.py: run.group_names)
@@ -75,7 +75,7 @@ def rollout_dict(r: RankRollout) -> dict[str, Any]:
 def running_groups(log: Path) -> list[dict[str, Any]]:
     """The phases running now, by rank: the process groups run.sh recorded (run/rank_<r>/groups.json)."""
     found = []
-    for path in sorted(log.glob(f"run/rank_*/{groupfile.NAME}")):
+    for path in sorted(log.glob(f"run/rank_*/{GROUPS_NAME}")):
         rank = path.parent.name.removeprefix("rank_")
         if rank.isdigit():
             found += [

@@ -30,6 +30,8 @@ from pathlib import Path
 from coordinator import groupfile
 from coordinator.driver import say
 from coordinator.groupfile import Record
+from rollout_engine.files import rewrite
+from rollout_engine.layout import GROUPS_NAME
 from rollout_engine.shared_read import make_dirs
 
 #: Bash's `wait` on a pid that is not its child; Group.poll's code for a group it did not start
@@ -186,7 +188,7 @@ class Groups:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
-        self.file = self.run_dir / groupfile.NAME
+        self.file = self.run_dir / GROUPS_NAME
         self._started: dict[str, Group] = {}
 
     def records(self) -> dict[str, Record]:
@@ -214,11 +216,7 @@ class Groups:
                     return
             else:
                 records[name] = record
-            data = groupfile.encode(records)
-            offset = 0
-            while offset < len(data):
-                offset += os.pwrite(fd, data[offset:], offset)
-            os.ftruncate(fd, len(data))
+            rewrite(fd, groupfile.encode(records))
         finally:
             os.close(fd)
 
@@ -438,9 +436,7 @@ def claim(run_dir: Path, role: str, wait_s: float = 10) -> None:
         owner = _parse_owner(os.pread(fd, 4096, 0))
         if _lives_here(*owner) and int(owner[1]) != me:
             raise Claimed(int(owner[1]), role)
-        data = f"{host} {me} {start_time(me) or ''}\n".encode()
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
+        rewrite(fd, f"{host} {me} {start_time(me) or ''}\n".encode())
     finally:
         os.close(fd)
 

@@ -36,6 +36,7 @@ import yaml
 from coordinator import groupfile
 from rollout_engine.checkpoint import HEAD, tensor_files
 from rollout_engine.history import load_trajectories
+from rollout_engine.layout import GROUPS_NAME
 from rollout_engine.types import Failure
 from tests.conftest import REPO
 from tests.e2e.conftest import VllmServer, policy_server, run_update, start_vllm, stop_vllm
@@ -262,7 +263,7 @@ def test_a_reloaded_policy_serves_what_a_fresh_server_serves(
     assert fresh == reloaded, f"{path}: reloaded in place {reloaded} != served by a fresh start {fresh}"
     left = [pid for pid in started if _alive(pid)]
     assert left == [], f"processes left after PolicyServer.stop: {left}"
-    assert "vllm" not in groupfile.read(run_dir / groupfile.NAME)
+    assert "vllm" not in groupfile.read(run_dir / GROUPS_NAME)
 
 
 def _descendants(root: int) -> set[int]:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from coordinator import groupfile
 from coordinator.driver import say
+from rollout_engine.layout import GROUPS_NAME
 from tests.e2e.conftest import policy_server
 
 pytestmark = pytest.mark.e2e
@@ -38,7 +38,7 @@ def test_a_server_this_run_did_not_start_is_never_reused(vllm_server, tmp_path: 
         policy_server(tmp_path, vllm_server.port, vllm_server.model).start(str(vllm_server.model_path), deadline_s=30)
     assert refused.value.code == 1
     assert f"port {vllm_server.port} is held by a server that this run did not start" in refused.value.message
-    assert not (tmp_path / groupfile.NAME).exists(), "nothing may be started when the port is taken"
+    assert not (tmp_path / GROUPS_NAME).exists(), "nothing may be started when the port is taken"
 
 
 def _sleeping(port: int) -> bool:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import groupfile
 from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Eviction, StopRequest
 from coordinator.driver import say, startcheck
@@ -31,6 +30,7 @@ from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import EXPIRED, Supervisor
 from coordinator.fscheck import load_findings
 from coordinator.membership import pid_running, start_run
+from rollout_engine.layout import GROUPS_NAME
 from tests.unit.coordinator.fakes import file_operations, old_run
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -290,7 +290,7 @@ def test_a_signal_during_the_join_ends_the_wait_at_once(nodes: Nodes) -> None:
     with pytest.raises(say.Ended) as caught:
         worker.start(0)
     assert caught.value.code == 143 and time.monotonic() - began < 5
-    assert worker.run_id == "" and not (worker.run_dir / groupfile.NAME).exists()
+    assert worker.run_id == "" and not (worker.run_dir / GROUPS_NAME).exists()
     assert worker.leave(143, iteration=0, phase="", last_error="") == 143
 
 
@@ -411,7 +411,7 @@ def test_a_master_whose_values_differ_from_the_pinned_ones_exits_2_naming_both(
         master.start(1)
     assert (caught.value.code, caught.value.message) == (2, "could not start the multi-node run: bad input (above)")
     assert "[baton] error: --num-nodes 2 --rank-weights 2,1 differ from this experiment's" in capsys.readouterr().err
-    assert not (master.run_dir / groupfile.NAME).exists()
+    assert not (master.run_dir / GROUPS_NAME).exists()
 
 
 def test_the_fence_stops_a_master_of_a_superseded_run(nodes: Nodes, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,14 +34,15 @@ from coordinator.driver.procs import (
     release,
     start_time,
 )
+from rollout_engine.layout import GROUPS_NAME
 from tests.unit.driver.fakes import running, wait_for
 
 
 def record(run_dir: Path, name: str, pgid: int, start: str) -> None:
     """Write a record as an earlier run (or another process) left it, beside the records already there."""
-    records = groupfile.read(run_dir / groupfile.NAME)
+    records = groupfile.read(run_dir / GROUPS_NAME)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / groupfile.NAME).write_bytes(groupfile.encode({**records, name: groupfile.Record(pgid, start)}))
+    (run_dir / GROUPS_NAME).write_bytes(groupfile.encode({**records, name: groupfile.Record(pgid, start)}))
 
 
 def members(pgid: int) -> list[int]:
@@ -55,7 +56,7 @@ def test_start_records_a_group_whose_children_stop_ends(
 ) -> None:
     job = groups.start("job", ["bash", "-c", "sleep 300 & sleep 300 & wait"], run_dir / "logs" / "job.log")
     assert job.pgid == job.popen.pid and os.getpgid(job.pgid) == job.pgid
-    assert groupfile.read(run_dir / groupfile.NAME) == {"job": groupfile.Record(job.pgid, start_time(job.pgid) or "")}
+    assert groupfile.read(run_dir / GROUPS_NAME) == {"job": groupfile.Record(job.pgid, start_time(job.pgid) or "")}
     assert groups.recorded("job") == (job.pgid, job.start) and groups.group("job") is job
     wait_for(lambda: len(members(job.pgid)) >= 3, "bash and its two sleeps")
     assert groups.leader_alive("job") and group_alive(job.pgid)
@@ -65,7 +66,7 @@ def test_start_records_a_group_whose_children_stop_ends(
     assert capsys.readouterr().err == ""  # gone on SIGTERM: the leader's zombie, until reaped, is not alive
     assert not group_alive(job.pgid)
     wait_for(lambda: members(job.pgid) == [], "the sleeps' zombies to be reaped by init")
-    assert groupfile.read(run_dir / groupfile.NAME) == {}
+    assert groupfile.read(run_dir / GROUPS_NAME) == {}
     assert groups.group("job") is None and job.poll() is not None  # reaped: no zombie left
 
 
@@ -141,13 +142,13 @@ def test_a_phase_start_makes_no_name_on_the_log_path_after_the_nodes_first(
 ) -> None:
     # every node starts a phase's group at once after a barrier: a file a group was N creates and N unlinks
     first = groups.start("rollout-train", ["sleep", "300"], tmp_path / "a.log")
-    file = run_dir / groupfile.NAME
+    file = run_dir / GROUPS_NAME
     inode = file.stat().st_ino
     groups.stop("rollout-train", 5)
     for name in ("rollout-test", "update", "vllm"):
         groups.start(name, ["sleep", "300"], tmp_path / f"{name}.log")
     groups.stop("update", 5)
-    assert os.listdir(run_dir) == [groupfile.NAME] and file.stat().st_ino == inode
+    assert os.listdir(run_dir) == [GROUPS_NAME] and file.stat().st_ino == inode
     assert sorted(groups.records()) == ["rollout-test", "vllm"] and groups.group("rollout-train") is None
     assert not group_alive(first.pgid)
 
@@ -157,7 +158,7 @@ def test_a_start_waits_for_the_records_lock_and_keeps_what_its_holder_wrote(
 ) -> None:
     # the two runs of a split deployment record their groups in one rank directory, each under the file's lock
     record(run_dir, "vllm", 1, "1")
-    fd = os.open(run_dir / groupfile.NAME, os.O_RDWR)
+    fd = os.open(run_dir / GROUPS_NAME, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
     started = threading.Thread(target=groups.start, args=("update", ["sleep", "300"], tmp_path / "u.log"))
     try:
@@ -180,14 +181,14 @@ def test_a_start_whose_record_cannot_be_written_leaves_nothing_running(
     # a group no record names is one no clean-up would find
     monkeypatch.setattr(procs, "RECORDS_WAIT_S", 0.3)
     record(run_dir, "vllm", 1, "1")
-    fd = os.open(run_dir / groupfile.NAME, os.O_RDWR)
+    fd = os.open(run_dir / GROUPS_NAME, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with pytest.raises(say.Die) as caught:
             groups.start("job", ["sleep", "300.77"], tmp_path / "job.log")
     finally:
         os.close(fd)
-    assert caught.value.code == 1 and f"the lock {run_dir / groupfile.NAME} to record the group job" in str(
+    assert caught.value.code == 1 and f"the lock {run_dir / GROUPS_NAME} to record the group job" in str(
         caught.value.message
     )
     assert not running("sleep 300.77") and sorted(groups.records()) == ["vllm"]

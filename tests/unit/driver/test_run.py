@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import groupfile, runstate
+from coordinator import runstate
 from coordinator.driver import run as driver_run
 from coordinator.driver import say
 from coordinator.driver.cli import Args
@@ -24,6 +24,7 @@ from coordinator.driver.nodes import Node
 from coordinator.driver.phase import mark
 from coordinator.driver.procs import group_alive
 from coordinator.membership import start_run
+from rollout_engine.layout import GROUPS_NAME
 from tests.unit.coordinator.fakes import old_run
 from tests.unit.driver.fakes import ROOT, Runs, answers, free_port, wait_for
 
@@ -106,7 +107,7 @@ def test_an_eviction_s_sigusr1_during_a_wait_is_waited_through_and_stops_a_train
 def test_a_single_node_has_no_heartbeat_and_its_waits_are_plain_waits(runs: Runs) -> None:
     run = runs.make()
     run.node.start(1)
-    assert run.node.run_id == "" and not (run.run_dir / groupfile.NAME).exists()
+    assert run.node.run_id == "" and not (run.run_dir / GROUPS_NAME).exists()
     assert run.supervisor.wait(subprocess.Popen(["sh", "-c", "exit 5"])) == 5  # type: ignore[arg-type]
     assert run.node.leave(5, iteration=1, phase="update", last_error="x") == 5
     assert not (Path(run.log) / "cluster").exists()

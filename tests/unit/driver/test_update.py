@@ -22,6 +22,7 @@ from coordinator.driver import say
 from coordinator.driver.context import Run
 from coordinator.driver.procs import group_alive, start_time
 from coordinator.driver.update import check_problems, check_start, check_wait, stop_update, update
+from rollout_engine.layout import GROUPS_NAME
 from tests.unit.driver.fakes import Runs, running
 
 # --- the update-check ----------------------------------------------------------------------------------------
@@ -253,7 +254,7 @@ def test_stop_update_never_signals_a_recorded_pid_that_now_names_another_process
     run.update_running = 1
     other = sessions("sleep", "300")  # the update ended; its pid was reused
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    (run.run_dir / groupfile.NAME).write_bytes(groupfile.encode({"update": groupfile.Record(other.pid, "1")}))
+    (run.run_dir / GROUPS_NAME).write_bytes(groupfile.encode({"update": groupfile.Record(other.pid, "1")}))
     reused = sessions("sleep", "300")
     listed(run, 1, (reused.pid, "1"))
     stop_update(run)
@@ -270,7 +271,7 @@ def test_stop_update_stops_the_recorded_update_and_sigkills_a_listed_worker_grou
     leader = sessions("sleep", "300")
     record = groupfile.Record(leader.pid, start_time(leader.pid) or "")
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    (run.run_dir / groupfile.NAME).write_bytes(groupfile.encode({"update": record}))
+    (run.run_dir / GROUPS_NAME).write_bytes(groupfile.encode({"update": record}))
     worker = sessions("bash", "-c", 'trap "" TERM; sleep 300 & wait')  # a worker group that outlives its launcher
     listed(run, 1, (worker.pid, str(start_time(worker.pid))))
     stop_update(run)

@@ -30,6 +30,7 @@ from coordinator.driver.supervise import Supervisor
 from coordinator.driver.vllm import PolicyServer
 from coordinator.driver.vllm_settings import Machine, device, for_node, gpu_count, resolve
 from rollout_engine.config import VllmConfig
+from rollout_engine.layout import GROUPS_NAME
 from tests.unit.driver.fakes import FAKE_VLLM, SETTINGS, SHAPE
 
 
@@ -335,12 +336,12 @@ def test_start_never_takes_a_server_it_did_not_start_for_the_recorded_one(
 def test_reuse_forgets_a_record_whose_pid_now_names_another_process(run_dir: Path, groups: Groups, outsiders) -> None:
     other = outsiders("sleep", "300", new_session=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / groupfile.NAME).write_bytes(groupfile.encode({"vllm": groupfile.Record(other.pid, "1")}))
+    (run_dir / GROUPS_NAME).write_bytes(groupfile.encode({"vllm": groupfile.Record(other.pid, "1")}))
 
     assert not policy_server(run_dir, free_port(), groups).reuse()
 
     assert other.poll() is None
-    assert groupfile.read(run_dir / groupfile.NAME) == {}
+    assert groupfile.read(run_dir / GROUPS_NAME) == {}
 
 
 # --- start ------------------------------------------------------------------------------------------
@@ -520,9 +521,8 @@ def test_a_server_that_does_not_answer_the_fingerprint_leaves_the_watches_tickin
         server = policy_server(run_dir, silent.getsockname()[1], groups)
         ticks: list[float] = []
         server.supervisor.add(lambda: ticks.append(time.monotonic()))
-        began = time.monotonic()
         assert server.fingerprint() == ""
-        assert 0.9 < time.monotonic() - began < 10 and len(ticks) >= 5
+        assert len(ticks) >= 2  # a wait of 1 s, looked at every 0.05 s; none while the request blocked the driver
     finally:
         silent.close()
     assert "[baton] warning: no fingerprint from" in capsys.readouterr().err
