@@ -5,8 +5,10 @@
 
 Each record names a process group the node's run.sh started and that runs now: its id (the leader's pid) and
 the leader's start time (field 22 of /proc/<pid>/stat, clock ticks since boot), which with the pid names one
-process even after the pid is reused. One file a rank, rewritten in place under its lock, where a file a group
-made a create and an unlink on the shared path at every start of a phase on every node.
+process even after the pid is reused; and `holds`, where the group holds something a later run must know (vLLM:
+the model folder whose weights it serves), so that the note ends with the group. One file a rank, rewritten in
+place under its lock, where a file a group made a create and an unlink on the shared path at every start of a
+phase on every node.
 
 A reader takes the first JSON object of the file and ignores what follows it: a rewrite that shortened the
 file shows, until its cut, the old bytes' tail after the new object. An empty file (made an instant ago)
@@ -22,10 +24,12 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Record:
-    """A recorded group: its id and its leader's start time ("" when it was not known)."""
+    """A recorded group: its id, its leader's start time ("" when it was not known) and what it holds ("": nothing
+    noted)."""
 
     pgid: int
     start: str
+    holds: str = ""
 
 
 def parse(data: bytes) -> dict[str, Record] | None:
@@ -43,16 +47,21 @@ def parse(data: bytes) -> dict[str, Record] | None:
     for name, value in obj.items():
         pgid = value.get("pgid") if isinstance(value, dict) else None
         if isinstance(pgid, int) and not isinstance(pgid, bool):
-            records[name] = Record(pgid, str(value.get("start", "")))
+            records[name] = Record(pgid, str(value.get("start", "")), str(value.get("holds", "")))
     return records
 
 
 def encode(records: dict[str, Record]) -> bytes:
     """The file's bytes: one line a group, sorted by name."""
-    lines = [
-        f" {json.dumps(name)}: {json.dumps({'pgid': r.pgid, 'start': r.start})}" for name, r in sorted(records.items())
-    ]
+    lines = [f" {json.dumps(name)}: {json.dumps(_fields(r))}" for name, r in sorted(records.items())]
     return ("{\n" + ",\n".join(lines) + ("\n" if lines else "") + "}\n").encode()
+
+
+def _fields(record: Record) -> dict[str, int | str]:
+    fields: dict[str, int | str] = {"pgid": record.pgid, "start": record.start}
+    if record.holds:
+        fields["holds"] = record.holds
+    return fields
 
 
 def read(path: Path) -> dict[str, Record]:

@@ -188,10 +188,6 @@ class Node:
         return "heartbeat" if self.group is None else f"heartbeat-{self.group}"
 
     @property
-    def beat_log(self) -> Path:
-        return self.run_dir / "logs" / f"{self.beat_name}.log"
-
-    @property
     def ended_file(self) -> Path:
         """Where the heartbeat writes `<code>\\t<reason>` before it SIGTERMs this node."""
         return self.run_dir / ("ended" if self.group is None else f"ended-{self.group}")
@@ -283,7 +279,9 @@ class Node:
         cmd = [self.app_py, "-m", "coordinator", "heartbeat", "--log-path", self.args.log, *group]
         cmd += ["--run-id", self.run_id, "--rank", str(self.args.rank), "--node-pid", str(os.getpid())]
         cmd += ["--stop-node", "--reason-file", str(self.ended_file)]
-        self._beat = self.groups.start(self.beat_name, cmd, self.beat_log, child_env(self.root))
+        # its few lines (an eviction, a failure) go to this node's output, where the user looks: a log of its own
+        # was one more name on the shared path at every node's start
+        self._beat = self.groups.start(self.beat_name, cmd, None, child_env(self.root))
 
     def beat_check(self) -> None:
         """A supervisor watch: when this node's heartbeat exited (killed, crashed) while the node runs, start it
@@ -303,7 +301,7 @@ class Node:
         if self._beat_restarts >= BEAT_RESTARTS:
             raise say.Die(
                 1,
-                f"the heartbeat of rank {rank} exited ({how}) a 4th time (log: {self.beat_log}); without it the"
+                f"the heartbeat of rank {rank} exited ({how}) a 4th time (its output, if any, is above); without it the"
                 " other ranks count this node dead: stopping it. Start it again with --resume (docs/multinode.md)",
             )
         self._beat_restarts += 1

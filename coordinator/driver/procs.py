@@ -17,14 +17,14 @@ ever signalled.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from coordinator import groupfile
@@ -163,7 +163,7 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-@dataclass
+@dataclasses.dataclass
 class Group:
     """A process group: its name, id (its leader's pid), leader's start time and log."""
 
@@ -196,9 +196,14 @@ class Groups:
         return groupfile.read(self.file)
 
     def _write(self, name: str, record: Record | None) -> None:
-        """Record `name` as `record` (None: forget it): the file read and rewritten in place under its lock, as the
-        two runs of a split deployment share a rank's directory. One create on the shared path, at a node's first
-        start; none at each start of a phase (a file a group made a create and an unlink there every time)."""
+        """Record `name` as `record` (None: forget it)."""
+        self._change(name, lambda _: record)
+
+    def _change(self, name: str, change: Callable[[Record | None], Record | None]) -> None:
+        """Set the record of `name` to `change(its record)` (None: forget it): the file read and rewritten in place
+        under its lock, as the two runs of a split deployment share a rank's directory. One create on the shared
+        path, at a node's first start; none at each start of a phase (a file a group made a create and an unlink
+        there every time)."""
         make_dirs(self.run_dir)
         fd = _lock(self.file, RECORDS_WAIT_S)
         if fd is None:
@@ -209,16 +214,50 @@ class Groups:
             )
         try:
             size = os.fstat(fd).st_size
-            records = groupfile.parse(os.pread(fd, size, 0) if size else b"")
-            records = dict(records or {})
-            if record is None:
-                if records.pop(name, None) is None:
-                    return
+            records = dict(groupfile.parse(os.pread(fd, size, 0) if size else b"") or {})
+            old = records.get(name)
+            new = change(old)
+            if new == old:
+                return
+            if new is None:
+                del records[name]
             else:
-                records[name] = record
+                records[name] = new
             rewrite(fd, groupfile.encode(records))
         finally:
             os.close(fd)
+
+    def note(self, name: str, holds: str) -> None:
+        """Note on the record of `name` what its group holds now ("": nothing); no record, nothing noted. It goes
+        with the record when the group stops, so a later run never reads it of another group."""
+        self._change(name, lambda old: None if old is None else dataclasses.replace(old, holds=holds))
+
+    def holds(self, name: str) -> str:
+        """What the record of `name` notes its group holds ("" without a record or a note)."""
+        record = self._read(name)
+        return record.holds if record is not None else ""
+
+    def take_over_legacy(self) -> None:
+        """Record in groups.json the groups that a Baton before it recorded a file each (`pids/<name>.pgid`:
+        "pgid start"), and vLLM's weights (`vllm.weights`), then remove those files: a run resumed after an
+        upgrade stops or reuses them as its own, where it would not see them (a vLLM left holding the port). A
+        name recorded already keeps its record."""
+        legacy = self.run_dir / "pids"
+        files = sorted(legacy.glob("*.pgid")) if legacy.is_dir() else []
+        weights = self.run_dir / "vllm.weights"
+        for file in files:
+            words = file.read_text(errors="replace").split()
+            if words and words[0].isdigit():
+                name, record = file.name.removesuffix(".pgid"), Record(int(words[0]), words[1] if words[1:] else "")
+                self._change(name, lambda old, record=record: old or record)
+            file.unlink(missing_ok=True)
+        if weights.is_file():
+            lines = weights.read_text(errors="replace").splitlines()
+            if lines and lines[0] and not self.holds("vllm"):
+                self.note("vllm", lines[0])
+            weights.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            legacy.rmdir()
 
     def _read(self, name: str) -> Record | None:
         """The record of `name`; None without one."""

@@ -282,6 +282,7 @@ def claim(run: Run) -> None:
                 "retry when it is free",
             ) from exc
         run.claimed.append(role)
+    run.groups.take_over_legacy()
     for name in run.group_names:
         if name != "vllm":
             run.groups.stop_stale(name)

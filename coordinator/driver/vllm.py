@@ -10,8 +10,8 @@ reloads, sleep/wake around a colocated training, and a stop of exactly that grou
 
 Its settings are vllm_config's, resolved for this node (`settings`: coordinator/driver/vllm_settings.py;
 without them, vllm_config's defaults are resolved at the first start, with no media path). Its files:
-`<run_dir>/serving.json`, `<run_dir>/vllm.weights`, `<run_dir>/logs/vllm.log` and the group record
-`vllm` in `<run_dir>/groups.json`; its variables: BATON_DEVICE, BATON_VLLM_DTYPE, VLLM_CPU_KVCACHE_SPACE,
+`<run_dir>/serving.json`, `<run_dir>/logs/vllm.log` and the group record `vllm` in `<run_dir>/groups.json`
+(with the weights it holds); its variables: BATON_DEVICE, BATON_VLLM_DTYPE, VLLM_CPU_KVCACHE_SPACE,
 BATON_VLLM_START_S, BATON_VLLM_RELOAD_S. A server on the port that this run directory did not start is never
 reused, reloaded or stopped. A server that exits at its start because vLLM's argument parser refused its
 command line is bad input (exit 2 at once).
@@ -333,22 +333,18 @@ class PolicyServer:
 
     def stop(self, grace_s: float = 30) -> None:
         """Stop the server this run started (nothing else); forget which weights it held."""
-        self.groups.stop(GROUP, grace_s)
-        (Path(self.run_dir) / "vllm.weights").unlink(missing_ok=True)
+        self.groups.stop(GROUP, grace_s)  # its record goes, and with it the weights it held
         self.served_fingerprint = ""
 
     def recorded_weights(self) -> str:
         """The weights the recorded server holds ("" when unknown)."""
-        try:
-            lines = (Path(self.run_dir) / "vllm.weights").read_text().splitlines()
-        except OSError:
-            return ""
-        return lines[0] if lines else ""
+        return self.groups.holds(GROUP)
 
     def record_weights(self, model: str) -> None:
         """Note which weights the recorded server holds now (after a start or an in-place reload), so that
-        a later run that reuses the server knows."""
-        overwrite_text(Path(self.run_dir) / "vllm.weights", f"{model}\n")  # one create at a node's start
+        a later run that reuses the server knows: on its group's record, which is rewritten in place and goes when
+        the server stops (no name of its own on the shared path)."""
+        self.groups.note(GROUP, model)
 
     def reload(self, model: str) -> bool:
         """Load `model`'s weights into the running server without a restart (needs VLLM_SERVER_DEV_MODE=1,

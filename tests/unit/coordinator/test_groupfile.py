@@ -17,6 +17,14 @@ def test_records_read_back_as_written_one_line_a_group() -> None:
     ]
 
 
+def test_what_a_group_holds_is_kept_on_its_line_and_left_out_when_nothing() -> None:
+    records = {"vllm": Record(20, "2", holds="/log/policy/v0003"), "heartbeat": Record(77, "5")}
+    data = encode(records)
+    assert parse(data) == records
+    assert ' "vllm": {"pgid": 20, "start": "2", "holds": "/log/policy/v0003"}' in data.decode().splitlines()
+    assert ' "heartbeat": {"pgid": 77, "start": "5"},' in data.decode().splitlines()
+
+
 def test_a_rewrite_that_shortened_the_file_reads_as_the_new_records_before_its_cut() -> None:
     old = encode({"rollout-train": Record(10, "1"), "vllm": Record(20, "2")})
     new = encode({"vllm": Record(20, "2")})

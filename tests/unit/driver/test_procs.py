@@ -153,6 +153,22 @@ def test_a_phase_start_makes_no_name_on_the_log_path_after_the_nodes_first(
     assert not group_alive(first.pgid)
 
 
+def test_what_a_group_holds_lives_in_its_record_and_goes_with_it(groups: Groups, run_dir: Path, tmp_path: Path) -> None:
+    server = groups.start("vllm", ["sleep", "300"], tmp_path / "vllm.log")
+    inode = (run_dir / GROUPS_NAME).stat().st_ino
+    assert groups.holds("vllm") == ""
+    groups.note("vllm", "/log/policy/v0001")
+    groups.note("vllm", "/log/policy/v0002")  # an in-place reload: the record rewritten, no name made
+    assert groups.holds("vllm") == "/log/policy/v0002" and groups.recorded("vllm") == (server.pgid, server.start)
+    assert os.listdir(run_dir) == [GROUPS_NAME] and (run_dir / GROUPS_NAME).stat().st_ino == inode
+    groups.note("update", "/elsewhere")  # no record of that group: nothing to note
+    assert sorted(groups.records()) == ["vllm"]
+    groups.stop("vllm", 5)
+    assert groups.holds("vllm") == ""
+    groups.start("vllm", ["sleep", "300"], tmp_path / "vllm.log")
+    assert groups.holds("vllm") == ""  # a new server holds nothing until noted
+
+
 def test_a_start_waits_for_the_records_lock_and_keeps_what_its_holder_wrote(
     groups: Groups, run_dir: Path, tmp_path: Path
 ) -> None:

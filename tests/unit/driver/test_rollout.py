@@ -21,12 +21,14 @@ import pytest
 
 from coordinator import runstate
 from coordinator.driver import rollout, say
+from coordinator.driver import run as driver_run
 from coordinator.driver.context import Run
 from coordinator.driver.phase import run_group
-from coordinator.driver.procs import group_alive
+from coordinator.driver.procs import Groups, group_alive
 from coordinator.driver.say import Die
 from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.vllm import PolicyServer
+from rollout_engine.layout import GROUPS_NAME
 from rollout_engine.metrics_log import load_metrics
 from tests.conftest import env_python
 from tests.unit.driver.fakes import Runs, model_folder, running, wait_for
@@ -250,6 +252,40 @@ def test_exit_2_with_our_server_not_answering_is_a_dead_server_with_it_answering
 # --- serving the current policy at the start ------------------------------------------------------------------
 
 
+def test_a_run_resumed_after_an_upgrade_takes_over_the_groups_an_older_baton_recorded_one_file_each(
+    runs: Runs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Baton before groups.json: `pids/<name>.pgid` ("pgid start") a group, `vllm.weights` the served model
+    run = runs.make(serve=True)
+    run.roles, run.group_names = ["rollout", "update"], ["update", "rollout-train", "vllm"]  # as build() names them
+    server = run.server
+    assert server is not None
+    model = run.policy_path()
+    old = Groups(run.run_dir / "old")  # started elsewhere, so that only the legacy files name them
+    vllm = old.start(
+        "vllm", [server.serve_py, "--port", str(run.port), "--served-model-name", "policy", "--model", model], None
+    )
+    train = old.start("rollout-train", ["sleep", "300"], None)
+    (run.run_dir / "old" / GROUPS_NAME).unlink()
+    pids = run.run_dir / "pids"
+    pids.mkdir(parents=True)
+    (pids / "vllm.pgid").write_text(f"{vllm.pgid} {vllm.start}\n")
+    (pids / "rollout-train.pgid").write_text(f"{train.pgid} {train.start}\n")
+    (run.run_dir / "vllm.weights").write_text(f"{model}\n")
+    wait_for(lambda: server.answers(), "the older run's vLLM")
+
+    driver_run.claim(run)
+
+    assert not pids.exists() and not (run.run_dir / "vllm.weights").exists()
+    assert not group_alive(train.pgid)  # a stale phase, stopped as a record of groups.json would be
+    assert run.groups.recorded("vllm") == (vllm.pgid, vllm.start) and run.groups.holds("vllm") == model
+    rollout.ensure_server(run)  # reused, holding the current policy's weights: no reload, no restart
+    err = capsys.readouterr().err
+    assert "rollout-train (group" in err and "was left running by an earlier run; stopping it" in err
+    assert "already serves policy; reusing it" in err and f"holds the current policy's weights ({model}) already" in err
+    assert "starting vLLM" not in err and group_alive(vllm.pgid)
+
+
 def test_ensure_server_restarts_a_recorded_vllm_unless_it_serves_the_name_and_reloads_a_reused_one(
     runs: Runs, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -279,9 +315,7 @@ def test_ensure_server_restarts_a_recorded_vllm_unless_it_serves_the_name_and_re
     assert "starting vLLM" not in err and served_new == [] and run.groups.recorded("vllm") == started
     # reused, with no record of its weights (a run that died after a promotion), or older ones: loaded again
     for weights in ("", "/elsewhere/v0001"):
-        (run.run_dir / "vllm.weights").unlink(missing_ok=True)
-        if weights:
-            server.record_weights(weights)
+        server.record_weights(weights)
         rollout.ensure_server(run)
         assert "already serves policy; reusing it" in capsys.readouterr().err
         assert served_new[-1] == model and run.served_version == ""
