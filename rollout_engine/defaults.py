@@ -36,6 +36,9 @@ class Setting:
 HEARTBEAT_S = Setting("BATON_HEARTBEAT_S", 5, "seconds between a node's heartbeats")
 DEAD_AFTER_S = Setting("BATON_DEAD_AFTER_S", 30, "seconds of unchanged heartbeat after which a rank is dead")
 JOIN_WAIT_S = Setting("BATON_JOIN_WAIT_S", 600, "seconds a worker waits for its master to publish the run")
+START_SPREAD_S = Setting(
+    "BATON_START_SPREAD_S", 60, "seconds over which the nodes' starts are spread (unset: from 64 nodes on; 0: none)"
+)
 FS_CHECK_S = Setting(
     "BATON_FS_CHECK_S", 10, "seconds the shared-filesystem check at a multi-node start may take (0: no check)"
 )

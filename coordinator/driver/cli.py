@@ -119,6 +119,7 @@ ENV_MINIMUMS = (
     (defaults.POLICY_RESTARTS, 0),
     (defaults.JOIN_WAIT_S, 1),
     (defaults.FS_CHECK_S, 0),
+    (defaults.START_SPREAD_S, 0),
     (defaults.PROGRESS_S, 0),
 )
 SLURM_ADDR_SOURCE = "the first host of SLURM_JOB_NODELIST"

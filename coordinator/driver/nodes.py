@@ -18,7 +18,8 @@ import json
 import os
 import signal
 import socket
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,14 @@ from coordinator.driver.startcheck import StartCheck
 from coordinator.heartbeat import LivenessWatcher, PeerWatch
 from coordinator.membership import default_addr, join_run, pid_started, start_run
 from coordinator.protocol_cli import incarnation, protocol_root
-from rollout_engine.defaults import BARRIER_REPORT_S, DEAD_AFTER_S, HEARTBEAT_S, JOIN_WAIT_S, Setting
+from rollout_engine.defaults import (
+    BARRIER_REPORT_S,
+    DEAD_AFTER_S,
+    HEARTBEAT_S,
+    JOIN_WAIT_S,
+    START_SPREAD_S,
+    Setting,
+)
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
 from rollout_engine.layout import Layout, rank_file_name
@@ -65,6 +73,8 @@ if TYPE_CHECKING:
     from coordinator.driver.procs import Groups
     from coordinator.driver.supervise import Child, Supervisor
 
+#: from this many nodes on, the nodes' starts are spread over START_SPREAD_S unless BATON_START_SPREAD_S says otherwise
+SPREAD_FROM_NODES = 64
 #: how often a barrier or a join looks
 POLL_S = 0.2
 #: how often the master looks whether every rank joined (`members`)
@@ -77,6 +87,31 @@ RECEIVE_REPORT_S = 600.0
 BEAT_RESTARTS = 3
 #: seconds the heartbeat has to stop on SIGTERM at the end (run.cleanup, through `stop_heartbeat`)
 BEAT_GRACE_S = 5
+
+
+def start_delay(rank: int, num_nodes: int, env: Mapping[str, str] = os.environ) -> float:
+    """Seconds rank `rank` of `num_nodes` waits before it makes its first name on the log path: rank r waits
+    spread * r / N, so that about N / spread nodes start in any second. A node makes about 12 names at its start
+    (docs/multinode.md, Scale), so a spread of 60 s keeps the start within N/5 creates and renames a second, a
+    metadata server's costly operations. The spread is BATON_START_SPREAD_S; unset, 60 s from SPREAD_FROM_NODES
+    nodes on and none below, where a start's few hundred names are one second's work for any server."""
+    text = env.get(START_SPREAD_S.env, "").strip()
+    spread = int(text) if text else (START_SPREAD_S.default if num_nodes >= SPREAD_FROM_NODES else 0)
+    return spread * rank / num_nodes if num_nodes > 1 else 0.0
+
+
+def spread_start(rank: int, num_nodes: int, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait this node's share of the spread start (start_delay), saying so: before its claims, so that a
+    signal meanwhile ends it with nothing written."""
+    delay = start_delay(rank, num_nodes)
+    if delay <= 0:
+        return
+    spread = START_SPREAD_S.value() if os.environ.get(START_SPREAD_S.env, "").strip() else START_SPREAD_S.default
+    say.log(
+        f"rank {rank} of {num_nodes}: starting in {delay:.1f}s, the nodes' starts spread over {spread}s to spare "
+        f"the shared filesystem's metadata server ({START_SPREAD_S.env}; docs/multinode.md)"
+    )
+    sleep(delay)
 
 
 def this_incarnation() -> Incarnation:

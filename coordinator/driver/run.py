@@ -18,7 +18,7 @@ from types import FrameType
 from coordinator import runstate
 from coordinator.driver import cli, procs
 from coordinator.driver.context import Composed, Pythons, Run
-from coordinator.driver.nodes import Node
+from coordinator.driver.nodes import Node, spread_start
 from coordinator.driver.phase import dashboard_cmd
 from coordinator.driver.procs import Groups
 from coordinator.driver.resume import check_resume
@@ -61,11 +61,14 @@ def main(argv: list[str]) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             resolved = Path(tmp) / "resolved.yaml"
             run = build(args, resolved)
+            spread_start(args.rank, args.num_nodes)  # checked, composed, nothing written yet
             return execute(run, resolved)
     except Ended as exc:
         for line in error_lines(exc):
             print(line, file=sys.stderr, flush=True)
         return exc.code
+    except KeyboardInterrupt:  # before the run's own handlers (a Ctrl+C during the spread start)
+        return 130
 
 
 def request_of(args: cli.Args, base_model: str = "") -> Request:

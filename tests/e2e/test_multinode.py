@@ -382,15 +382,18 @@ def test_stop_and_sigterm_on_the_master_stop_every_node_and_resume_finishes_the_
     assert "stopped: " in out_w and "SIGTERM on the master" in out_w, out_w[-2000:]
     assert_nothing_left(log)
 
-    # 3. --resume finishes the iteration: every planned episode once, the stopped parts kept
+    # 3. --resume finishes the iteration: every planned episode once, the stopped parts kept; the starts spread
+    #    over 8 s (as from 64 nodes on over 60 s): the worker starts 4 s after the master
+    spread = {"BATON_START_SPREAD_S": "8"}
     nodes = [
-        node(data_dir, log, "0", *args, "--resume", fs=volume),
-        node(data_dir, log, "1", *args, "--resume", fs=volume),
+        node(data_dir, log, "0", *args, "--resume", env=spread, fs=volume),
+        node(data_dir, log, "1", *args, "--resume", env=spread, fs=volume),
     ]
     budget = generation_s(96, 32)
     waiting_for = "both nodes to finish the resumed iteration"
     outs = [communicate_waiting(proc, waiting_for=waiting_for, timeout=budget) for proc in nodes]
     assert [proc.returncode for proc in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    assert "starting in" not in outs[0] and "[baton] rank 1 of 2: starting in 4.0s" in outs[1], outs[1][:2000]
     ids = [t["episode_id"] for rank in (0, 1) for t in episodes(log, "train", 1, rank)]
     merged = [r for r in metrics(log) if r["kind"] == "rollout" and r["iteration"] == 1]
     assert len(merged) == 1 and merged[0]["complete"]

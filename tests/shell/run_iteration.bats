@@ -162,3 +162,22 @@ YAML
   [[ $stderr == *"node_groups[0].node_ranks [5] are outside 0..1 (--num-nodes 2)"* ]]
   [ ! -e "$LOG" ]
 }
+
+@test "a spread start waits its share before it writes anything; SIGTERM meanwhile ends it with 143, nothing written" {
+  local out="$BATS_TEST_TMPDIR/out" pid status=0 waited=0
+  mkdir -p "$LOG"
+  # rank 1 of 2 over a 600 s spread: 300 s (a multi-node start makes about 12 names a node: docs/multinode.md)
+  BATON_START_SPREAD_S=600 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase update \
+    --num-nodes 2 --rank-weights 1,1 --worker 1 >"$out" 2>&1 &
+  pid=$!
+  until grep -q "starting in" "$out" || ((waited >= 120)); do
+    sleep 0.5
+    waited=$((waited + 1))
+  done
+  [[ $(<"$out") == *"[baton] rank 1 of 2: starting in 300.0s, the nodes' starts spread over 600s"*"(BATON_START_SPREAD_S; docs/multinode.md)"* ]]
+  [[ -z $(ls -A "$LOG") ]]
+  kill -TERM "$pid"
+  wait "$pid" || status=$?
+  ((status == 143))
+  [[ -z $(ls -A "$LOG") ]]
+}

@@ -236,6 +236,12 @@ TABLE = [
         "Environment)",
     ),
     (
+        ["--rl-phase", "update"],
+        {"BATON_START_SPREAD_S": "1m"},
+        "BATON_START_SPREAD_S must be a whole number >= 0 (got '1m'); unset it for the default (docs/cli.md, "
+        "Environment)",
+    ),
+    (
         ["--rl-phase", "update", "--node-addr", "a b"],
         {},
         "--node-addr must be a host name or an IP address (got 'a b')",

@@ -25,7 +25,7 @@ import pytest
 from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Eviction, StopRequest
 from coordinator.driver import say, startcheck
-from coordinator.driver.nodes import Members, Node, failed_partner
+from coordinator.driver.nodes import SPREAD_FROM_NODES, Members, Node, failed_partner, spread_start, start_delay
 from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import EXPIRED, Supervisor
 from coordinator.fscheck import load_findings
@@ -537,3 +537,38 @@ def test_the_start_check_s_verdict_ends_the_master_with_exit_2(nodes: Nodes, mon
     with pytest.raises(say.Die) as caught:
         master.supervisor.tick()
     assert caught.value.code == 2 and str(caught.value.message).startswith("BATON_DEAD_AFTER_S=10 is too short")
+
+
+# --- the start, spread over the nodes -------------------------------------------------------------------------
+
+
+def test_from_64_nodes_the_starts_spread_over_a_minute_so_that_at_most_n_over_60_nodes_start_in_any_second() -> None:
+    # each node makes about 12 names at its start (docs/multinode.md, Scale): N/60 starts a second is N/5 names
+    assert SPREAD_FROM_NODES == 64
+    for nodes in (64, 128, 1000):
+        delays = [start_delay(rank, nodes, {}) for rank in range(nodes)]
+        assert delays[0] == 0 and max(delays) < 60 and delays == sorted(delays)
+        busiest = max(sum(1 for d in delays if second <= d < second + 1) for second in range(60))
+        assert busiest <= -(-nodes // 60), (nodes, busiest)
+    assert [start_delay(rank, 8, {}) for rank in range(8)] == [0.0] * 8  # below 64 nodes: at once
+    assert start_delay(0, 1, {"BATON_START_SPREAD_S": "30"}) == 0.0
+
+
+def test_baton_start_spread_s_sets_the_spread_at_any_number_of_nodes_and_0_turns_it_off() -> None:
+    assert [start_delay(rank, 4, {"BATON_START_SPREAD_S": "20"}) for rank in range(4)] == [0.0, 5.0, 10.0, 15.0]
+    assert start_delay(999, 1000, {"BATON_START_SPREAD_S": "0"}) == 0.0
+
+
+def test_a_spread_start_says_how_long_it_waits_and_waits_that_long(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setenv("BATON_START_SPREAD_S", "20")
+    spread_start(3, 4, sleep=slept.append)
+    assert slept == [15.0]
+    assert capsys.readouterr().err == (
+        "[baton] rank 3 of 4: starting in 15.0s, the nodes' starts spread over 20s to spare the shared "
+        "filesystem's metadata server (BATON_START_SPREAD_S; docs/multinode.md)\n"
+    )
+    spread_start(0, 4, sleep=slept.append)  # the master starts at once
+    assert slept == [15.0] and capsys.readouterr().err == ""
