@@ -31,6 +31,10 @@ class Setting:
         text = env.get(self.env, "")
         return int(text) if text.strip() else int(self.default)
 
+    def given(self, env: Mapping[str, str] = os.environ) -> bool:
+        """Whether this run's environment sets the variable (a default that depends on the run needs to know)."""
+        return bool(env.get(self.env, "").strip())
+
 
 # Several nodes (coordinator: membership, heartbeat, barrier)
 HEARTBEAT_S = Setting("BATON_HEARTBEAT_S", 5, "seconds between a node's heartbeats")

@@ -95,9 +95,14 @@ def start_delay(rank: int, num_nodes: int, env: Mapping[str, str] = os.environ) 
     (docs/multinode.md, Scale), so a spread of 60 s keeps the start within N/5 creates and renames a second, a
     metadata server's costly operations. The spread is BATON_START_SPREAD_S; unset, 60 s from SPREAD_FROM_NODES
     nodes on and none below, where a start's few hundred names are one second's work for any server."""
-    text = env.get(START_SPREAD_S.env, "").strip()
-    spread = int(text) if text else (START_SPREAD_S.default if num_nodes >= SPREAD_FROM_NODES else 0)
-    return spread * rank / num_nodes if num_nodes > 1 else 0.0
+    return spread_s(num_nodes, env) * rank / num_nodes if num_nodes > 1 else 0.0
+
+
+def spread_s(num_nodes: int, env: Mapping[str, str] = os.environ) -> int:
+    """The spread of N nodes' starts: BATON_START_SPREAD_S, or unset its default from SPREAD_FROM_NODES on."""
+    if START_SPREAD_S.given(env) or num_nodes >= SPREAD_FROM_NODES:
+        return START_SPREAD_S.value(env)
+    return 0
 
 
 def spread_start(rank: int, num_nodes: int, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -106,10 +111,10 @@ def spread_start(rank: int, num_nodes: int, sleep: Callable[[float], None] = tim
     delay = start_delay(rank, num_nodes)
     if delay <= 0:
         return
-    spread = START_SPREAD_S.value() if os.environ.get(START_SPREAD_S.env, "").strip() else START_SPREAD_S.default
+    spread = spread_s(num_nodes)
     say.log(
-        f"rank {rank} of {num_nodes}: starting in {delay:.1f}s, the nodes' starts spread over {spread}s to spare "
-        f"the shared filesystem's metadata server ({START_SPREAD_S.env}; docs/multinode.md)"
+        f"rank {rank} of {num_nodes}: starting in {delay:.1f}s, the nodes' starts spread over {spread}s to spare the "
+        f"shared filesystem's metadata server ({START_SPREAD_S.env}; docs/multinode.md)"
     )
     sleep(delay)
 
