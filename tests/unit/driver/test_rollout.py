@@ -28,7 +28,6 @@ from coordinator.driver.procs import Groups, group_alive
 from coordinator.driver.say import Die
 from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.vllm import PolicyServer
-from rollout_engine.layout import GROUPS_NAME
 from rollout_engine.metrics_log import load_metrics
 from tests.conftest import env_python
 from tests.unit.driver.fakes import Runs, model_folder, running, wait_for
@@ -253,7 +252,7 @@ def test_exit_2_with_our_server_not_answering_is_a_dead_server_with_it_answering
 
 
 def test_a_run_resumed_after_an_upgrade_takes_over_the_groups_an_older_baton_recorded_one_file_each(
-    runs: Runs, capsys: pytest.CaptureFixture[str]
+    runs: Runs, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:
     # Baton before groups.json: `pids/<name>.pgid` ("pgid start") a group, `vllm.weights` the served model
     run = runs.make(serve=True)
@@ -266,7 +265,7 @@ def test_a_run_resumed_after_an_upgrade_takes_over_the_groups_an_older_baton_rec
         "vllm", [server.serve_py, "--port", str(run.port), "--served-model-name", "policy", "--model", model], None
     )
     train = old.start("rollout-train", ["sleep", "300"], None)
-    (run.run_dir / "old" / GROUPS_NAME).unlink()
+    request.addfinalizer(lambda: [old.stop(name, 2) for name in ("vllm", "rollout-train")])  # whatever the outcome
     pids = run.run_dir / "pids"
     pids.mkdir(parents=True)
     (pids / "vllm.pgid").write_text(f"{vllm.pgid} {vllm.start}\n")
