@@ -363,7 +363,7 @@ def test_start_serves_and_records_the_weights_then_a_new_run_reuses_it(
     assert server.serves(model) and groups.listens("vllm", port)
     # the weights it holds ride on its group's record: no name of their own on the shared path
     assert server.recorded_weights() == model and groups.records()["vllm"].holds == model
-    assert sorted(p.name for p in run_dir.iterdir()) == ["groups.json", "logs", "serving.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted([GROUPS_NAME, "logs", "serving.json"])
     pgid = groups.recorded("vllm")[0]
     environ = Path(f"/proc/{pgid}/environ").read_bytes().split(b"\0")
     assert b"VLLM_SERVER_DEV_MODE=1" in environ and b"VLLM_CPU_KVCACHE_SPACE=4" in environ
