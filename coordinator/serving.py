@@ -226,6 +226,16 @@ def gpu_compute_capabilities() -> list[str]:
         return []
 
 
+def served_dtype(device: str, forced: str = "", cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The dtype this machine's vLLM computes in (choose_dtype's); "" when `forced` is no dtype (the server's
+    start says so, exit 2)."""
+    text = cpuinfo.read_text() if cpuinfo.exists() else ""
+    try:
+        return choose_dtype(device, text, gpu_compute_capabilities() if device == "cuda" else [], forced).dtype
+    except ValueError:
+        return ""
+
+
 def serving_plan(
     device: str,
     model: Path,

@@ -32,6 +32,8 @@ STAGES = ("sft", "kto", "dpo")
 FINETUNING_TYPES = ("full", "lora")
 PHASES = ("prepare", "train", "promote", "all", "check", "revert")
 PROMOTION_DTYPES = ("auto", "bfloat16", "float16", "float32")
+#: what run.sh says the node's vLLM computes in ("": not known, as when the update runs on its own)
+SERVED_DTYPES = ("", "bfloat16", "float16", "float32")
 DEEPSPEED_PRESETS = ("auto", "none", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
 #: the HF Trainer's schedulers (transformers.SchedulerType of the pinned transformers)
 LR_SCHEDULERS = (
@@ -251,9 +253,12 @@ class PromotionConfig:
 
     #: policy versions kept under <log>/policy (the current one is always kept)
     keep_last: int = setting(3, Range(low=1))
-    #: dtype of the served weights: auto = the model the update trained from (the base model's), or one of
-    #: bfloat16, float16, float32; wider trainer weights are kept in v<NNNN>/fp32/ and trained on next
+    #: dtype of the served weights: auto = the model the update trained from (the base model's), or the
+    #: server's `served_dtype` when that is wider; or one of bfloat16, float16, float32. Wider trainer weights
+    #: are kept in v<NNNN>/fp32/ and trained on next (training.precision.promotion_dtype)
     dtype: str = setting("auto", Choice(PROMOTION_DTYPES))
+    #: the dtype the node's vLLM computes in, filled by run.sh (coordinator.serving.choose_dtype)
+    served_dtype: str = setting("", Choice(SERVED_DTYPES))
 
 
 @dataclass

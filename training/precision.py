@@ -4,12 +4,15 @@
     n = parameter_count(model_dir)                # floating weights in those files
     keep_full_precision(staging, "bfloat16")      # staging/fp32/ = the trainer's fp32 files; staging/ cast
     source = training_weights(policy_version)     # policy_version/fp32 when it has one
+    promotion_dtype("auto", "bfloat16", "float32")  # "float32": the server computes wider than the base
 
 The trainer keeps and saves fp32 weights (without DeepSpeed, and with DeepSpeed
 through its `torch_autocast`: training.recipe.precision), and so does the LoRA
 merge, told so: 2.4 times the size of a bf16 base, and a dtype that changes under the server.
 So a promoted version is cast to the dtype of the model it was trained from
-(the base model's, version after version; `promotion.dtype` may name another),
+(the base model's, version after version), unless the server computes in a
+wider one (vLLM on a CPU without native bf16: float32), which it then keeps
+(`promotion_dtype`; `promotion.dtype` may name another),
 and the trainer's own fp32 files are kept, hard-linked, in `v<NNNN>/fp32/`:
 an update at the default learning rates (1e-6, 5e-7) moves a weight far less
 than bf16's resolution (8 bits of mantissa: about 0.4% of its size), so the
@@ -67,6 +70,20 @@ def _header(path: Path) -> dict:
         header = json.loads(f.read(length))
     header.pop("__metadata__", None)
     return header
+
+
+def promotion_dtype(setting: str, trained_from: str | None, served: str) -> str | None:
+    """The dtype a version is promoted in: `setting` when it names one; for auto, the dtype of the model the
+    update trained from, or the server's `served` dtype when that is wider. A CPU without native bf16 runs
+    vLLM in float32: bf16 weights there would only round away what the trainer's fp32 ones learned (an
+    update at a small step moves most weights by less than bf16's resolution), and a policy gradient's ratio
+    would compare the trainer with that rounding instead of with the policy it sampled from. None: no
+    weights to read a dtype from (promoted as saved)."""
+    if setting != "auto":
+        return setting
+    if trained_from is not None and WIDTH.get(served, 0) > WIDTH[trained_from]:
+        return served
+    return trained_from
 
 
 def training_weights(model: Path) -> Path:

@@ -50,7 +50,7 @@ from training.demonstrations import add_demonstrations, demonstrations_for
 from training.episodes import plan_rows
 from training.launch import TrainResult, run_group, run_training
 from training.metrics import parse_training, policy_gradient_stats
-from training.precision import parameter_count, training_weights, weights_dtype
+from training.precision import parameter_count, promotion_dtype, training_weights, weights_dtype
 from training.promotion import promote, revert
 from training.recipe import (
     Device,
@@ -532,7 +532,7 @@ def promote_policy(cfg: UpdateConfig, paths: RunPaths) -> int:
         cfg.promotion.keep_last,
         cfg.algorithm.finetuning_type,
         paths.output / OPTIMIZER_FOLDER,
-        weights_dtype(parent) if cfg.promotion.dtype == "auto" else cfg.promotion.dtype,
+        promotion_dtype(cfg.promotion.dtype, weights_dtype(parent), cfg.promotion.served_dtype),
     )
     append_update(
         cfg.log_path,

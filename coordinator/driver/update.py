@@ -4,6 +4,7 @@ and stopping a running one so that its training groups end too."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import signal
 import sys
@@ -20,6 +21,7 @@ from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
 from coordinator.driver.trainer import WarmTrainer, code_digest, kill_listed, nproc_of
 from coordinator.driver.vllm_settings import device, gpu_count
+from coordinator.serving import served_dtype
 from rollout_engine.defaults import CHECK_TIMEOUT_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.metrics_log import load_metrics
@@ -29,7 +31,8 @@ from training.warm import Placement
 def update_cmd(run: Run, iteration: int, phase: str, *extra: str) -> list[str]:
     """`python -m training` for `phase`. A single node takes a free torchrun port; on several, every node
     uses the master's address and the port it chose at the start of the run. An override of
-    launch.master_port, which comes later, still wins."""
+    launch.master_port, which comes later, still wins. The update is told the dtype this node's vLLM computes
+    in, which promotion keeps when it is wider than the model's."""
     launch = [
         f"launch.nnodes={run.train_nodes or run.args.num_nodes}",
         f"launch.node_rank={run.rank if run.train_rank is None else run.train_rank}",
@@ -42,6 +45,8 @@ def update_cmd(run: Run, iteration: int, phase: str, *extra: str) -> list[str]:
         launch.append(f"launch.master_port={free_port()}")
     cmd = [run.pythons.train, "-m", "training", "--config-name", "update", f"log_path={run.log}"]
     cmd += [f"iteration={iteration}", f"model_path={run.policy_path()}", f"phase={phase}"]
+    # promotion keeps what the trainer learned at the precision vLLM computes in (training.precision)
+    cmd.append(f"promotion.served_dtype={served_dtype(device(), os.environ.get('BATON_VLLM_DTYPE', ''))}")
     return cmd + launch + list(extra) + run.composed.update
 
 

@@ -65,6 +65,11 @@ def test_quickstart_runs_two_short_iterations_promotes_serves_records_and_evalua
     assert {t["policy_version"] for t in journal(log, "test", 3)} == {2}  # the final evaluation: the last policy
     record = json.loads((log / "policy" / "v0001" / "baton_policy.json").read_text())
     assert (record["version"], record["iteration"]) == (1, 1)  # trained on iteration 1, served in iteration 2
+    # promoted in the dtype vLLM computes in on this machine when wider than the base model's bf16: the
+    # trainer's fp32 weights as they are (docs/update.md, "Dtype"); else bf16, the fp32 ones kept beside
+    computes_in = json.loads((log / "run" / "rank_0" / "serving.json").read_text())["dtype"]
+    wider = computes_in == "float32"
+    assert (record["dtype"], record["full_precision"]) == ("float32" if wider else "bfloat16", not wider), record
     assert os.readlink(log / "policy" / "current") == "v0002"  # iteration 2's update promoted the next one
     # the optimizer carried (docs/update.md): iteration 2's update (1 step) started from v0001's Adam and step
     carried = [json.loads((log / "policy" / v / "optimizer" / "state.json").read_text()) for v in ("v0001", "v0002")]

@@ -17,6 +17,7 @@ from coordinator.serving import (
     load_model_config,
     model_config_problem,
     parse_cpuinfo,
+    served_dtype,
     text_config,
 )
 from tests.conftest import REPO
@@ -114,6 +115,17 @@ def test_a_bad_override_names_the_variable_and_the_fix() -> None:
     expected = r"BATON_VLLM_DTYPE must be one of float32, bfloat16, float16 or auto \(got 'fp32'\)"
     with pytest.raises(ValueError, match=expected):
         choose_dtype("cpu", EPYC_AVX2, forced="fp32")
+
+
+def test_the_served_dtype_the_update_is_told_is_this_machines_choice_and_empty_for_a_bad_override(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "avx2").write_text(EPYC_AVX2)
+    (tmp_path / "spr").write_text(SAPPHIRE_RAPIDS)
+    assert served_dtype("cpu", cpuinfo=tmp_path / "avx2") == "float32"
+    assert served_dtype("cpu", cpuinfo=tmp_path / "spr") == "bfloat16"
+    assert served_dtype("cpu", "bfloat16", cpuinfo=tmp_path / "avx2") == "bfloat16"
+    assert served_dtype("cpu", "fp32", cpuinfo=tmp_path / "avx2") == ""  # vLLM's start refuses it, exit 2
 
 
 def test_kv_cache_holds_every_session_at_full_length() -> None:

@@ -21,9 +21,24 @@ from coordinator import groupfile, runstate
 from coordinator.driver import say
 from coordinator.driver.context import Run
 from coordinator.driver.procs import group_alive, start_time
-from coordinator.driver.update import check_problems, check_start, check_wait, stop_update, update
+from coordinator.driver.update import check_problems, check_start, check_wait, stop_update, update, update_cmd
 from rollout_engine.layout import GROUPS_NAME
 from tests.unit.driver.fakes import Runs, running
+
+# --- the command ---
+
+
+def test_the_update_is_told_the_dtype_this_nodes_vllm_computes_in_and_a_users_setting_comes_after_it(
+    runs: Runs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = runs.make()
+    for forced in ("float32", "bfloat16"):
+        monkeypatch.setenv("BATON_VLLM_DTYPE", forced)
+        assert f"promotion.served_dtype={forced}" in update_cmd(run, 1, "train")
+    run.composed.update = ["promotion.dtype=bfloat16"]
+    cmd = update_cmd(run, 1, "train")
+    assert cmd.index("promotion.dtype=bfloat16") > cmd.index("promotion.served_dtype=bfloat16")
+
 
 # --- the update-check ----------------------------------------------------------------------------------------
 

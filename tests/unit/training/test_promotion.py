@@ -187,6 +187,27 @@ def test_a_float32_setting_serves_float32_weights_as_the_trainer_saved_them(tmp_
     assert (record["dtype"], record["full_precision"]) == ("float32", False)
 
 
+@pytest.mark.parametrize(
+    ("setting", "trained_from", "served", "promoted"),
+    [
+        ("auto", "bfloat16", "float32", "float32"),  # vLLM on a CPU without native bf16: the trainer's fp32 served
+        ("auto", "bfloat16", "bfloat16", "bfloat16"),  # a GPU: the base model's dtype, the fp32 kept beside it
+        ("auto", "bfloat16", "float16", "bfloat16"),  # as wide: vLLM casts
+        ("auto", "float32", "bfloat16", "float32"),  # an fp32 base stays fp32
+        ("auto", "bfloat16", "", "bfloat16"),  # the server's dtype not known (the update run on its own)
+        ("auto", None, "float32", None),  # no weights to read: promoted as saved
+        ("bfloat16", "bfloat16", "float32", "bfloat16"),  # a named dtype wins
+        ("float32", "bfloat16", "bfloat16", "float32"),
+    ],
+)
+def test_auto_promotes_in_the_base_models_dtype_or_the_servers_when_that_is_wider(
+    setting: str, trained_from: str | None, served: str, promoted: str | None
+) -> None:
+    from training.precision import promotion_dtype
+
+    assert promotion_dtype(setting, trained_from, served) == promoted
+
+
 def test_the_next_update_trains_from_a_versions_fp32_copy_which_goes_with_the_version(tmp_path: Path) -> None:
     from training.precision import training_weights
 
