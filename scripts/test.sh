@@ -44,7 +44,7 @@ test_pytest() {
   local -a filter=() extra=()
   mapfile -t filter < <(testreport_pytest_filter)
   read -r -a extra <<<"${BATON_PYTEST_ARGS:-}"
-  (cd "$ROOT" && "$BATON_APP_PY" -m pytest "$dir" -p no:cacheprovider --durations=12 \
+  (cd "$ROOT" && "$BATON_APP_PY" -m pytest "$dir" -p no:cacheprovider --durations=25 \
     --junitxml="$REPORTS/$name.xml" "${filter[@]}" "${extra[@]}")
 }
 
@@ -104,7 +104,11 @@ main() {
     printf '%-8s %-6s %-7s %s\n' "$stage" "$result" "${STAGE_TIME[$stage]}" "${STAGE_FREE[$stage]}"
   done
   testreport_summary "$REPORTS" "$failed" || rc=$?
-  rm -rf "$REPORTS"
+  # each test's time is in the JUnit files (pytest prints only the slowest): what a fold is decided from
+  local kept
+  kept="$(common_baton_home)/test-reports"
+  rm -rf "$kept" && mkdir -p "$(dirname "$kept")" && mv "$REPORTS" "$kept" && chmod 755 "$kept" &&
+    common_log "the reports (JUnit with each test's time, TAP): $kept"
   return "$rc"
 }
 
