@@ -226,12 +226,18 @@ def gpu_compute_capabilities() -> list[str]:
         return []
 
 
+def machine(device: str, cpuinfo: Path) -> tuple[str, list[str]]:
+    """What decides the dtype on this machine: its /proc/cpuinfo text and, on `device` "cuda", the GPUs'
+    compute capabilities."""
+    text = cpuinfo.read_text() if cpuinfo.exists() else ""
+    return text, gpu_compute_capabilities() if device == "cuda" else []
+
+
 def served_dtype(device: str, forced: str = "", cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The dtype this machine's vLLM computes in (choose_dtype's); "" when `forced` is no dtype (the server's
     start says so, exit 2)."""
-    text = cpuinfo.read_text() if cpuinfo.exists() else ""
     try:
-        return choose_dtype(device, text, gpu_compute_capabilities() if device == "cuda" else [], forced).dtype
+        return choose_dtype(device, *machine(device, cpuinfo), forced).dtype
     except ValueError:
         return ""
 
@@ -249,8 +255,7 @@ def serving_plan(
     """The plan to serve the model folder `model` on `device` ("cpu" or "cuda") with `tensor_parallel` x
     `data_parallel` vLLM workers; `forced` is BATON_VLLM_DTYPE. Raises ValueError with the message for people: a
     bad `forced`, or a config.json that cannot size the KV cache (bad input, both)."""
-    text = cpuinfo.read_text() if cpuinfo.exists() else ""
-    caps = gpu_compute_capabilities() if device == "cuda" else []
+    text, caps = machine(device, cpuinfo)
     precision = choose_dtype(device, text, caps, forced)
     config = load_model_config(model)
     kv = kv_cache_gib(config, precision.dtype, sessions, max_model_len, tensor_parallel, data_parallel)
