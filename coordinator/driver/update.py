@@ -46,8 +46,8 @@ def update_cmd(run: Run, iteration: int, phase: str, *extra: str) -> list[str]:
     cmd = [run.pythons.train, "-m", "training", "--config-name", "update", f"log_path={run.log}"]
     cmd += [f"iteration={iteration}", f"model_path={run.policy_path()}", f"phase={phase}"]
     # promotion keeps what the trainer learned at the precision vLLM computes in (training.precision)
-    cmd.append(f"promotion.served_dtype={served_dtype(device(), os.environ.get('BATON_VLLM_DTYPE', ''))}")
-    return cmd + launch + list(extra) + run.composed.update
+    served = f"promotion.served_dtype={served_dtype(device(), os.environ.get('BATON_VLLM_DTYPE', ''))}"
+    return cmd + launch + [served] + list(extra) + run.composed.update
 
 
 # The check ------------------------------------------------------------------------------------------
