@@ -153,9 +153,18 @@ main() {
   fi
   common_log "device: $(envs_device); cache: $home"
   sysdeps_ensure "$apt" "$for_tests"
+  # the environments build side by side (each its own venv and log; pip's cache is safe to share): a fresh
+  # machine's setup is mostly downloads and unpacking, which overlap
+  local -a pids=()
+  local failed=0 pid
   for env in "${only[@]}"; do
-    setup_env "$env" "$rebuild"
+    setup_env "$env" "$rebuild" &
+    pids+=($!)
   done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || failed=1
+  done
+  ((failed == 0)) || common_die 1 "setup failed (the environment named above); rerun to retry it"
   common_log "setup complete"
 }
 

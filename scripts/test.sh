@@ -7,7 +7,8 @@
 #
 # With no stage named, runs them all in that order: lint (shellcheck + ruff),
 # unit (pytest tests/unit), shell (bats tests/shell), e2e (pytest tests/e2e:
-# real vLLM, LLaMA-Factory, Chromium). Every stage runs even after a failure.
+# real vLLM, LLaMA-Factory, Chromium). Unit and shell run a file per core at
+# once (at most 4), e2e one test at a time. Every stage runs even after a failure.
 # The last line tallies the tests: passed, failed, skipped and deselected
 # (the `gpu` tests on a machine without an NVIDIA GPU). The exit code is
 # non-zero if a stage failed or any test was skipped: nothing may be skipped.
@@ -36,22 +37,35 @@ test_lint() {
     (cd "$ROOT" && ruff check . && ruff format --check coordinator rollout_engine training tests bench)
 }
 
-# test_pytest <name> <dir>: run pytest on <dir> with a JUnit report, the `gpu`
+# test_pytest <name> <dir> [pytest args...]: run pytest on <dir> with a JUnit report, the `gpu`
 # tests deselected on a machine without a GPU, the `long` ones without BATON_TEST_LONG=1 (BATON_PYTEST_ARGS comes last: its -m wins).
 # shellcheck disable=SC2329 # called through test_stage
 test_pytest() {
   local name=$1 dir=$2
+  shift 2
   local -a filter=() extra=()
   mapfile -t filter < <(testreport_pytest_filter)
   read -r -a extra <<<"${BATON_PYTEST_ARGS:-}"
   (cd "$ROOT" && "$BATON_APP_PY" -m pytest "$dir" -p no:cacheprovider --durations=25 \
-    --junitxml="$REPORTS/$name.xml" "${filter[@]}" "${extra[@]}")
+    --junitxml="$REPORTS/$name.xml" "$@" "${filter[@]}" "${extra[@]}")
 }
 
-# test_bats: run the shell tests with a TAP report.
+# test_jobs: how many test files run at once: one per core, at most 4. The tests are mostly
+# one-threaded interpreters starting, so a second core nearly halves a stage.
+test_jobs() {
+  local cores
+  cores=$(nproc)
+  echo $((cores < 4 ? cores : 4))
+}
+
+# test_bats: run the shell tests, test_jobs files at once (xargs: nothing to install), a TAP
+# report per file; the slowest files first, so that the last ones to start are short.
 # shellcheck disable=SC2329 # called through test_stage
 test_bats() {
-  (cd "$ROOT" && bats --tap tests/shell | tee "$REPORTS/shell.tap")
+  # shellcheck disable=SC2016 # $1 and $2 are the inner bash's arguments
+  (cd "$ROOT" && find tests/shell -name '*.bats' -printf '%s %p\n' | sort -rn | cut -d ' ' -f 2 |
+    xargs -d '\n' -P "$(test_jobs)" -I {} \
+      bash -c 'set -o pipefail; bats --tap "$1" | tee "$2/shell-$(basename "$1" .bats).tap"' _ {} "$REPORTS")
 }
 
 # test_free_gb: GB free where the tests write (pytest's temporary folders):
@@ -92,7 +106,9 @@ main() {
   for stage in "${stages[@]}"; do
     case "$stage" in
       lint) test_stage lint test_lint ;;
-      unit) test_stage unit test_pytest unit tests/unit ;;
+      # each file in one worker (pytest-xdist), its module fixtures (test_carry's trainings) made once; the e2e
+      # stage runs one test at a time: its timeouts are sized for a machine the test has to itself
+      unit) test_stage unit test_pytest unit tests/unit -n "$(test_jobs)" --dist loadfile ;;
       shell) test_stage shell test_bats ;;
       e2e) test_stage e2e test_pytest e2e tests/e2e ;;
     esac

@@ -19,8 +19,8 @@ The reference's agent, a vision-language model looking at screenshots, the same 
 (tests/e2e/toy_vlm.py, which answers click(e3|e4|e5)) on MiniWoB++ click-test with `env.observation=both`: the
 screenshots reach vLLM by file:// URL (each prompt's token ids hold 80 image tokens per screenshot, at most 2), the
 journal names them, the update trains rows with images under the template found from the model (qwen3_vl_nothink),
-the token-fidelity check passes on them, and each new policy keeps its processor files and is reloaded in place.
-About 200 s on a 2-core CPU (one vLLM start, four rollouts in Chromium and two updates with LLaMA-Factory).
+the token-fidelity check passes on them, and the new policy keeps its processor files, is reloaded in place and
+evaluated. One vLLM start, two rollouts in Chromium (train, then the final evaluation) and one update.
 """
 
 from __future__ import annotations
@@ -283,14 +283,15 @@ def test_a_qwen3_vl_sees_miniwob_screenshots_and_trains_on_them(
     small += ["policy_config.max_new_tokens=8", "algorithm.per_device_train_batch_size=2"]
     small += ["algorithm.gradient_accumulation_steps=1", "promotion.keep_last=2"]
     small += ["algorithm.selection.positive_samples_to_train=4", "algorithm.learning_rate=1e-4"]
-    both = ["--rl-phase", "both", "--eval-interval", "1", "--max-iterations", "2"]
-    out = run_sh(data, log, *both, *settings, *small, timeout=RUN_S)
+    # one iteration and the final evaluation: the base model's rollouts, an update, v1 reloaded and evaluated
+    once = ["--rl-phase", "both", "--max-iterations", "1", "--final-eval"]
+    out = run_sh(data, log, *once, *settings, *small, timeout=RUN_S)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     assert "chat template: qwen3_vl_nothink (default_system none)" in text, text[-4000:]
 
     # every screenshot reached vLLM: a prompt's ids hold its image tokens, at most 2 screenshots, files under the log
-    episodes = [e for split in ("train", "test") for n in (1, 2) for e in journal(log, split, n)]
+    episodes = journal(log, "train", 1) + journal(log, "test", 2)
     turns = [turn for episode in episodes for turn in episode["turns"]]
     shown = [image_urls(turn["messages"]) for turn in turns]
     assert turns and all(1 <= len(urls) <= 2 for urls in shown) and any(len(urls) == 2 for urls in shown)
@@ -300,21 +301,21 @@ def test_a_qwen3_vl_sees_miniwob_screenshots_and_trains_on_them(
         assert turn["images"] and url_path(urls[-1]).endswith(turn["images"][0]), "the page seen, by path"
     assert any(e["success"] for e in episodes) and not all(e["success"] for e in episodes)
 
-    for iteration in (1, 2):
-        recipe = (Layout(log).training_dir(iteration) / "train_config.yaml").read_text()
-        assert "template: qwen3_vl_nothink" in recipe and "image_max_pixels: 16777216" in recipe, recipe
-        rows = json.loads((Layout(log).training_dir(iteration) / "data" / "train.json").read_text())
-        assert rows and all(row["images"] and all(Path(i).is_file() for i in row["images"]) for row in rows)
-        update_log = Layout(log).phase_log(0, iteration, "update").read_text()
-        checked = [x for x in update_log.splitlines() if "token fidelity (train, template qwen3_vl_nothink)" in x]
-        assert checked and " 0 rows checked" not in checked[0], update_log[-3000:]
-        assert (Layout(log).policy_version(iteration) / "processor_config.json").is_file()
-    assert os.path.realpath(Layout(log).policy_current) == str(Layout(log).policy_version(2))
-    assert text.count("reloaded") == 2 and "restarting vLLM" not in text, text[-4000:]  # served in place
+    recipe = (Layout(log).training_dir(1) / "train_config.yaml").read_text()
+    assert "template: qwen3_vl_nothink" in recipe and "image_max_pixels: 16777216" in recipe, recipe
+    rows = json.loads((Layout(log).training_dir(1) / "data" / "train.json").read_text())
+    assert rows and all(row["images"] and all(Path(i).is_file() for i in row["images"]) for row in rows)
+    update_log = Layout(log).phase_log(0, 1, "update").read_text()
+    checked = [x for x in update_log.splitlines() if "token fidelity (train, template qwen3_vl_nothink)" in x]
+    assert checked and " 0 rows checked" not in checked[0], update_log[-3000:]
+    assert (Layout(log).policy_version(1) / "processor_config.json").is_file()
+    assert os.path.realpath(Layout(log).policy_current) == str(Layout(log).policy_version(1))
+    assert text.count("reloaded") == 1 and "restarting vLLM" not in text, text[-4000:]  # served in place
+    assert {e["policy_version"] for e in journal(log, "test", 2)} == {1}  # the final evaluation saw v1
 
     # the fidelity check refuses an image setting LLaMA-Factory would expand differently from vLLM, naming it: at
     # least 262,144 pixels, a 320x240 screenshot grows to more tokens than the model's processor gave vLLM
-    recipe_path = Layout(log).training_dir(2) / "train_config.yaml"
+    recipe_path = Layout(log).training_dir(1) / "train_config.yaml"
     mismatched = tmp_path / "mismatched.yaml"
     mismatched.write_text(recipe_path.read_text().replace("image_min_pixels: 65536", "image_min_pixels: 262144"))
     check = subprocess.run(

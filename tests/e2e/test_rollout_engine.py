@@ -150,10 +150,11 @@ def _group_alive(pgid: int) -> list[int]:
     return alive
 
 
+#: one episode at a time, so that the rollout is still running when the test kills it
 SLOW = (
     "env_config.server_size=1",
     "env_config.max_vllm_sessions=1",
-    "policy_config.max_new_tokens=48",
+    "policy_config.max_new_tokens=24",
     "env_config.train_tasks_rollout_size=8",
     "env_config.n_samples_per_task=2",
 )

@@ -33,7 +33,8 @@ import pytest
 from tests.conftest import REPO
 from tests.waits import run_waiting
 
-pytestmark = pytest.mark.e2e
+#: long (BATON_TEST_LONG=1): nothing here changes the lock but scripts/lock.sh serve-cuda, after which it runs
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 LOCK = REPO / "scripts" / "locks" / "serve-cuda.txt"
 #: every manylinux tag a glibc 2.31 x86_64 machine accepts (pip does not widen --platform by itself)

@@ -39,7 +39,7 @@ fake_tasks() {
 # command in $CALLS and answers phase=check with exit $FAKE_CHECK_EXIT (default
 # 0; 2 with a report as python -m training writes it), anything else with exit
 # $FAKE_UPDATE_EXIT (default 1; 2 with a report, as a training the trainer refused);
-# the serve one runs fake_vllm.py on vLLM's port, name and model, its pid in $VLLM_PID_FILE (and accepts
+# the serve one runs fake_vllm.py on vLLM's port (a free one, BATON_VLLM_PORT), name and model, its pid in $VLLM_PID_FILE (and accepts
 # every command line the dry run has vLLM's parser check: coordinator/vllm_argcheck.py).
 # Updates run in fresh processes (BATON_WARM_TRAINER=0). fake_pythons_setup <ranks>: the fakes on those node
 # ranks (default 0; e.g. 0-1 for runs of two nodes, each of which reads the node file).
@@ -77,6 +77,10 @@ SH
   printf 'node_groups: [{label: fakes, node_ranks: "%s", python: {train: %s, serve: %s}}]\n' \
     "$ranks" "$bin/train-python" "$bin/serve-python" >"$BATS_TEST_TMPDIR/fakes.yaml"
   export BATON_NODE_FILE="$BATS_TEST_TMPDIR/fakes.yaml"
+  # a port of its own: scripts/test.sh runs the bats files in parallel, and a server on the port that this
+  # run did not start is refused (coordinator/driver/vllm.py)
+  BATON_VLLM_PORT=${BATON_VLLM_PORT:-$("${BATON_APP_PY:-python3}" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+  export BATON_VLLM_PORT
   # each update a fresh `python -m training` (the fake); the warm trainer's are tests/unit/driver/test_trainer.py
   export BATON_WARM_TRAINER=0
 }

@@ -13,8 +13,6 @@ setup() {
   fake_pythons_setup
   source "$ROOT/scripts/lib/envs.sh"
   envs_export
-  BATON_VLLM_PORT=$("$BATON_APP_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  export BATON_VLLM_PORT
   unset RANK NODE_RANK
 }
 
