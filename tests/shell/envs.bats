@@ -181,6 +181,17 @@ fake_nvidia_smi() {
   [ -z "$output" ]
 }
 
+@test "setup.sh: environments built side by side each fail on their own, named, and the setup fails after both" {
+  local home="$BATS_TEST_TMPDIR/home"
+  PIP_INDEX_URL=http://127.0.0.1:9/simple PIP_EXTRA_INDEX_URL="" PIP_FIND_LINKS="" PIP_RETRIES=0 PIP_TIMEOUT=5 \
+    BATON_HOME="$home" run -1 bash "$ROOT/scripts/setup.sh" --only app --only train
+  [[ $output == *"app: install failed"* && $output == *"train: install failed"* ]]
+  [[ ${lines[-1]} == *"setup failed (the environment named above); rerun to retry it"* ]]
+  [[ $output != *"setup complete"* ]]
+  run -0 find "$home/envs" -mindepth 1 -maxdepth 1
+  [ -z "$output" ]
+}
+
 # pins_copy: a copy of the repository's recipe files under $BATS_TEST_TMPDIR/repo (pins.py finds them from its path).
 pins_copy() {
   local repo="$BATS_TEST_TMPDIR/repo"
