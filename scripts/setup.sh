@@ -154,7 +154,7 @@ main() {
   common_log "device: $(envs_device); cache: $home"
   sysdeps_ensure "$apt" "$for_tests"
   # the environments build side by side (each its own venv and log; pip's cache is safe to share): a fresh
-  # machine's setup is mostly downloads and unpacking, which overlap
+  # machine's setup is mostly downloads and unpacking, which overlap (serve and train: 235 s against 450 s, docs/setup.md)
   local -a pids=()
   local failed=0 pid
   for env in "${only[@]}"; do
