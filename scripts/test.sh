@@ -59,7 +59,7 @@ test_jobs() {
 }
 
 # test_bats: run the shell tests, test_jobs files at once (xargs: nothing to install), a TAP
-# report per file; the slowest files first, so that the last ones to start are short.
+# report per file; the largest files first (the slowest, roughly), so that the last ones to start are short.
 # shellcheck disable=SC2329 # called through test_stage
 test_bats() {
   # shellcheck disable=SC2016 # $1 and $2 are the inner bash's arguments
