@@ -157,10 +157,10 @@ def train_journal(vllm_server: VllmServer, data_dir: Path, tmp_path_factory: pyt
             vllm_server.base_url,
             "iteration=0",
             # RFT keeps one success per task, so the rows are the tasks solved: lora-2proc needs 4 (2 processes
-            # x 2 rows) after token fidelity drops some. At temperature 1, 48 tasks gave 4 on CI (1 in 12) and
-            # 160 gave 23-32; at 0.7 a task is solved about twice as often (ONE_STEP_LOOP), so 64 tasks solve
-            # about as many as 160 did at 1, in 40 % of the episodes. Most solved tasks also have a failure
-            # (DPO's pairs).
+            # x 2 rows) after token fidelity drops some. At temperature 1, 48 tasks once gave only 4 on CI; at
+            # 0.7 an episode succeeds 1.7 times as often (ONE_STEP_LOOP), and 64 tasks at 0.7 (40 % of the 160
+            # at 1 this used) trained every path in the suite run of 2026-11-30. Most solved tasks also have a
+            # failure (DPO's pairs).
             "env_config.train_tasks_rollout_size=64",
             "env_config.n_samples_per_task=4",
             "policy_config.temperature=0.7",

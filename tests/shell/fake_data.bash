@@ -39,8 +39,8 @@ fake_tasks() {
 # command in $CALLS and answers phase=check with exit $FAKE_CHECK_EXIT (default
 # 0; 2 with a report as python -m training writes it), anything else with exit
 # $FAKE_UPDATE_EXIT (default 1; 2 with a report, as a training the trainer refused);
-# the serve one runs fake_vllm.py on vLLM's port (a free one, BATON_VLLM_PORT), name and model, its pid in $VLLM_PID_FILE (and accepts
-# every command line the dry run has vLLM's parser check: coordinator/vllm_argcheck.py).
+# the serve one runs fake_vllm.py on vLLM's port (a free one, BATON_VLLM_PORT), name and model, its pid in
+# $VLLM_PID_FILE (and accepts every command line the dry run has vLLM's parser check: coordinator/vllm_argcheck.py).
 # Updates run in fresh processes (BATON_WARM_TRAINER=0). fake_pythons_setup <ranks>: the fakes on those node
 # ranks (default 0; e.g. 0-1 for runs of two nodes, each of which reads the node file).
 fake_pythons_setup() {
