@@ -57,6 +57,8 @@ NONCANONICAL = ("drop", "fail")
 EPISODE_ROWS = ("auto", "per_turn")
 #: how the policy-gradient loss averages its per-token terms (training.pg_loss)
 PG_AGGREGATIONS = ("token_mean", "sequence_mean")
+#: what the ratio of the policy-gradient loss is formed against (training.pg_trainer)
+OLD_LOGPROBS = ("rollout", "trainer")
 WANDB_MODES = ("offline", "online")
 #: seeds are unsigned 32-bit (numpy's, which the trainer seeds)
 MAX_SEED = (1 << 32) - 1
@@ -137,6 +139,14 @@ class PolicyGradientConfig:
     aggregation: str = setting("token_mean", Choice(PG_AGGREGATIONS))
     #: weight of the k3 KL estimate to the reference model; 0 = off (no reference model is loaded)
     kl_beta: float = setting(0.0, Range(low=0))
+    #: the ratio's denominator: `rollout`, the log-probabilities vLLM sampled with (the journal's); `trainer`, the
+    #: trainer's own before the update's first step, recomputed in a no-grad pass over its rows (verl's
+    #: old_log_prob: the ratio starts at 1 whatever precision vLLM serves in), the sampler's difference then
+    #: corrected per token by truncated importance sampling (tis_cap)
+    old_logprobs: str = setting("rollout", Choice(OLD_LOGPROBS))
+    #: old_logprobs=trainer: each token's policy-gradient term weighed by min(exp(trainer - rollout), tis_cap)
+    #: (Yao et al. 2025's truncated importance sampling; verl's default cap, 2)
+    tis_cap: float = setting(2.0, Range(low=1))
 
 
 @dataclass

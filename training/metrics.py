@@ -6,8 +6,8 @@ train_samples_per_second, train_loss, ...) into its output directory;
 `parse_training` reads both (and, when they are missing, the HF Trainer's
 `{'loss': ...}` lines in the console log). `policy_gradient_stats` reads the
 per-step values algorithm=grpo's trainer logs beside the loss (`pg_clipped_low`,
-`pg_clipped_high`, `pg_ratio`, `pg_kl`, and the first step's `pg_logprob_gap`) from the HF Trainer's
-`trainer_state.json`.
+`pg_clipped_high`, `pg_ratio`, `pg_kl`, `pg_tis_weight`, `pg_tis_capped`, and the first step's
+`pg_logprob_gap`) from the HF Trainer's `trainer_state.json`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ PG_KEYS = {
     "ratio": "pg_ratio",
     "kl": "pg_kl",
     "logprob_gap": "pg_logprob_gap",  # the first logged step's only
+    "tis_weight": "pg_tis_weight",  # old_logprobs=trainer: the mean importance weight of the sampler's difference
+    "tis_capped": "pg_tis_capped",  # and the share of tokens whose weight the cap cut
 }
 
 

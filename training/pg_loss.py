@@ -10,8 +10,10 @@ Per trained token t of a sequence with advantage A (the episode's, training.adva
          + kl_beta * (exp(ref_t - logp_t) - (ref_t - logp_t) - 1)   (k3, Schulman's unbiased KL estimate;
                                                                   at most 10, ref_t - logp_t within +-20: verl's)
 
-`behaviour` are the log-probabilities the rollout sampled with (vLLM's); where a row has none, the trainer passes
-`logp` detached, so r = 1 and the term is plain REINFORCE with the advantage. Clipping follows PPO, with DAPO's
+`behaviour` are the log-probabilities the rollout sampled with (vLLM's), or with old_logprobs=trainer the trainer's
+own before the update (training.pg_trainer), the first term then weighed by `weights` (truncated importance
+sampling of the sampler's difference); where a row has none, the trainer passes `logp` detached, so r = 1 and the
+term is plain REINFORCE with the advantage. Clipping follows PPO, with DAPO's
 decoupled bounds ("clip-higher": a larger upper bound lets unlikely tokens with a positive advantage grow).
 Aggregation: `token_mean` sums l_t over every trained token and divides by `normaliser`, the trained tokens of the
 whole optimizer step (DAPO: each token weighs the same, so long replies are not down-weighted);
@@ -57,11 +59,13 @@ def policy_gradient_loss(
     settings: PolicyGradientConfig,
     ref_logp: Tensor | None = None,
     normaliser: Tensor | float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch (module doc) and its sums for the log: `tokens`, `clipped_low` (tokens whose
     ratio fell below 1 - clip_low with A < 0: no gradient), `clipped_high` (above 1 + clip_high with A > 0),
     `ratio` (sum of r) and `kl` (sum of the k3 terms). `logp`, `behaviour`, `ref_logp`, `mask`: [B, T];
-    `advantages`: [B]. `normaliser` None: this micro-batch's own tokens (token_mean) or sequences."""
+    `advantages`: [B]. `normaliser` None: this micro-batch's own tokens (token_mean) or sequences. `weights`
+    ([B, T], no gradient): each token's policy-gradient term times its weight (truncated importance sampling)."""
     import torch
 
     mask_f = mask.to(logp.dtype)
@@ -69,6 +73,8 @@ def policy_gradient_loss(
     ratio = torch.exp((logp - behaviour.detach()) * mask_f)  # 1 off the mask (no overflow from padding)
     clipped = torch.clamp(ratio, 1.0 - settings.clip_low, 1.0 + settings.clip_high)
     per_token = -torch.minimum(ratio * adv, clipped * adv)
+    if weights is not None:
+        per_token = per_token * weights.detach().to(logp.dtype)
     kl = torch.zeros_like(per_token)
     if settings.kl_beta > 0:
         if ref_logp is None:

@@ -10,7 +10,9 @@ produced — an episode row trains all its turns, training.episodes — and the 
 those columns out before LLaMA-Factory's collator pads the rest, masks the labels the policy did not produce
 (each turn's end-of-turn tokens after the sampled ones), and aligns the behaviour log-probabilities with the
 labels; and `PolicyGradientTrainer`, a CustomSeq2SeqTrainer,
-overrides `compute_loss` with training.pg_loss. The HF Trainer's loop, optimizer, scheduler, DeepSpeed,
+overrides `compute_loss` with training.pg_loss. With `old_logprobs: trainer` its first `compute_loss` scores every
+row once more, without gradients, before any step (`recompute_old`), and the ratio is formed against those scores,
+each token's term weighed by min(exp(trainer - vLLM), tis_cap). The HF Trainer's loop, optimizer, scheduler, DeepSpeed,
 LoRA, saving and logging are LLaMA-Factory's and transformers' own.
 
 The recipe's `baton_policy_gradient` (training.recipe.POLICY_GRADIENT) holds the loss settings; it is taken
@@ -35,9 +37,9 @@ from training.recipe import POLICY_GRADIENT
 log = logging.getLogger(__name__)
 
 #: the dataset columns added to LLaMA-Factory's encoded rows, taken out again by the collator wrapper
-ADVANTAGE, POLICY_TOKENS, LOGPROBS = "pg_advantage", "pg_policy_tokens", "pg_logprobs"
+ADVANTAGE, POLICY_TOKENS, LOGPROBS, ROW = "pg_advantage", "pg_policy_tokens", "pg_logprobs", "pg_row"
 #: the batch keys the collator wrapper adds, which compute_loss takes out before the model's forward
-BATCH_KEYS = ("pg_advantages", "pg_behaviour", "pg_has_behaviour")
+BATCH_KEYS = ("pg_advantages", "pg_behaviour", "pg_has_behaviour", "pg_rows")
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ class PolicyGradientCollator:
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
 
-        extra = [{key: f[key] for key in (ADVANTAGE, POLICY_TOKENS, LOGPROBS)} for f in features]
+        extra = [{key: f[key] for key in (ADVANTAGE, POLICY_TOKENS, LOGPROBS, ROW)} for f in features]
         batch = self.inner([{k: v for k, v in f.items() if k not in extra[0]} for f in features])
         labels = batch["labels"]
         kept = torch.full_like(labels, IGNORE_INDEX)
@@ -144,6 +146,7 @@ class PolicyGradientCollator:
         batch["pg_behaviour"] = behaviour
         batch["pg_has_behaviour"] = torch.tensor([bool(e[LOGPROBS]) for e in extra])
         batch["pg_advantages"] = torch.tensor([e[ADVANTAGE] for e in extra], dtype=torch.float32)
+        batch["pg_rows"] = torch.tensor([e[ROW] for e in extra], dtype=torch.long)
         return batch
 
 
@@ -167,9 +170,13 @@ def trainer_class() -> type:
             #: |trainer - behaviour| log-probability over the first optimizer step's tokens (training.logprob_check's
             #: gap, at no cost: the loss computes both anyway)
             self.gap: dict[str, float] = defaultdict(float)
+            #: old_logprobs=trainer: each row's log-probabilities of its trained tokens before the first step
+            self.old: dict[int, torch.Tensor] | None = None
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            advantages, behaviour, has_behaviour = (inputs.pop(key) for key in BATCH_KEYS)
+            if self.settings.old_logprobs == "trainer" and self.old is None:
+                self.old = self.recompute_old(model, self.rows_to_score(inputs["pg_rows"].tolist()))
+            advantages, behaviour, has_behaviour, rows = (inputs.pop(key) for key in BATCH_KEYS)
             labels = inputs.pop("labels")
             outputs = model(**inputs)  # no labels: the model computes no loss of its own
             logp, mask = token_logprobs(outputs.logits, labels)
@@ -178,9 +185,25 @@ def trainer_class() -> type:
                 scored = mask & has_behaviour.unsqueeze(-1)
                 self.gap["sum"] += float((logp.detach() - behaviour).abs()[scored].sum())
                 self.gap["tokens"] += int(scored.sum())
+            weights = None
+            if self.old is not None:  # the ratio against the trainer's own, the sampler's difference weighed
+                old = self.old_logprobs(rows, mask, logp)
+                raw = torch.exp((old - behaviour) * mask.to(logp.dtype))
+                raw = torch.where(has_behaviour.unsqueeze(-1), raw, torch.ones_like(raw))  # no sampler's: weight 1
+                weights = torch.clamp(raw, max=self.settings.tis_cap)
+                self.sums["tis_weight"] += float((weights * mask).sum())
+                self.sums["tis_capped"] += float(((raw > self.settings.tis_cap) & mask).sum())
+                behaviour = old
             ref_logp = self.reference_logprobs(model, inputs, labels) if self.settings.kl_beta > 0 else None
             loss, stats = policy_gradient_loss(
-                logp, behaviour, advantages, mask, self.settings, ref_logp, self.normaliser(num_items_in_batch)
+                logp,
+                behaviour,
+                advantages,
+                mask,
+                self.settings,
+                ref_logp,
+                self.normaliser(num_items_in_batch),
+                weights,
             )
             if self.settings.aggregation == "token_mean" and num_items_in_batch is not None:
                 # the count is the step's on every device and DDP / DeepSpeed average the gradients: undo that
@@ -188,6 +211,60 @@ def trainer_class() -> type:
             for key, value in stats.items():
                 self.sums[key] += float(value)
             return (loss, outputs) if return_outputs else loss
+
+        def rows_to_score(self, first: list[int]) -> list[int]:
+            """The rows this update will train (`rows_reached`); `first` is this process's first micro-batch."""
+            args, total = self.args, len(self.train_dataset)
+            size = args.per_device_train_batch_size
+            return rows_reached(
+                get_sampler_order(self.callback_handler.train_dataloader, total),
+                first,
+                total=total,
+                size=size,
+                reach=self.state.max_steps * args.gradient_accumulation_steps * size * args.world_size,
+                process_index=args.process_index,
+            )
+
+        @torch.no_grad()
+        def recompute_old(self, model, rows: list[int]) -> dict[int, torch.Tensor]:
+            """The log-probabilities of `rows`' trained tokens under the weights the update starts from: a no-grad
+            pass in batches of per_device_train_batch_size. Every process scores the same rows in the same
+            batches, so that ZeRO-3's parameter gathers pair up across processes."""
+            dataset, size = self.train_dataset, self.args.per_device_train_batch_size
+            training = model.training
+            model.eval()  # no dropout: the scores the first step's forward gives, up to padding's numerics
+            old: dict[int, torch.Tensor] = {}
+            for start in range(0, len(rows), size):
+                batch = self._prepare_inputs(self.data_collator([dataset[i] for i in rows[start : start + size]]))
+                scored = batch.pop("pg_rows")
+                for key in BATCH_KEYS[:-1]:
+                    batch.pop(key)
+                labels = batch.pop("labels")
+                logp, mask = token_logprobs(model(**batch).logits, labels)
+                for index, row in enumerate(scored.tolist()):
+                    old[row] = logp[index][mask[index]].detach().float().cpu()
+            model.train(training)
+            log.info(
+                "grpo: the old log-probabilities of %d of %d rows recomputed by the trainer (old_logprobs=trainer)",
+                len(old),
+                len(dataset),
+            )
+            return old
+
+        def old_logprobs(self, rows: torch.Tensor, mask: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+            """The recomputed log-probabilities of a micro-batch's `rows`, at their trained positions (`mask`)."""
+            old = torch.zeros_like(logp, dtype=logp.dtype)
+            for index, row in enumerate(rows.tolist()):
+                values = self.old.get(row)
+                if values is None:
+                    raise RuntimeError(f"grpo: row {row} is trained but was not rescored before the first step")
+                if int(mask[index].sum()) != values.numel():
+                    raise RuntimeError(
+                        f"grpo: row {row} trains {int(mask[index].sum())} tokens here but "
+                        f"{values.numel()} in the pass that recomputed its old log-probabilities"
+                    )
+                old[index][mask[index]] = values.to(device=logp.device, dtype=logp.dtype)
+            return old.detach()
 
         def first_step_gap(self) -> float:
             """The mean gap of the first optimizer step (this process's tokens), warned of as
@@ -232,6 +309,9 @@ def trainer_class() -> type:
                 logs["pg_ratio"] = round(self.sums["ratio"] / tokens, 6)
                 if self.settings.kl_beta > 0:
                     logs["pg_kl"] = round(self.sums["kl"] / tokens, 6)
+                if self.old is not None:
+                    logs["pg_tis_weight"] = round(self.sums["tis_weight"] / tokens, 6)
+                    logs["pg_tis_capped"] = round(self.sums["tis_capped"] / tokens, 6)
                 self.sums.clear()
                 if self.gap.get("tokens"):
                     logs["pg_logprob_gap"] = self.first_step_gap()
@@ -239,6 +319,40 @@ def trainer_class() -> type:
             super().log(logs, *args, **kwargs)
 
     return PolicyGradientTrainer
+
+
+def get_sampler_order(loader: Any, total: int) -> list[int] | None:
+    """The order in which `loader`'s sampler hands out the dataset's `total` rows this epoch: accelerate's seeded
+    random sampler replayed (RandomSampler's one permutation, from its seed and epoch), or a sequential one; None
+    where it cannot be foreseen (another sampler, sampling with replacement)."""
+    import torch
+    from accelerate.data_loader import SeedableRandomSampler, get_sampler
+    from torch.utils.data import SequentialSampler
+
+    sampler = get_sampler(loader)
+    if isinstance(sampler, SequentialSampler):
+        return list(range(total))
+    if isinstance(sampler, SeedableRandomSampler) and not sampler.replacement and sampler.num_samples == total:
+        generator = torch.Generator().manual_seed(sampler.initial_seed + sampler.epoch)
+        return torch.randperm(total, generator=generator).tolist()
+    return None
+
+
+def rows_reached(
+    order: list[int] | None, first: list[int], *, total: int, size: int, reach: int, process_index: int
+) -> list[int]:
+    """The rows an update's steps reach, in the order they are trained: the first `reach` of `order` (every
+    process's micro-batches of `size` together), or all `total` where the steps reach an epoch. `first`, this
+    process's first micro-batch, checks the order: accelerate deals the processes batches in turn, so it is
+    `order[process_index * size:]`'s start; where it is not (or no order is known) every row is returned, which
+    costs time and never a wrong ratio."""
+    if reach >= total:
+        return list(range(total))
+    start = process_index * size
+    if order is None or order[start : start + len(first)] != first:
+        log.info("grpo: the sampler's order could not be foreseen; all %d rows are rescored", total)
+        return list(range(total))
+    return order[:reach]
 
 
 def with_columns(dataset: Any, directory: Path) -> Any:
@@ -256,6 +370,7 @@ def with_columns(dataset: Any, directory: Path) -> Any:
         )
     dataset = dataset.add_column(ADVANTAGE, columns.advantages)
     dataset = dataset.add_column(POLICY_TOKENS, columns.policy_tokens)
+    dataset = dataset.add_column(ROW, list(range(len(columns.advantages))))
     return dataset.add_column(LOGPROBS, columns.logprobs)
 
 

@@ -218,13 +218,18 @@ def test_warm_trainer_trains_a_grpo_lora_under_deepspeed_twice_in_one_process_an
     process group DeepSpeed keeps groups of). Two grpo updates of a LoRA under ZeRO-2 in one warm trainer: both
     train with the policy-gradient loss and are promoted (v1, v2), the same worker trains both, each LoRA is
     merged in that process, with no `llamafactory-cli export` started, and the second continues the first's
-    schedule (a LoRA's moments start afresh: docs/update.md)."""
+    schedule (a LoRA's moments start afresh: docs/update.md). The ratio is formed against the trainer's own
+    log-probabilities, recomputed before each update (old_logprobs=trainer): the second update trains v1 on the
+    base model's samples, so its first step's ratio is 1 though vLLM's log-probabilities are another policy's, and
+    that difference is the importance weight."""
     log = tmp_path / "log"
     rolled_out_as(journal_log, log, 1)
     base = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]
     args = ["algorithm.per_device_train_batch_size=2", "algorithm.gradient_accumulation_steps=1"]
     args += ["algorithm.cutoff_len=512", "algorithm.warmup_steps=0", "algorithm.selection.last_k_iterations=3"]
     args += ["algorithm.max_steps=1", "algorithm.finetuning_type=lora", "launch.deepspeed=zero2", "algorithm=grpo"]
+    # a LoRA step large enough that v1 is not the base model that sampled the rollout
+    args += ["algorithm.policy_gradient.old_logprobs=trainer", "algorithm.learning_rate=1e-3"]
     proc = subprocess.Popen(
         [*base, "--rl-phase", "update", "--wait-timeout", "0", *args],
         stdout=subprocess.PIPE,
@@ -253,4 +258,17 @@ def test_warm_trainer_trains_a_grpo_lora_under_deepspeed_twice_in_one_process_an
     metrics = [json.loads(line) for line in (log / "metrics/update.jsonl").read_text().splitlines()]
     trainers = [m["trainer"] for m in metrics if m.get("kind") == "training"]
     assert len(trainers) == 2 and trainers[0] == trainers[1] and trainers[0].startswith("warm:"), trainers
+    # max_steps=1 of 2 rows: only those are rescored, not the whole selection
+    rescored = "the old log-probabilities of 2 of "
+    assert rescored in train_log and "recomputed by the trainer" in train_log, train_log[-3000:]
+    first, second = (m["pg"] for m in metrics if m.get("kind") == "training")
+    print(f"old_logprobs=trainer: first update {first}, second {second}")
+    # both ratios are the trainer's own, 1 before the first step: the first update's though its numerics differ
+    # from vLLM's (a LoRA's base computes in the checkpoint's bf16, vLLM here in float32: docs/update.md), the
+    # second's though vLLM's log-probabilities are the base model's and it trains v1
+    for pg in (first, second):
+        assert abs(pg["ratio"][0] - 1) < 1e-4 and pg["logprob_gap"][0] > 1e-3, pg
+    # the difference is the importance weight instead: numerics only in the first, no weight at the cap
+    assert first["logprob_gap"][0] < WARN_MEAN_GAP and first["tis_capped"] == [0.0], first
+    assert first["tis_weight"][0] != 1.0 and abs(first["tis_weight"][0] - 1) < 0.05, first
     assert processes_mentioning(str(log)) == []

@@ -18,7 +18,7 @@ import math
 # package, and tests/unit/test_declared_deps.py checks module-level imports)
 from training.config import PolicyGradientConfig
 from training.pg_loss import policy_gradient_loss, token_logprobs
-from training.pg_trainer import PolicyGradientCollator
+from training.pg_trainer import PolicyGradientCollator, get_sampler_order, rows_reached
 
 MASK = [[True, True, True, False], [True, True, False, False]]
 RATIOS = [[1.5, 0.5, 1.0, 1.0], [0.5, 1.2, 1.0, 1.0]]
@@ -29,8 +29,12 @@ LOGP = [[-1.0, -2.0, -0.5, 40.0], [-1.5, -0.7, -3.0, -3.0]]
 REF_SHIFT = [[math.log(2.0), 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
 
 
-def loss_case(settings: PolicyGradientConfig, normaliser: float | None = None) -> dict:
-    """The loss, d loss / d logp and the stats on the two sequences above."""
+#: truncated importance weights (old_logprobs=trainer); the untrained position's must change nothing
+WEIGHTS = [[2.0, 0.5, 1.0, 99.0], [1.0, 1.5, 1.0, 1.0]]
+
+
+def loss_case(settings: PolicyGradientConfig, normaliser: float | None = None, weighted: bool = False) -> dict:
+    """The loss, d loss / d logp and the stats on the two sequences above (each token weighed by WEIGHTS)."""
     import torch
 
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
@@ -39,7 +43,14 @@ def loss_case(settings: PolicyGradientConfig, normaliser: float | None = None) -
     ref = torch.tensor(LOGP, dtype=torch.float64) + torch.tensor(REF_SHIFT, dtype=torch.float64)
     mask = torch.tensor(MASK)
     loss, stats = policy_gradient_loss(
-        logp, behaviour, torch.tensor(ADVANTAGES), mask, settings, ref_logp=ref, normaliser=normaliser
+        logp,
+        behaviour,
+        torch.tensor(ADVANTAGES),
+        mask,
+        settings,
+        ref_logp=ref,
+        normaliser=normaliser,
+        weights=torch.tensor(WEIGHTS, dtype=torch.float64) if weighted else None,
     )
     loss.backward()
     return {"loss": loss.item(), "grad": logp.grad.tolist(), "stats": {k: float(v) for k, v in stats.items()}}
@@ -80,10 +91,10 @@ def collator_case() -> dict:
     features = [
         # prompt 10 11, sampled 5 6 2 (2 = <|im_end|>), then the template's 198 (not sampled: not trained)
         {"input_ids": [10, 11, 5, 6, 2, 198], "labels": [-100, -100, 5, 6, 2, 198], "pg_advantage": 0.5,
-         "pg_policy_tokens": [3], "pg_logprobs": [-0.1, -0.2, -0.3]},
+         "pg_policy_tokens": [3], "pg_logprobs": [-0.1, -0.2, -0.3], "pg_row": 7},
         # a row without sampled ids (-1: every label trains) nor log-probabilities
         {"input_ids": [12, 7, 2, 198], "labels": [-100, 7, 2, 198], "pg_advantage": -0.5,
-         "pg_policy_tokens": [-1], "pg_logprobs": []},
+         "pg_policy_tokens": [-1], "pg_logprobs": [], "pg_row": 3},
     ]  # fmt: skip
     batch = PolicyGradientCollator(pad)(features)
     return {key: value.tolist() for key, value in batch.items()}
@@ -102,10 +113,38 @@ def episode_collator_case() -> dict:
 
     features = [
         {"input_ids": [10, 5, 2, 198, 11, 6, 7, 2, 198], "labels": [-100, 5, 2, 198, -100, 6, 7, 2, 198],
-         "pg_advantage": 1.0, "pg_policy_tokens": [2, 3], "pg_logprobs": [-0.1, -0.2, -0.3, -0.4, -0.5]},
+         "pg_advantage": 1.0, "pg_policy_tokens": [2, 3], "pg_logprobs": [-0.1, -0.2, -0.3, -0.4, -0.5],
+         "pg_row": 0},
     ]  # fmt: skip
     batch = PolicyGradientCollator(pad)(features)
     return {key: value.tolist() for key, value in batch.items()}
+
+
+def sampler_case(processes: int, steps: int, total: int = 20, size: int = 2) -> dict:
+    """What `steps` micro-batches of each of `processes` processes trained (accelerate's loaders, prepared as the
+    HF Trainer prepares them: a seedable sampler, each process dealt every processes-th batch), and what
+    rows_reached foresaw from the order replayed once the first batch was out."""
+    import torch
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(1234)
+    trained: list[int] = []
+    foreseen: dict[int, list[int]] = {}
+    for index in range(processes):
+        loader = prepare_data_loader(
+            DataLoader(list(range(total)), batch_size=size, shuffle=True),
+            num_processes=processes,
+            process_index=index,
+            use_seedable_sampler=True,
+        )
+        batches = iter(loader)
+        first = next(batches).tolist()
+        order = get_sampler_order(loader, total)
+        reach = steps * size * processes
+        foreseen[index] = rows_reached(order, first, total=total, size=size, reach=reach, process_index=index)
+        trained += first + [row for _ in range(steps - 1) for row in next(batches).tolist()]
+    return {"trained": sorted(trained), "foreseen": {str(k): v for k, v in foreseen.items()}}
 
 
 def main() -> None:
@@ -115,12 +154,16 @@ def main() -> None:
     result = {
         "token_mean": loss_case(token),
         "token_mean_step": loss_case(token, normaliser=10.0),
+        "weighted": loss_case(token, weighted=True),
         "sequence_mean": loss_case(sequence),
         "kl": loss_case(kl),
         "kl_bound": kl_bound_case(),
         "logprobs": logprob_case(),
         "collator": collator_case(),
         "episode_collator": episode_collator_case(),
+        "sampler_one": sampler_case(processes=1, steps=3),
+        "sampler_two": sampler_case(processes=2, steps=2),
+        "sampler_epoch": sampler_case(processes=2, steps=5),
     }
     print("RESULT " + json.dumps(result))
 

@@ -77,7 +77,14 @@ def test_grpo_carries_its_loss_to_the_trainer_and_refuses_what_it_cannot_train(t
     cfg = load(tmp_path, "algorithm=grpo", "algorithm.policy_gradient.kl_beta=0.01")
     recipe = build_recipe(cfg, DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1), CHOSEN)
     assert recipe["stage"] == "sft" and recipe["mask_history"] is True and POLICY_GRADIENT in ONE_PROCESS_DROPPED
-    assert recipe[POLICY_GRADIENT] == {"clip_low": 0.2, "clip_high": 0.28, "aggregation": "token_mean", "kl_beta": 0.01}
+    assert recipe[POLICY_GRADIENT] == {
+        "clip_low": 0.2,
+        "clip_high": 0.28,
+        "aggregation": "token_mean",
+        "kl_beta": 0.01,
+        "old_logprobs": "rollout",
+        "tis_cap": 2.0,
+    }
     assert POLICY_GRADIENT not in build_recipe(
         load(tmp_path), DatasetFiles(tmp_path, 4, 0), tmp_path, tmp_path / "out", Device("cpu", 1), CHOSEN
     )

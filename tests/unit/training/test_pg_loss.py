@@ -63,6 +63,17 @@ def test_token_mean_divides_by_the_optimizer_steps_tokens(cases: dict) -> None:
     assert got["grad"][1][1] == pytest.approx(1.2 / 10)
 
 
+def test_importance_weights_scale_each_tokens_term_and_its_gradient(cases: dict) -> None:
+    """old_logprobs=trainer: each token's term times its truncated importance weight (2, 0.5, 1 | 1, 1.5); the
+    clipped tokens still give no gradient, the untrained position's weight (99) changes nothing."""
+    got = cases["weighted"]
+    weighted = 2.0 * SEQ0[0] + 0.5 * SEQ0[1] + SEQ0[2] + SEQ1[0] + 1.5 * SEQ1[1]
+    assert got["loss"] == pytest.approx(weighted / TOKENS)
+    grad = [0.0, 0.5 * -0.5 / TOKENS, -1.0 / TOKENS, 0.0, 0.0, 1.5 * 1.2 / TOKENS, 0.0, 0.0]
+    assert flat(got["grad"]) == pytest.approx(grad)
+    assert got["stats"]["ratio"] == pytest.approx(1.5 + 0.5 + 1.0 + 0.5 + 1.2)  # the ratio itself is not weighed
+
+
 def test_sequence_mean_averages_each_sequence_first(cases: dict) -> None:
     got = cases["sequence_mean"]
     assert got["loss"] == pytest.approx((sum(SEQ0) / 3 + sum(SEQ1) / 2) / 2)
@@ -97,7 +108,9 @@ def test_collator_trains_only_the_sampled_tokens_and_aligns_their_logprobs(cases
     assert got["pg_behaviour"][0][2:5] == pytest.approx([-0.1, -0.2, -0.3])
     assert got["pg_has_behaviour"] == [True, False]
     assert got["pg_advantages"] == [0.5, -0.5]
+    assert got["pg_rows"] == [7, 3]  # each row's index in the dataset: its recomputed old log-probabilities' key
     assert "pg_logprobs" not in got and "pg_policy_tokens" not in got  # taken out before LLaMA-Factory's collator
+    assert "pg_row" not in got
 
 
 def test_collator_trains_each_turn_of_an_episode_row_with_its_own_logprobs(cases: dict) -> None:
@@ -127,3 +140,16 @@ def test_columns_put_each_rows_advantage_and_logprobs_on_its_sampled_tokens(tmp_
         build_columns(labels, [{**rows[0], "completion_logprobs": [-0.1, -0.2]}, rows[1]], sidecar)
     with pytest.raises(ValueError, match=r"row 1 .* has no advantage: prepare the data with algorithm=grpo"):
         build_columns(labels, [rows[0], {"source": "a#1@0", "completion_token_ids": None}], sidecar)
+
+
+@pytest.mark.parametrize("case", ["sampler_one", "sampler_two"])
+def test_old_logprobs_rescore_exactly_the_rows_the_steps_reach(cases: dict, case: str) -> None:
+    """old_logprobs=trainer rescores before the first step only the rows the update's steps will train (max_steps
+    can end it after a few of many): foreseen from accelerate's seeded sampler, the same rows on every process."""
+    foreseen = cases[case]["foreseen"]
+    assert all(rows == foreseen["0"] for rows in foreseen.values()), foreseen
+    assert sorted(foreseen["0"]) == cases[case]["trained"] and len(foreseen["0"]) < 20, cases[case]
+
+
+def test_old_logprobs_rescore_every_row_where_the_steps_reach_an_epoch(cases: dict) -> None:
+    assert all(rows == list(range(20)) for rows in cases["sampler_epoch"]["foreseen"].values())
