@@ -13,11 +13,12 @@ every axis (CI time: one training each instead of one per combination):
   tasks whose rewards differ is trained, failures too, each one row when its turns chain (data.episode_rows: every
   reply of it trained, the history once), and the tasks whose rewards do not are counted.
 
-Each promoted policy is loaded into one running vLLM in place (`PolicyServer.reload`, as the loop serves a
-new policy), and its greedy outputs must differ from the base model's. Last, a fresh vLLM started on one
-promoted policy must serve exactly what the in-place reload served (the tied output head: a promoted policy
-carries `lm_head.safetensors`; rollout_engine/checkpoint.py); its process tree, its reuse by a second start
-on its port and its clean stop are checked there too.
+Each promoted policy is served by the module's one vLLM, and its greedy outputs must differ from the base
+model's (the session's vLLM serves the base). That vLLM starts fresh on the first promoted policy (DPO's, whose
+training output lacks the tied output head that promotion adds: `lm_head.safetensors`,
+rollout_engine/checkpoint.py); the later ones are loaded into it in place (`PolicyServer.reload`, as the loop
+serves a new policy). Last, that first policy reloaded in place must serve exactly what its fresh start served;
+the server's process tree, its reuse by a second start on its port and its clean stop are checked there too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,13 +54,17 @@ SMALL = [
     "algorithm.warmup_steps=0",
     "algorithm.cutoff_len=512",
 ]
+#: in the order they run: the first two promote a training output without the tied head (ZeRO-2 saves it, the
+#: others do not), which the module's vLLM starts fresh on
 PATHS = {
-    "kto-zero2": ["algorithm=kto", "launch.deepspeed=zero2"],
     "dpo-zero3": ["algorithm=dpo", "launch.deepspeed=zero3"],
     # LoRA's B starts at zero: a larger step so that two of them move the greedy outputs
     "lora-2proc": ["algorithm.finetuning_type=lora", "algorithm.learning_rate=1e-3", "launch.nproc_per_node=2"],
+    "kto-zero2": ["algorithm=kto", "launch.deepspeed=zero2"],
     "grpo-zero3": ["algorithm=grpo", "launch.deepspeed=zero3"],
 }
+#: the paths whose promotion adds the output head (the fresh start must be one of them)
+HEADLESS = ("dpo-zero3", "lora-2proc")
 #: optimizer steps of each path (2 unless said): grpo's one keeps the time it adds small
 STEPS = {"grpo-zero3": 1}
 #: what each path's generated LLaMA-Factory recipe must say
@@ -68,7 +74,7 @@ RECIPE = {
     "lora-2proc": {"stage": "sft", "finetuning_type": "lora", "deepspeed": None},
     "grpo-zero3": {"stage": "sft", "finetuning_type": "full", "deepspeed": 3},
 }
-#: each path's served outputs once reloaded: {path: (its policy folder, kept in `promoted`; fingerprint)}
+#: each path's served outputs: {path: (its policy folder, kept in `promoted`; fingerprint)}
 SERVED: dict[str, tuple[Path, list]] = {}
 
 
@@ -80,14 +86,33 @@ def fingerprint(server: VllmServer) -> list:
     return json.loads(out.stdout)
 
 
+@dataclass
+class Served:
+    """The module's vLLM (its weights are replaced), started on the first policy it serves."""
+
+    run_dir: Path
+    server: VllmServer | None = None
+    #: the path whose policy it started on
+    fresh: str | None = None
+
+    def serve(self, path: str, policy: Path) -> list:
+        """The fingerprint of `policy`: served by a fresh start the first time, loaded in place after."""
+        if self.server is None:
+            self.server, self.fresh = start_vllm(self.run_dir, policy), path
+        else:
+            assert self.server.server.reload(str(policy)), f"{path}: vLLM refused the in-place reload of {policy}"
+        return fingerprint(self.server)
+
+
 @pytest.fixture(scope="module")
-def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmServer, list]]:
-    """A vLLM of this module's own (its weights are replaced), and the base model's fingerprint on it."""
-    server = start_vllm(tmp_path_factory.mktemp("vllm-paths"), model_dir)
+def served(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, list]]:
+    """The module's vLLM, and the base model's fingerprint (on the session's vLLM: one start fewer)."""
+    module = Served(tmp_path_factory.mktemp("vllm-paths"))
     try:
-        yield server, fingerprint(server)
+        yield module, fingerprint(vllm_server)
     finally:
-        stop_vllm(server)
+        if module.server is not None:
+            stop_vllm(module.server)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +162,7 @@ def promoted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_update_path_trains_promotes_and_serves_changed_outputs(
-    path: str, model_dir: Path, served: tuple[VllmServer, list], promoted: Path, tmp_path: Path, request
+    path: str, model_dir: Path, served: tuple[Served, list], promoted: Path, tmp_path: Path, request
 ) -> None:
     log = tmp_path / "log"
     journal = request.getfixturevalue("guess_journal" if path.startswith("grpo") else "train_journal")
@@ -177,11 +202,10 @@ def test_update_path_trains_promotes_and_serves_changed_outputs(
     assert record["version"] == 1 and record["finetuning_type"] == want["finetuning_type"]
     assert HEAD in tensor_files(policy), "a promoted policy carries its tied output head (an exact reload)"
 
-    server, base = served
-    assert server.server.reload(str(policy)), f"{path}: vLLM refused the in-place reload of {policy} (see stderr)"
-    now = fingerprint(server)
-    assert now != base, f"{path}: the promoted policy serves the base model's greedy outputs"
+    module, base = served
     shutil.copytree(policy, promoted / path, copy_function=os.link)  # hard links: no second copy on disk
+    now = module.serve(path, promoted / path)
+    assert now != base, f"{path}: the promoted policy serves the base model's greedy outputs"
     SERVED[path] = (promoted / path, now)
 
 
@@ -193,6 +217,8 @@ def check_grpo(log: Path, run_dir: Path, recipe: dict, training: dict) -> None:
         "clip_high": 0.28,
         "aggregation": "token_mean",
         "kl_beta": 0.0,
+        "old_logprobs": "rollout",
+        "tis_cap": 2.0,
     }
     rewards: dict[str, list[float]] = {}
     turns: dict[str, int] = {}
@@ -238,32 +264,34 @@ def check_grpo(log: Path, run_dir: Path, recipe: dict, training: dict) -> None:
 
 
 def test_a_reloaded_policy_serves_what_a_fresh_server_serves(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    served: tuple[Served, list], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The in-place reload must serve the promoted weights exactly, output head included. The fresh server runs
-    an API server and an engine process; a second start on its port (a later run on this run directory) reuses
-    it instead of racing it; its stop leaves no process behind."""
-    # a training output without the head (ZeRO-2 saves it, the others do not): promotion wrote it
-    path = next((p for p in ("dpo-zero3", "lora-2proc") if p in SERVED), None)
-    assert path is not None, "neither the DPO nor the LoRA path promoted a policy above (their failures say why)"
-    policy, reloaded = SERVED[path]
-    run_dir = tmp_path / "fresh"
-    server = start_vllm(run_dir, policy)
+    """The in-place reload must serve the promoted weights exactly, output head included: the policy the module's
+    vLLM started on, reloaded into it after the others, serves what its fresh start served. That server runs an
+    API server and an engine process; a second start on its port (a later run on this run directory) reuses it
+    instead of racing it; its stop leaves no process behind."""
+    module, _ = served
+    assert module.server is not None, "no path promoted a policy above (their failures say why)"
+    path, server = module.fresh, module.server
+    assert path in HEADLESS, f"the first path served ({path}) promoted a training output that had its head"
+    policy, fresh = SERVED[path]
     try:
+        assert server.server.reload(str(policy)), f"vLLM refused the in-place reload of {policy}"
+        reloaded = fingerprint(server)
         pgid = server.pgid()
         started = _descendants(pgid)
         assert len(started) >= 2, "vLLM runs an API server and an engine process"
-        fresh = fingerprint(server)
         capsys.readouterr()
-        policy_server(run_dir, server.port, server.model).start(str(policy), deadline_s=60)
+        policy_server(server.run_dir, server.port, server.model).start(str(policy), deadline_s=60)
         assert "reusing it" in capsys.readouterr().err
         assert server.pgid() == pgid, "the recorded server was restarted instead of reused"
     finally:
         stop_vllm(server)
-    assert fresh == reloaded, f"{path}: reloaded in place {reloaded} != served by a fresh start {fresh}"
+        module.server = None
+    assert reloaded == fresh, f"{path}: reloaded in place {reloaded} != served by a fresh start {fresh}"
     left = [pid for pid in started if _alive(pid)]
     assert left == [], f"processes left after PolicyServer.stop: {left}"
-    assert "vllm" not in groupfile.read(run_dir / GROUPS_NAME)
+    assert "vllm" not in groupfile.read(server.run_dir / GROUPS_NAME)
 
 
 def _descendants(root: int) -> set[int]:
