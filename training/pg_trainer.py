@@ -216,7 +216,7 @@ def trainer_class() -> type:
             """The rows this update will train (`rows_reached`); `first` is this process's first micro-batch."""
             args, total = self.args, len(self.train_dataset)
             size = args.per_device_train_batch_size
-            return rows_reached(
+            rows = rows_reached(
                 get_sampler_order(self.callback_handler.train_dataloader, total),
                 first,
                 total=total,
@@ -224,6 +224,11 @@ def trainer_class() -> type:
                 reach=self.state.max_steps * args.gradient_accumulation_steps * size * args.world_size,
                 process_index=args.process_index,
             )
+            if args.world_size > 1:  # every process scores the same rows, or ZeRO-3's gathers would not pair up
+                foreseen = self.accelerator.gather(torch.tensor([len(rows) < total], device=args.device))
+                if not bool(foreseen.all()):
+                    return list(range(total))
+            return rows
 
         @torch.no_grad()
         def recompute_old(self, model, rows: list[int]) -> dict[int, torch.Tensor]:
