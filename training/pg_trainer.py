@@ -10,10 +10,10 @@ produced — an episode row trains all its turns, training.episodes — and the 
 those columns out before LLaMA-Factory's collator pads the rest, masks the labels the policy did not produce
 (each turn's end-of-turn tokens after the sampled ones), and aligns the behaviour log-probabilities with the
 labels; and `PolicyGradientTrainer`, a CustomSeq2SeqTrainer,
-overrides `compute_loss` with training.pg_loss. With `old_logprobs: trainer` its first `compute_loss` scores every
-row once more, without gradients, before any step (`recompute_old`), and the ratio is formed against those scores,
-each token's term weighed by min(exp(trainer - vLLM), tis_cap). The HF Trainer's loop, optimizer, scheduler, DeepSpeed,
-LoRA, saving and logging are LLaMA-Factory's and transformers' own.
+overrides `compute_loss` with training.pg_loss. With `old_logprobs: trainer` its first `compute_loss` scores the
+rows the update's steps will reach once more, without gradients, before any step (`recompute_old`), and the ratio is
+formed against those scores, each token's term weighed by min(exp(trainer - vLLM), tis_cap). The HF Trainer's loop,
+optimizer, scheduler, DeepSpeed, LoRA, saving and logging are LLaMA-Factory's and transformers' own.
 
 The recipe's `baton_policy_gradient` (training.recipe.POLICY_GRADIENT) holds the loss settings; it is taken
 out before LLaMA-Factory's parser reads the rest.
