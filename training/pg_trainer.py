@@ -241,9 +241,7 @@ def trainer_class() -> type:
             old: dict[int, torch.Tensor] = {}
             for start in range(0, len(rows), size):
                 batch = self._prepare_inputs(self.data_collator([dataset[i] for i in rows[start : start + size]]))
-                scored = batch.pop("pg_rows")
-                for key in BATCH_KEYS[:-1]:
-                    batch.pop(key)
+                *_, scored = (batch.pop(key) for key in BATCH_KEYS)  # the rows are the last key
                 labels = batch.pop("labels")
                 logp, mask = token_logprobs(model(**batch).logits, labels)
                 for index, row in enumerate(scored.tolist()):
