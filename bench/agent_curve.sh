@@ -4,8 +4,8 @@
 # alone for the same number of optimizer steps; held-out success per policy.
 #
 #   bash bench/agent_curve.sh --env miniwob|miniwob-open|textworld [--iterations N] [--seeds 1,2]
-#                             [--arm rl|rl-disagree|control|mixed|grpo|both] [--arm-lr LR] [--data-path DIR] [--log-path DIR]
-#                             [overrides...]
+#                             [--arm rl|rl-disagree|control|mixed|grpo|both] [--arm-lr LR] [--arm-set KEY=VALUE]...
+#                             [--data-path DIR] [--log-path DIR] [overrides...]
 #
 # Each training seed S runs under <log>/seedS (the seed reaches the rollouts,
 # the trainer and each arm's draw of steps). miniwob-open gives demonstrations
@@ -24,6 +24,9 @@
 # --arm-lr: the arms' learning rate (default 1e-4; the warm start keeps 1e-4). Give another
 # value its own --log-path, with each seedS/warm there a link to the first's (ln -s), so that
 # both runs' arms start from the same warm start.
+# --arm-set KEY=VALUE (repeatable): an override for the arms only, not the warm start, e.g.
+# algorithm.policy_gradient.old_logprobs=trainer for the grpo arm (a key the warm start's rft lacks).
+# The overrides after the flags go to the warm start and the arms alike.
 # --iterations N: each arm's iterations in all. A rerun skips what is done and continues the rest: an
 # interrupted arm, or every arm for a larger N (after the final evaluation of the earlier N, more
 # iterations, then another final evaluation).
@@ -45,6 +48,8 @@ source "$ROOT/scripts/lib/envs.sh"
 # The RL arm's train rollout each iteration: AGENT_TASKS tasks x AGENT_SAMPLES samples.
 AGENT_WARM=128 AGENT_STEP_ROWS=32 AGENT_TASKS=30 AGENT_SAMPLES=2
 declare -a AGENT_ENV=()
+# --arm-set's overrides: the arms take them after their own, the warm start does not
+declare -a AGENT_ARM_SET=()
 
 agent_settings() {
   local env=$1 data=$2
@@ -147,7 +152,8 @@ agent_arm() {
     return 0
   fi
   common_log "$what: iterations $((ran + 1))-$iterations: $log"
-  agent_run "$log" "$data" --max-iterations "$((iterations - ran))" --final-eval "model_config.model=$warm" "$@"
+  agent_run "$log" "$data" --max-iterations "$((iterations - ran))" --final-eval "model_config.model=$warm" "$@" \
+    "${AGENT_ARM_SET[@]}"
 }
 
 main() {
@@ -155,13 +161,18 @@ main() {
   local -a extra=()
   while (($#)); do
     case "$1" in
-      --env | --iterations | --arm | --arm-lr | --data-path | --log-path | --seeds)
+      --env | --iterations | --arm | --arm-lr | --arm-set | --data-path | --log-path | --seeds)
         [[ $# -ge 2 ]] || common_die 2 "$1 needs a value"
         case "$1" in
           --env) env=$2 ;;
           --iterations) iterations=$2 ;;
           --arm) arm=$2 ;;
           --arm-lr) arm_lr=$2 ;;
+          --arm-set)
+            [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_.]*=. ]] ||
+              common_die 2 "--arm-set must be KEY=VALUE, e.g. algorithm.policy_gradient.old_logprobs=trainer (got '$2')"
+            AGENT_ARM_SET+=("$2")
+            ;;
           --data-path) data=$2 ;;
           --log-path) log=$2 ;;
           --seeds) seeds=$2 ;;

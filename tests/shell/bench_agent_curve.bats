@@ -22,6 +22,7 @@ run_bad() {
   run -0 bash "$ROOT/bench/agent_curve.sh" --help
   [[ $output == *"--arm rl|rl-disagree|control|mixed|grpo|both"* && $output == *"--arm-lr LR"* ]]
   [[ $output == *"--arm-lr: the arms' learning rate (default 1e-4; the warm start keeps 1e-4)"* ]]
+  [[ $output == *"--arm-set KEY=VALUE (repeatable): an override for the arms only, not the warm start"* ]]
 }
 
 @test "each bad value: exit 2, the flag and the value named, nothing written" {
@@ -33,4 +34,6 @@ run_bad() {
   run_bad "--arm-lr must be a positive learning rate, e.g. 3e-5 (got '0')" --env miniwob-open --arm-lr 0
   run_bad "--seeds must be training seeds separated by commas, e.g. 1,2 (got '1;2')" --env miniwob-open --seeds '1;2'
   run_bad "--arm-lr needs a value" --env miniwob-open --arm-lr
+  run_bad "--arm-set must be KEY=VALUE, e.g. algorithm.policy_gradient.old_logprobs=trainer (got 'trainer')" \
+    --env miniwob-open --arm-set trainer
 }
