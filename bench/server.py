@@ -25,6 +25,8 @@ from coordinator.driver import say
 from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.vllm import PolicyServer
+from coordinator.driver.vllm_settings import for_node
+from rollout_engine.config import VllmConfig
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "models/SmolLM2-135M-Instruct"
@@ -82,15 +84,19 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 
 
 @contextlib.contextmanager
-def serve(args: argparse.Namespace) -> Iterator[str]:
-    """Yield the base URL of the server to benchmark; stop the one we started, whatever happens."""
+def serve(args: argparse.Namespace, extra_args: tuple[str, ...] = (), model_dir: Path | None = None) -> Iterator[str]:
+    """Yield the base URL of the server to benchmark; stop the one we started, whatever happens. `extra_args`:
+    vllm_config.extra_args of our vLLM (run.sh's defaults for everything else); `model_dir`: the model, when
+    prepare_data has given it already."""
     if args.base_url:
         yield args.base_url.rstrip("/")
         return
-    model_dir = prepare_data(args.data_path)
+    model_dir = model_dir or prepare_data(args.data_path)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="baton-bench-"))
     port = free_port()
     server = PolicyServer(run_dir, port, args.model, Groups(run_dir), Supervisor(), env_python("serve"))
+    if extra_args:
+        server.settings = for_node(VllmConfig(allowed_local_media_path="", extra_args=list(extra_args)), model_dir, "")
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         logger.info("starting vLLM on port %d (log: %s)", port, server.log)

@@ -206,8 +206,9 @@ class PolicyServer:
         """The whole command line of the server (after `choose`): dev mode for the in-place reloads."""
         kv = "" if self.kv_gib is None else str(self.kv_gib)
         assert self.settings is not None, "PolicyServer.command needs its settings: call choose first"
-        extra = [f"{k}={v}" for k, v in self.settings.env().items()]
-        return ["env", "VLLM_SERVER_DEV_MODE=1", f"VLLM_CPU_KVCACHE_SPACE={kv}", *extra, self.serve_py, *self.args(model)]
+        env = ["VLLM_SERVER_DEV_MODE=1", f"VLLM_CPU_KVCACHE_SPACE={kv}"]
+        env += [f"{k}={v}" for k, v in self.settings.env().items()]
+        return ["env", *env, self.serve_py, *self.args(model)]
 
     def refused(self, output: str) -> say.Die | None:
         """The bad-input error for a start whose `output` shows vLLM's argument parser refusing the command

@@ -1,0 +1,83 @@
+"""Benchmark 0b: vLLM on a CPU with its worker in the engine core's process (uni) against a process of its own (mp).
+
+    PYTHONPATH=. $BATON_APP_PY -m bench.vllm_executor --data-path /abs/data        # 2 rounds (~8 min on 2 cores)
+
+run.sh serves with the uni executor on a CPU of one NUMA node with one worker (coordinator/driver/vllm_settings.py
+`cpu_executor`); vllm_config.extra_args=[--distributed-executor-backend,mp] gives vLLM's own choice back. Each round
+starts one vLLM of each, one after the other, as run.sh would (the product's driver), and times its start (until
+it answers its health check) and its generation: `--requests` chat requests of exactly `--tokens` tokens at
+`--concurrency` in flight (bench/serving_dtype.py's workload). Prints the CPU, each start, a table of the medians,
+and as its last line the ratios uni / mp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.server import add_server_args, prepare_data, serve
+from bench.serving_dtype import measure
+from coordinator.driver.vllm_settings import for_node
+from coordinator.serving import parse_cpuinfo
+from rollout_engine.config import VllmConfig
+
+logger = logging.getLogger("bench.vllm_executor")
+#: each arm's vllm_config.extra_args: uni is run.sh's default where this bench applies, mp vLLM's own
+ARMS = {"uni": (), "mp": ("--distributed-executor-backend", "mp")}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench.vllm_executor", description=__doc__.split("\n\n")[0])
+    add_server_args(parser)
+    parser.add_argument("--rounds", type=int, default=2, help="starts of each executor (default: 2)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=64)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="[bench] %(message)s", stream=sys.stderr)
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    args = parse_args(argv)
+    if args.base_url:
+        raise SystemExit("bench.vllm_executor starts its own vLLMs; drop --base-url")
+    model_dir = prepare_data(args.data_path)
+    default = for_node(VllmConfig(allowed_local_media_path=""), model_dir, "").executor
+    if default != "uni":
+        raise SystemExit(
+            "run.sh does not pick the uni executor on this machine (a GPU, several NUMA nodes or "
+            "VLLM_CPU_OMP_THREADS_BIND): there is nothing to compare"
+        )
+    info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    print(f"cpu: {info.model}, {os.cpu_count()} cores; flags: {' '.join(info.relevant_flags())}")
+    starts: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for round_ in range(1, args.rounds + 1):
+        for arm, extra in ARMS.items():
+            begin = time.perf_counter()
+            with serve(args, extra, model_dir) as base_url:
+                starts[arm].append(time.perf_counter() - begin)
+                rate = measure(base_url, args.model, args.requests, args.tokens, args.concurrency)
+                rates[arm].append(asyncio.run(rate))
+            logger.info("round %d, %s: started in %.1f s, %.1f tokens/s", round_, arm, starts[arm][-1], rates[arm][-1])
+    load = f"{args.requests} requests x {args.tokens} tokens at {args.concurrency} in flight"
+    print(f"\n{args.rounds} starts each; {load}")
+    print(f"{'executor':>10}{'start s (median)':>18}{'tokens/s (median)':>19}   each start, tokens/s")
+    for arm in ARMS:
+        each = ", ".join(f"{s:.1f} s {r:.0f}" for s, r in zip(starts[arm], rates[arm], strict=True))
+        print(f"{arm:>10}{statistics.median(starts[arm]):>18.1f}{statistics.median(rates[arm]):>19.1f}   {each}")
+    start = statistics.median(starts["uni"]) / statistics.median(starts["mp"])
+    rate = statistics.median(rates["uni"]) / statistics.median(rates["mp"])
+    print(f"uni / mp: start {start:.2f}x, tokens/s {rate:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
