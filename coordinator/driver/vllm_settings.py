@@ -227,6 +227,8 @@ class ServerSettings:
         if self.idle_gpus:
             line += f"; {self.idle_gpus} of the node's {machine.gpus} GPUs idle (tensor_parallel_size does not divide"
             line += " them)"
+        if self.executor == "uni":
+            line += "; the worker in the engine core's process (uni executor)"
         return line
 
 

@@ -117,6 +117,7 @@ def test_one_worker_on_a_cpu_of_one_numa_node_runs_in_vllm_s_engine_process() ->
     assert settings.executor == "uni"
     assert settings.args()[6:8] == ["--distributed-executor-backend", "uni"]
     assert settings.env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert settings.describe(CPU).endswith("; the worker in the engine core's process (uni executor)")
     assert cpu_executor(CPU, 2, ()) == ""
     assert cpu_executor(gpu_node(1), 1, ()) == ""
     assert cpu_executor(Machine("cpu", 0, numa_nodes=2), 1, ()) == ""
@@ -130,6 +131,7 @@ def test_one_worker_on_a_cpu_of_one_numa_node_runs_in_vllm_s_engine_process() ->
     assert "--distributed-executor-backend" not in own.args()
     on_gpus = resolve(VllmConfig(), gpu_node(1), SMOLLM2, "/l")
     assert (on_gpus.executor, on_gpus.env()) == ("", {})
+    assert "executor" not in on_gpus.describe(gpu_node(1))
 
 
 def test_parallel_sizes_must_fit_the_node_s_gpus() -> None:
