@@ -34,7 +34,7 @@ from typing import Any
 
 import openai
 
-from bench.server import REPO, add_server_args, prepare_data, serve
+from bench.server import REPO, add_server_args, prepare_data, quiet_http_logs, serve
 from rollout_engine.files import read_jsonl
 from rollout_engine.layout import Layout
 from rollout_engine.metrics_log import load_metrics
@@ -179,8 +179,7 @@ def warm_up(args: argparse.Namespace, base_url: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("httpx", "httpx2"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_http_logs()
     args = parse_args(argv)
     if args.base_url:
         prepare_data(args.data_path)

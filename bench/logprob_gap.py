@@ -28,7 +28,7 @@ from pathlib import Path
 
 import openai
 
-from bench.server import REPO, add_server_args, env_python, serve
+from bench.server import REPO, add_server_args, env_python, quiet_http_logs, serve
 from coordinator.serving import parse_cpuinfo
 from rollout_engine.journal import read_journal
 from rollout_engine.layout import Layout
@@ -114,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[bench] %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    quiet_http_logs()
     args = parse_args(argv)
     if args.base_url:
         raise SystemExit("bench.logprob_gap starts its own vLLM per dtype; drop --base-url")

@@ -32,6 +32,14 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = "models/SmolLM2-135M-Instruct"
 
 logger = logging.getLogger(__name__)
+#: the HTTP clients' loggers, each request a line at INFO (httpx2: the client the registry's openai package uses)
+HTTP_LOGGERS = ("httpx", "httpx2")
+
+
+def quiet_http_logs() -> None:
+    """Keep the HTTP clients' per-request lines out of a benchmark's INFO log."""
+    for name in HTTP_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import openai
 
-from bench.server import add_server_args, serve
+from bench.server import add_server_args, quiet_http_logs, serve
 from coordinator.serving import parse_cpuinfo
 
 logger = logging.getLogger("bench.serving_dtype")
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[bench] %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    quiet_http_logs()
     args = parse_args(argv)
     if args.base_url:
         raise SystemExit("bench.serving_dtype starts its own vLLM per dtype; drop --base-url")

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.server import add_server_args, prepare_data, serve
+from bench.server import add_server_args, prepare_data, quiet_http_logs, serve
 from bench.serving_dtype import measure
 from coordinator.driver.vllm_settings import for_node
 from coordinator.serving import parse_cpuinfo
@@ -44,8 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[bench] %(message)s", stream=sys.stderr)
-    for name in ("httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_http_logs()
     args = parse_args(argv)
     if args.base_url:
         raise SystemExit("bench.vllm_executor starts its own vLLMs; drop --base-url")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.engine_vs_raw import reset_prefix_cache
-from bench.server import REPO, _raise_interrupt, env_python, free_port
+from bench.server import REPO, _raise_interrupt, env_python, free_port, quiet_http_logs
 from coordinator.driver import say
 from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import Supervisor
@@ -215,7 +215,7 @@ def tokens(turns: list[tuple[int, int, int]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    quiet_http_logs()
     args = parse_args(argv)
     model = toy_model(args)
     info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
