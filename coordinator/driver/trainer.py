@@ -7,8 +7,9 @@
     if trainer.join(gen, new, placement):  # every node that trains: its part of that generation is up
         code = trainer.job(argv, logfile)
 
-One trainer per run and node, as the tracked group `trainer`, started at the first update and kept
-until the run ends. An update it cannot take (it did not start within TRAINER_START_S) runs in fresh
+One trainer per run and node, as the tracked group `trainer`, kept until the run ends. A single node launches
+it at the start of the run (update.prestart: its imports run beside vLLM's start-up, and on a CPU the update-check
+is its first job); several nodes start theirs together at an update. An update it cannot take (it did not start within TRAINER_START_S) runs in fresh
 processes, and so do the rest of the run's updates; an update it died in fails (the served policy
 stays), and the next update starts a new one, as does an update after the training code or configs
 changed (`code_digest`: the trainer imported them when it started). BATON_WARM_TRAINER=0 runs every update fresh.
@@ -103,6 +104,9 @@ class WarmTrainer:
         self.starting = self.interrupted = False
         #: code_digest of the checkout when the running trainer started
         self.code = ""
+        #: where the last launch put it, and when (wait_ready counts BATON_TRAINER_START_S from then)
+        self.launched: Placement | None = None
+        self.began = self.launched_at = 0.0
 
     def group_code(self) -> int | None:
         """The trainer group's exit code once it ended (0 when none was started)."""
@@ -128,9 +132,9 @@ class WarmTrainer:
             return False
         return True
 
-    def start(self, placement: Placement, fallback: str) -> bool:
-        """Start the trainer at `placement` and wait until its workers are up (on several nodes: every node's);
-        False (stopped, and given up: `fallback` says what happens instead) when they are not."""
+    def launch(self, placement: Placement) -> None:
+        """Start the trainer at `placement` without waiting for its workers (a single node starts it beside vLLM's
+        start-up: wait_ready, or the first update, waits for them)."""
         self.stop()
         self.seq = 0
         # a new trainer starts at job 1: the last one's job and reports would read as answered or pending
@@ -140,18 +144,28 @@ class WarmTrainer:
         cmd = [self.run.pythons.train, "-m", "training.warm", "--dir", str(self.dir), "--log", str(self.log)]
         cmd += placement.args()
         self.code = code_digest(self.run.root)
-        began = time.monotonic()
+        self.launched, self.began, self.launched_at = placement, time.monotonic(), time.time()
         where = f", node {placement.node_rank} of {placement.nnodes}" if placement.nnodes > 1 else ""
         log(f"warm trainer: starting{where} (log: {self.log})")
         self.run.groups.start(GROUP, cmd, self.log, env=self.run.env())
+
+    def launching(self, placement: Placement) -> bool:
+        """It was launched at `placement` with the checkout as it is now, and still starts (its workers not ready
+        yet, or not seen to be)."""
+        return self.nproc == 0 and self.launched == placement and self.alive() and code_digest(self.run.root) == self.code
+
+    def wait_ready(self, fallback: str) -> bool:
+        """Wait until the launched trainer's workers are up (on several nodes: every node's), at most
+        BATON_TRAINER_START_S from its launch; False (stopped, and given up: `fallback` says what happens
+        instead) when they are not."""
         limit = TRAINER_START_S.value()
         self.starting, self.interrupted = True, False
-        while time.monotonic() - began < limit:
+        while time.monotonic() - self.began < limit:
             ready = self._read(self.dir / "ready.json")
             if ready is not None:
                 self.starting = False
-                self.nproc, self.placement = int(ready.get("nproc", 1)), placement
-                log(f"warm trainer: {self.nproc} worker(s) ready in {time.monotonic() - began:.0f}s")
+                self.nproc, self.placement = int(ready.get("nproc", 1)), self.launched
+                log(f"warm trainer: {self.nproc} worker(s) ready in {self.ready_s():.0f}s")
                 return True
             if self.group_code() is not None:
                 break
@@ -165,15 +179,30 @@ class WarmTrainer:
         self.given_up = True
         return False
 
+    def ready_s(self) -> float:
+        """Seconds from its launch to its workers' word (the file's time: a trainer launched beside vLLM's
+        start-up is looked at only after it)."""
+        try:
+            return max(0.0, (self.dir / "ready.json").stat().st_mtime - self.launched_at)
+        except OSError:
+            return time.monotonic() - self.began
+
+    def start(self, placement: Placement, fallback: str) -> bool:
+        """Start the trainer at `placement` and wait until its workers are up (wait_ready)."""
+        self.launch(placement)
+        return self.wait_ready(fallback)
+
     def update(self, argv: list[str], logfile: Path) -> int | None:
         """One node: run `python -m training`'s arguments `argv` in the trainer, started (again) when it is not
         running at the update's placement; its exit code, or None when there is no trainer to run it (the caller
         runs it fresh). A trainer that ended during the update: FAILED."""
-        placement = Placement(nproc_of(argv) or gpu_count() or 1)
+        placement = placement_of(argv)
         if self.given_up:
             return None
-        if not self.serves(placement) and not self.start(placement, "this run's updates run in fresh processes"):
-            return None
+        if not self.serves(placement):
+            fallback = "this run's updates run in fresh processes"
+            if not (self.wait_ready(fallback) if self.launching(placement) else self.start(placement, fallback)):
+                return None
         code = self.job(argv, logfile)
         if code == FRESH:  # launch.nproc_per_node / launch.nnodes the trainer was not started with
             warn(f"the warm trainer cannot run this update's layout (its log: {logfile}); this run's updates run fresh")
@@ -211,13 +240,11 @@ class WarmTrainer:
     def job(self, argv: list[str], logfile: Path) -> int:
         """The running trainer runs `argv` (python -m training's arguments); its exit code (FAILED when the trainer
         ended during it, which is then stopped)."""
-        self.seq += 1
-        logfile.parent.mkdir(parents=True, exist_ok=True)
-        save_json(self.dir / "job.json", {"seq": self.seq, "argv": argv, "log": str(logfile)})
+        seq = self.submit(argv, logfile)
         began, offset = time.monotonic(), self.log.stat().st_size if self.log.exists() else 0
         phase = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("phase=")), "all")
         log(f"update: {'' if phase == 'all' else phase + ' '}handed to the warm trainer (log: {logfile})")
-        job = Job(self, self.seq)
+        job = Job(self, seq)
         code = self.run.supervisor.wait(job)
         if code == EXPIRED:
             warn(
@@ -234,6 +261,14 @@ class WarmTrainer:
             )
             self.stop()
         return code
+
+    def submit(self, argv: list[str], logfile: Path) -> int:
+        """Hand the trainer `argv` (python -m training's arguments), its output to `logfile`; the job's number. A
+        trainer still starting takes it once its workers are up."""
+        self.seq += 1
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        save_json(self.dir / "job.json", {"seq": self.seq, "argv": argv, "log": str(logfile)})
+        return self.seq
 
     def reports(self, seq: int) -> list[int] | None:
         """Each worker's exit code for job `seq`, once all of them reported it (None: not yet, or stopped)."""
@@ -260,6 +295,11 @@ class WarmTrainer:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+
+
+def placement_of(argv: list[str]) -> Placement:
+    """Where one node's trainer runs an update of `argv`: launch.nproc_per_node workers, else one a GPU (1 on CPU)."""
+    return Placement(nproc_of(argv) or gpu_count() or 1)
 
 
 def nproc_of(argv: list[str]) -> int:

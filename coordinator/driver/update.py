@@ -19,7 +19,7 @@ from coordinator.driver.phase import mark, run_group, tail, timed, watch_start, 
 from coordinator.driver.ports import free_port
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
-from coordinator.driver.trainer import WarmTrainer, code_digest, kill_listed, nproc_of
+from coordinator.driver.trainer import Job, WarmTrainer, code_digest, kill_listed, nproc_of, placement_of
 from coordinator.driver.vllm_settings import device, gpu_count
 from coordinator.serving import served_dtype
 from rollout_engine.defaults import CHECK_TIMEOUT_S, WARM_TRAINER
@@ -55,11 +55,14 @@ def update_cmd(run: Run, iteration: int, phase: str, *extra: str) -> list[str]:
 
 @dataclass
 class Check:
-    """The update-check started beside vLLM's start-up (None when not run)."""
+    """The update-check started beside vLLM's start-up (None when not run): in its own process (group
+    update-check), or as job `seq` of the warm trainer started beside it."""
 
     logfile: Path
     key: str
     started: float
+    cmd: list[str]
+    seq: int = 0
 
 
 def check_key(run: Run, cmd: list[str]) -> str:
@@ -76,45 +79,97 @@ def check_key(run: Run, cmd: list[str]) -> str:
 
 
 def check_start(run: Run, next_iteration: int) -> Check | None:
-    """A run that trains: start `python -m training phase=check` (group update-check) beside vLLM's start-up;
-    on several nodes the master checks. A check that passed with the same key is not run again."""
+    """A run that trains: start `python -m training phase=check` beside vLLM's start-up; on several nodes the
+    master checks. A single node starts its warm trainer now too (prestart); on a CPU the check is that trainer's
+    first job, so the training stack is imported once for the check and every update. A check that passed with
+    the same key is not run again."""
     if run.args.phase == "rollout" or not run.node.is_master:
         return None
+    trainer = prestart(run)
     cmd = update_cmd(run, next_iteration, "check")
-    check = Check(run.run_dir / "logs" / "update-check.log", check_key(run, cmd), time.monotonic())
+    check = Check(run.run_dir / "logs" / "update-check.log", check_key(run, cmd), time.monotonic(), cmd)
     ok = run.run_dir / "update-check.ok"
     if ok.is_file() and ok.read_text().strip() == check.key:
         log("update-check: passed before with this command, environment and code; not run again")
         return None
     check.logfile.parent.mkdir(parents=True, exist_ok=True)
     check.logfile.write_text("")
-    log(f"update-check: started (log: {check.logfile})")
-    run.groups.start("update-check", cmd, check.logfile, env=run.env())
+    # on a GPU the check keeps a process of its own with the GPUs hidden (training.launch.hidden_gpus): in the
+    # trainer it would initialise CUDA there while vLLM measures the memory it may take
+    if trainer is not None and device() == "cpu":
+        check.seq = trainer.submit(cmd[cmd.index("update") + 1 :], check.logfile)
+        log(f"update-check: handed to the warm trainer (log: {check.logfile})")
+        return check
+    start_check(run, check)
     return check
 
 
+def prestart(run: Run) -> WarmTrainer | None:
+    """A single node that trains launches its warm trainer at the start of the run, so that its imports run
+    beside vLLM's start-up and the first rollout instead of before the first update. Several nodes' trainers
+    start together at an update (the master's plan names their generation)."""
+    if run.node.multi or not WARM_TRAINER.value():
+        return None
+    if run.trainer is None:
+        run.trainer = WarmTrainer(run)
+    run.trainer.launch(placement_of(run.composed.update))
+    return run.trainer
+
+
+def start_check(run: Run, check: Check) -> None:
+    log(f"update-check: started (log: {check.logfile})")
+    run.groups.start("update-check", check.cmd, check.logfile, env=run.env())
+
+
 def check_wait(run: Run, check: Check | None) -> None:
-    """Wait for the check; a rejection ends the run with exit 2 and its message, a failure with 1."""
-    group = run.groups.group("update-check") if check else None
-    if check is None or group is None:
+    """Wait for the check; a rejection ends the run with exit 2 and its message, a failure with 1. A check the
+    warm trainer could not run (it did not start, or ended during the check) runs in a process of its own."""
+    if check is None:
         return
     limit = CHECK_TIMEOUT_S.value()
-    left = max(1.0, limit - (time.monotonic() - check.started))  # counted from its start beside vLLM's
-    code = run.supervisor.wait(group, total_s=left)
+    code = check_in_trainer(run, check, limit) if check.seq else None
+    if code is None:
+        if check.seq:
+            start_check(run, check)
+        group = run.groups.group("update-check")
+        if group is None:
+            return
+        left = max(1.0, limit - (time.monotonic() - check.started))  # counted from its start beside vLLM's
+        code = run.supervisor.wait(group, total_s=left)
+        if code == EXPIRED:
+            run.groups.stop("update-check", 10)
+        run.groups.forget("update-check")
     if code == EXPIRED:
-        run.groups.stop("update-check", 10)
         raise Die(
             1,
             f"the check of the update configuration did not finish within {limit}s (BATON_CHECK_TIMEOUT_S); "
             f"stopped it. Its log: {check.logfile}",
         )
-    run.groups.forget("update-check")
     if chosen := check_verdict(code, check.logfile):
         log(chosen)
     ok = run.run_dir / "update-check.ok"
     ok.with_suffix(".ok.tmp").write_text(check.key + "\n")
     ok.with_suffix(".ok.tmp").replace(ok)
     log(f"update-check: the update configuration is accepted ({int(time.monotonic() - check.started)}s)")
+
+
+def check_in_trainer(run: Run, check: Check, limit: float) -> int | None:
+    """The check's exit code as job `check.seq` of the warm trainer (EXPIRED past `limit` seconds from its start:
+    the trainer is stopped); None when the trainer did not start or ended during the check."""
+    trainer = run.trainer
+    if trainer is None or not trainer.wait_ready("the update-check and this run's updates run in fresh processes"):
+        return None
+    left = max(1.0, limit - (time.monotonic() - check.started))
+    code = run.supervisor.wait(Job(trainer, check.seq), total_s=left)
+    if code == EXPIRED:
+        trainer.stop()
+        return EXPIRED
+    if trainer.reports(check.seq) is None:
+        warn(f"the warm trainer ended during the update-check (its log: {trainer.log}); checking in a process of its own")
+        trainer.stop()
+        check.logfile.write_text("")
+        return None
+    return code
 
 
 def check_verdict(code: int, logfile: Path) -> str:
@@ -143,7 +198,8 @@ def check_choice(logfile: Path) -> str:
 def check_problems(logfile: Path) -> str:
     """The check's report: its log after "bad config:" / "bad input:", else its last 15 lines."""
     lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
-    starts = [i for i, line in enumerate(lines) if line in ("bad config:", "bad input:")]
+    # a fresh process logs the bare line, the warm trainer its logger's prefix before it
+    starts = [i for i, line in enumerate(lines) if line.split("] ")[-1] in ("bad config:", "bad input:")]
     return "\n".join(lines[starts[-1] + 1 :] if starts else lines[-15:])
 
 

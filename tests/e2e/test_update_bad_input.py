@@ -10,7 +10,7 @@ import pytest
 
 from rollout_engine.layout import Layout
 from tests.conftest import REPO
-from tests.e2e.conftest import run_update
+from tests.e2e.conftest import processes_mentioning, run_update
 from tests.unit.training.trajectories import traj
 from tests.waits import UPDATE_S, run_waiting
 
@@ -66,14 +66,28 @@ def test_unknown_algorithm(tmp_path: Path) -> None:
     assert out.returncode == 2 and "algorithm" in out.stderr and "rft" in out.stderr
 
 
-def test_run_sh_records_an_update_with_nothing_to_train_on_as_skipped(tmp_path: Path, data_dir: Path) -> None:
-    # iteration 1's train rollout finished without a success: run.sh keeps the policy and goes on (exit 0)
+def test_run_sh_rejects_a_template_in_its_trainers_check_and_records_an_update_with_nothing_to_train_on_as_skipped(
+    tmp_path: Path, data_dir: Path
+) -> None:
     log = tmp_path / "log"
     write_journal(log, [traj("a", 0, False, iteration=1), traj("a", 1, False, iteration=1)], iteration=1)
     state = log / "run" / "state" / "iter_0001"
     state.mkdir(parents=True)
     (state / "train_rollout.done").write_text("done\n")
     cmd = ["bash", str(REPO / "scripts/run.sh"), "--data-path", str(data_dir), "--log-path", str(log)]
+    # on a CPU the update-check is the first job of the warm trainer the run starts at once: its rejection is
+    # exit 2 with the report, and the trainer's processes are gone
+    out = run_waiting(
+        [*cmd, "--rl-phase", "update", "--wait-timeout", "0", "model_config.template=nonsense"],
+        waiting_for="run.sh --rl-phase update's update-check in its warm trainer",
+        timeout=UPDATE_S,
+    )
+    assert out.returncode == 2, (out.stdout + out.stderr)[-3000:]
+    assert "update-check: handed to the warm trainer" in out.stderr
+    assert "the update would reject this configuration" in out.stderr
+    assert "\nmodel_config.template='nonsense' is not a LLaMA-Factory template; one of: smollm2," in out.stderr
+    assert not (state / "update.done").exists() and processes_mentioning(str(log)) == []
+    # iteration 1's train rollout finished without a success: run.sh keeps the policy and goes on (exit 0)
     out = run_waiting(
         [*cmd, "--rl-phase", "update", "--wait-timeout", "0"],
         waiting_for="run.sh --rl-phase update to skip an iteration with nothing to train on",

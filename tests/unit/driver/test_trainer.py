@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.driver import trainer
+from coordinator.driver import say, trainer
+from coordinator.driver import update as update_module
 from coordinator.driver.context import Run
 from coordinator.driver.nodes import Synced
 from coordinator.driver.procs import group_alive
 from coordinator.driver.trainer import WarmTrainer, nproc_of
-from coordinator.driver.update import end_failed_trainers, stop_update, update_node
+from coordinator.driver.update import check_start, check_wait, end_failed_trainers, stop_update, update_node
 from rollout_engine.exits import Exit
 from tests.unit.driver.fakes import Runs
 from training.warm import FRESH, Placement
@@ -272,3 +273,80 @@ def test_several_nodes_the_masters_plan_starts_a_new_generation_when_the_code_ch
     Path(run.root, "training", "pg_loss.py").write_text("CLIP = 0.3\n")
     assert warm.plan(TWO) == (2, True)
     assert warm.join(2, True, TWO) and warm.plan(TWO) == (2, False)
+
+
+# --- a single node's trainer starts with the run, and on a CPU takes the update-check -------------------------
+
+
+def check_then_update(run: Run, *argv: str) -> int:
+    """The start of a run as steps() drives it (the check beside vLLM's start-up), then iteration 1's update."""
+    check_wait(run, check_start(run, 1))
+    return update(run, "iteration=1", *argv)
+
+
+def test_a_single_node_starts_its_trainer_with_the_run_and_on_a_cpu_the_check_is_its_first_job(
+    run: Run, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(update_module, "device", lambda: "cpu")
+    run.composed.update = ["algorithm=rft"]
+    assert check_then_update(run) == 0
+
+    err = capsys.readouterr().err
+    assert err.index("warm trainer: starting") < err.index("update-check: handed to the warm trainer")
+    assert err.count("warm trainer: starting") == 1 and "update-check: started" not in err
+    assert "update-check: the update configuration is accepted" in err
+    taken = jobs(run)
+    assert [job[0] for job in taken] == [taken[0][0]] * 2  # one process: the check, then the update
+    assert "phase=check" in taken[0] and taken[0][-1] == "algorithm=rft" and taken[1][1:] == [
+        f"log_path={run.log}",
+        "iteration=1",
+    ]
+    assert (run.run_dir / "update-check.ok").is_file()
+
+
+def test_on_a_gpu_the_check_keeps_a_process_of_its_own_beside_the_trainer_started_with_the_run(
+    run: Run, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(update_module, "device", lambda: "cuda")
+    assert check_then_update(run) == 0
+    err = capsys.readouterr().err
+    assert err.index("warm trainer: starting") < err.index("update-check: started") < err.index("update: handed")
+    assert err.count("warm trainer: starting") == 1
+    assert [job[1:] for job in jobs(run)] == [[f"log_path={run.log}", "iteration=1"]]
+
+
+def test_a_check_the_trainer_rejects_ends_the_run_with_exit_2_and_one_that_cannot_start_checks_in_a_process(
+    run: Run, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(update_module, "device", lambda: "cpu")
+    run.composed.update = [f"fake.exit={Exit.BAD_INPUT}"]
+    with pytest.raises(say.Die) as caught:
+        check_wait(run, check_start(run, 1))
+    assert caught.value.code == Exit.BAD_INPUT
+    assert "the update would reject this configuration" in caught.value.message
+    run.trainer.stop()
+    capsys.readouterr()
+
+    run.trainer = None
+    run.composed.update = []
+    monkeypatch.setenv("FAKE_TRAINER_START", "exit")
+    assert check_then_update(run) == 0
+    err = capsys.readouterr().err
+    assert "the warm trainer exited; the update-check and this run's updates run in fresh processes" in err
+    assert "update-check: started" in err and err.count("warm trainer: starting") == 1  # not tried again
+    assert (run.run_dir / "logs" / "update.log").read_text().startswith("fresh update:")
+
+
+def test_a_trainer_that_dies_in_the_check_leaves_it_to_a_process_of_its_own_and_the_update_to_a_new_trainer(
+    run: Run, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(update_module, "device", lambda: "cpu")
+    run.composed.update = ["fake.die"]
+    check_wait(run, check_start(run, 1))
+    err = capsys.readouterr().err
+    assert "the warm trainer ended during the update-check" in err and "update-check: started" in err
+    assert "update-check: the update configuration is accepted" in err
+    assert (run.run_dir / "logs" / "update-check.log").read_text().startswith("fresh update:")
+    run.composed.update = []
+    assert update(run, "iteration=1") == 0
+    assert "warm trainer: starting" in capsys.readouterr().err  # a new one: this run's updates stay warm

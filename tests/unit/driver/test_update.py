@@ -113,6 +113,13 @@ def test_a_rollout_run_checks_nothing_and_a_log_without_a_report_shows_its_last_
     assert check_problems(plain) == "\n".join(str(n) for n in range(6, 21))
 
 
+def test_the_report_is_found_after_the_warm_trainers_logger_prefix_too(tmp_path: Path) -> None:
+    """The warm trainer logs "[<time> training] bad config:" where a fresh process logs the bare line."""
+    log = tmp_path / "update-check.log"
+    log.write_text("[2026-11-30 16:27:42,647 training] bad config:\nmodel_config.template='x' is not a template\n")
+    assert check_problems(log) == "model_config.template='x' is not a template"
+
+
 def test_a_check_past_its_deadline_is_stopped_exit_1_naming_the_deadline_its_group_gone(
     check: Check, runs: Runs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
