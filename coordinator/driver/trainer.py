@@ -7,12 +7,13 @@
     if trainer.join(gen, new, placement):  # every node that trains: its part of that generation is up
         code = trainer.job(argv, logfile)
 
-One trainer per run and node, as the tracked group `trainer`, kept until the run ends. A single node launches
-it at the start of the run (update.prestart: its imports run beside vLLM's start-up, and on a CPU the update-check
-is its first job); several nodes start theirs together at an update. An update it cannot take (it did not start within TRAINER_START_S) runs in fresh
-processes, and so do the rest of the run's updates; an update it died in fails (the served policy
-stays), and the next update starts a new one, as does an update after the training code or configs
-changed (`code_digest`: the trainer imported them when it started). BATON_WARM_TRAINER=0 runs every update fresh.
+One trainer per run and node, as the tracked group `trainer`, kept until the run ends. A single node
+launches it at the start of the run (update.prestart: its imports run beside vLLM's start-up, and on a CPU
+the update-check is its first job); several nodes start theirs together at an update. An update it cannot
+take (it did not start within TRAINER_START_S) runs in fresh processes, and so do the rest of the run's
+updates; an update it died in fails (the served policy stays), and the next update starts a new one, as
+does an update after the training code or configs changed (`code_digest`: the trainer imported them when
+it started). BATON_WARM_TRAINER=0 runs every update fresh.
 
 On several nodes every node's trainer is one torchrun node of a single process group, so they start
 and end together: the master's plan of each update names the generation to train in, a new one
@@ -152,7 +153,9 @@ class WarmTrainer:
     def launching(self, placement: Placement) -> bool:
         """It was launched at `placement` with the checkout as it is now, and still starts (its workers not ready
         yet, or not seen to be)."""
-        return self.nproc == 0 and self.launched == placement and self.alive() and code_digest(self.run.root) == self.code
+        if self.nproc or self.launched != placement or not self.alive():
+            return False
+        return code_digest(self.run.root) == self.code
 
     def wait_ready(self, fallback: str) -> bool:
         """Wait until the launched trainer's workers are up (on several nodes: every node's), at most

@@ -165,7 +165,7 @@ def check_in_trainer(run: Run, check: Check, limit: float) -> int | None:
         trainer.stop()
         return EXPIRED
     if trainer.reports(check.seq) is None:
-        warn(f"the warm trainer ended during the update-check (its log: {trainer.log}); checking in a process of its own")
+        warn(f"the warm trainer ended during the update-check (its log: {trainer.log}); checking in a process instead")
         trainer.stop()
         check.logfile.write_text("")
         return None

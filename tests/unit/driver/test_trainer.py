@@ -297,10 +297,8 @@ def test_a_single_node_starts_its_trainer_with_the_run_and_on_a_cpu_the_check_is
     assert "update-check: the update configuration is accepted" in err
     taken = jobs(run)
     assert [job[0] for job in taken] == [taken[0][0]] * 2  # one process: the check, then the update
-    assert "phase=check" in taken[0] and taken[0][-1] == "algorithm=rft" and taken[1][1:] == [
-        f"log_path={run.log}",
-        "iteration=1",
-    ]
+    assert "phase=check" in taken[0] and taken[0][-1] == "algorithm=rft"
+    assert taken[1][1:] == [f"log_path={run.log}", "iteration=1"]
     assert (run.run_dir / "update-check.ok").is_file()
 
 
