@@ -348,3 +348,16 @@ def test_a_trainer_that_dies_in_the_check_leaves_it_to_a_process_of_its_own_and_
     run.composed.update = []
     assert update(run, "iteration=1") == 0
     assert "warm trainer: starting" in capsys.readouterr().err  # a new one: this run's updates stay warm
+
+
+def test_a_check_past_its_deadline_in_the_trainer_stops_the_trainer_and_ends_the_run_with_exit_1(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(update_module, "device", lambda: "cpu")
+    monkeypatch.setenv("BATON_CHECK_TIMEOUT_S", "2")
+    run.composed.update = ["fake.hang"]
+    with pytest.raises(say.Die) as caught:
+        check_wait(run, check_start(run, 1))
+    assert caught.value.code == 1
+    assert caught.value.message.startswith("the check of the update configuration did not finish within 2s")
+    assert run.groups.recorded("trainer") is None and not run.trainer.alive()
