@@ -258,6 +258,23 @@ class Worker:
             return run_argv(argv, self, int(job["seq"])), True
 
 
+def job_running(directory: Path) -> str:
+    """What the trainer in `directory` works on now: "update-check" or "update" while its job is handed over
+    and not yet answered by local rank 0; "" when it waits for one (or was never handed one)."""
+    try:
+        job = json.loads((directory / "job.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    try:
+        done = int(json.loads((directory / "done.0.json").read_text())["seq"])
+    except (OSError, ValueError, KeyError, TypeError):
+        done = 0
+    if int(job.get("seq", 0)) <= done:
+        return ""
+    phases = [a.split("=", 1)[1] for a in job.get("argv", []) if a.startswith("phase=")]
+    return "update-check" if phases and phases[-1] == "check" else "update"
+
+
 def trains(argv: list[str]) -> bool:
     """The job runs a training (phase=train or all, the default): every worker takes part."""
     phases = [a.split("=", 1)[1] for a in argv if a.startswith("phase=")]

@@ -25,12 +25,14 @@ from typing import Any
 from coordinator import groupfile
 from coordinator.dashboard.journals import Journals
 from coordinator.dashboard.svg import Chart, Series
+from coordinator.driver.trainer import GROUP as TRAINER_GROUP
 from coordinator.runstate import load_markers, state_iterations
 from coordinator.runview import RankRollout, RunView, StallWatch, Trouble
 from coordinator.summary import iteration_records
 from rollout_engine.journal import load_manifest
 from rollout_engine.layout import GROUPS_NAME, Layout, journal_name, manifest_name
 from rollout_engine.metrics_log import load_metrics
+from training.warm import job_running
 
 #: tracked groups that are helpers of a phase, not a phase (coordinator/driver/run.py: run.group_names)
 _HELPERS = re.compile(r"watch.*|vllm|heartbeat.*|dashboard.*")
@@ -73,16 +75,18 @@ def rollout_dict(r: RankRollout) -> dict[str, Any]:
 
 
 def running_groups(log: Path) -> list[dict[str, Any]]:
-    """The phases running now, by rank: the process groups run.sh recorded (run/rank_<r>/groups.json)."""
+    """The phases running now, by rank: the process groups run.sh recorded (run/rank_<r>/groups.json). The warm
+    trainer is a phase only while it works on a job (update or update-check); between jobs it waits."""
     found = []
     for path in sorted(log.glob(f"run/rank_*/{GROUPS_NAME}")):
         rank = path.parent.name.removeprefix("rank_")
-        if rank.isdigit():
-            found += [
-                {"rank": int(rank), "phase": name}
-                for name in sorted(groupfile.read(path))
-                if not _HELPERS.fullmatch(name)
-            ]
+        if not rank.isdigit():
+            continue
+        for name in sorted(groupfile.read(path)):
+            if name == TRAINER_GROUP:
+                name = job_running(Layout(log).trainer_dir(int(rank)))
+            if name and not _HELPERS.fullmatch(name):
+                found.append({"rank": int(rank), "phase": name})
     return found
 
 

@@ -141,6 +141,29 @@ def fake_run(log: Path) -> Path:
     return log
 
 
+def test_the_warm_trainer_is_a_phase_only_while_it_works_on_a_job(tmp_path: Path) -> None:
+    """A single node's trainer runs from the run's start and waits between updates: the rollout beside it is the
+    phase; a job handed over and not yet answered is the update (or the update-check)."""
+    log = tmp_path / "log"
+    layout = Layout(log)
+    records = {name: groupfile.Record(123, "456") for name in ("rollout-train", "trainer", "vllm")}
+    layout.groups(0).parent.mkdir(parents=True)
+    layout.groups(0).write_bytes(groupfile.encode(records))
+    trainer = layout.trainer_dir(0)
+    trainer.mkdir()
+
+    def phases() -> list[dict[str, object]]:
+        return Board(log).snapshot()["run"]["phases"]
+
+    assert phases() == [{"rank": 0, "phase": "rollout-train"}]  # started, never handed a job
+    (trainer / "job.json").write_text(json.dumps({"seq": 1, "argv": ["phase=check", "x=1"], "log": "l"}))
+    assert phases() == [{"rank": 0, "phase": "rollout-train"}, {"rank": 0, "phase": "update-check"}]
+    (trainer / "done.0.json").write_text(json.dumps({"seq": 1, "exit": 0}))
+    assert phases() == [{"rank": 0, "phase": "rollout-train"}]
+    (trainer / "job.json").write_text(json.dumps({"seq": 2, "argv": ["iteration=1"], "log": "l"}))
+    assert phases() == [{"rank": 0, "phase": "rollout-train"}, {"rank": 0, "phase": "update"}]
+
+
 def test_the_snapshot_shows_the_live_rollout_its_grid_the_table_curves_and_trouble(tmp_path: Path) -> None:
     snap = Board(fake_run(tmp_path)).snapshot()
     assert snap["run"]["iteration"] == 1
