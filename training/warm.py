@@ -271,14 +271,17 @@ def job_running(directory: Path) -> str:
         done = 0
     if int(job.get("seq", 0)) <= done:
         return ""
-    phases = [a.split("=", 1)[1] for a in job.get("argv", []) if a.startswith("phase=")]
-    return "update-check" if phases and phases[-1] == "check" else "update"
+    return "update-check" if job_phase(job.get("argv", [])) == "check" else "update"
+
+
+def job_phase(argv: list[str]) -> str:
+    """The phase `python -m training` runs for `argv`: its last phase= (as in Hydra), else "all"."""
+    return next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("phase=")), "all")
 
 
 def trains(argv: list[str]) -> bool:
     """The job runs a training (phase=train or all, the default): every worker takes part."""
-    phases = [a.split("=", 1)[1] for a in argv if a.startswith("phase=")]
-    return not phases or phases[-1] in ("train", "all")
+    return job_phase(argv) in ("train", "all")
 
 
 def compose(argv: list[str]):

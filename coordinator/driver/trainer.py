@@ -38,7 +38,7 @@ from rollout_engine.defaults import TRAINER_START_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json
 from training import sigkill
-from training.warm import FRESH, Placement
+from training.warm import FRESH, Placement, job_phase
 
 GROUP = "trainer"
 
@@ -245,7 +245,7 @@ class WarmTrainer:
         ended during it, which is then stopped)."""
         seq = self.submit(argv, logfile)
         began, offset = time.monotonic(), self.log.stat().st_size if self.log.exists() else 0
-        phase = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("phase=")), "all")
+        phase = job_phase(argv)
         log(f"update: {'' if phase == 'all' else phase + ' '}handed to the warm trainer (log: {logfile})")
         job = Job(self, seq)
         code = self.run.supervisor.wait(job)

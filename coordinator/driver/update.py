@@ -19,8 +19,8 @@ from coordinator.driver.phase import mark, run_group, tail, timed, watch_start, 
 from coordinator.driver.ports import free_port
 from coordinator.driver.say import Die, log, warn
 from coordinator.driver.supervise import EXPIRED
-from coordinator.driver.trainer import Job, WarmTrainer, code_digest, kill_listed, nproc_of, placement_of
-from coordinator.driver.vllm_settings import device, gpu_count
+from coordinator.driver.trainer import Job, WarmTrainer, code_digest, kill_listed, placement_of
+from coordinator.driver.vllm_settings import device
 from coordinator.serving import served_dtype
 from rollout_engine.defaults import CHECK_TIMEOUT_S, WARM_TRAINER
 from rollout_engine.exits import Exit
@@ -303,7 +303,7 @@ def train_on(run: Run, members: list[int]) -> bool:
 def placement(run: Run) -> Placement:
     """Where this node's warm trainer runs in a several-node update: as the training's node run.train_rank of
     run.train_nodes (train_on), its store at the master's address and torchrun port."""
-    node, nproc = run.node, nproc_of(run.composed.update) or gpu_count() or 1
+    node, nproc = run.node, placement_of(run.composed.update).nproc
     rank = run.rank if run.train_rank is None else run.train_rank
     nnodes = run.train_nodes or run.args.num_nodes
     return Placement(nproc, nnodes, rank, node.master_addr, node.torchrun_port, run.args.node_addr or "")
