@@ -23,7 +23,9 @@ The files in `--dir` (the driver's side: coordinator/driver/trainer.py):
     job.json           {"seq", "argv", "log"}: the driver's request, replaced atomically
     started.json       {"seq", "timeout_s"}: local rank 0 began job `seq`, whose launch.timeout_s is that
     done.<r>.json      {"seq", "exit", "wall_s"}: local rank r finished job `seq` with `exit`
-                       (the exit codes of `python -m training`; FRESH: not a job for this trainer)
+                       (the exit codes of `python -m training`; FRESH: not a job for this trainer),
+                       and once CUDA started {"gpu_allocated_mib", "gpu_reserved_mib"}: what it holds
+                       after the job (its CUDA context not counted)
 
 A worker that fails inside a training (its partners may wait in a collective) or passes the
 job's `launch.timeout_s` exits: the driver sees the group end, the update fails, and the
@@ -151,13 +153,36 @@ def export_in_process(recipe: Path, log_file: Path) -> int:
 
 def release_memory(torch) -> None:
     """Give back what the training freed: the model and optimizer (garbage once the training function
-    returned), cached GPU blocks, and the C heap's free pages (glibc keeps them otherwise: 2.8 GB of
-    RSS stayed with an idle worker after a training of the default model)."""
+    returned and its DeepSpeed engines are destroyed), cached GPU blocks, and the C heap's free pages (glibc
+    keeps them otherwise: 2.8 GB of RSS stayed with an idle worker after a training of the default model)."""
+    destroy_deepspeed_engines()
     gc.collect()
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        with contextlib.suppress(AttributeError):  # cuBLAS's workspaces sit in the caching allocator until cleared
+            torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def destroy_deepspeed_engines() -> int:
+    """Destroy the DeepSpeed engines a training left: a ZeRO optimizer hooks every parameter's gradient
+    accumulator, a C++ object whose references gc does not follow, so the cycle parameter -> hook ->
+    optimizer -> parameter outlives the training (the model, its gradients and the optimizer's moments: 4 GiB
+    for the default model under ZeRO-2, on the GPU when there is one). DeepSpeedEngine.destroy removes the hooks.
+    Returns how many it destroyed."""
+    if "deepspeed" not in sys.modules:
+        return 0
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    gc.collect()
+    engines = [obj for obj in gc.get_objects() if issubclass(type(obj), DeepSpeedEngine)]
+    for engine in engines:
+        try:
+            engine.destroy()
+        except Exception:  # the memory guard after the job says what stayed
+            log.warning("destroying a DeepSpeed engine after the training failed", exc_info=True)
+    return len(engines)
 
 
 #: GPU memory a worker may keep allocated between updates (its CUDA context is not counted); above it, it exits
@@ -171,6 +196,35 @@ def gpu_memory_kept(torch=None) -> int:
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return 0
     return max(torch.cuda.memory_allocated(device) for device in range(torch.cuda.device_count()))
+
+
+def tensors_alive_mib() -> float:
+    """MiB of the storages of the tensors still alive in this process, on any device: after a job, what its
+    model and optimizer left behind (a reference cycle through C++ autograd hooks, which gc cannot break, keeps
+    them; on a GPU that is memory vLLM cannot have)."""
+    import torch
+
+    storages: dict[tuple[str, int], int] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and not obj.is_meta:  # type(): a dead weak proxy's __class__ raises
+            with contextlib.suppress(RuntimeError):  # a tensor without storage (sparse, functional wrappers)
+                storage = obj.untyped_storage()
+                storages[(str(obj.device), storage.data_ptr())] = storage.nbytes()
+    return round(sum(storages.values()) / 2**20, 1)
+
+
+def gpu_memory_held(torch=None) -> dict[str, float]:
+    """This process's GPU memory after a job, MiB (the most on any device): what tensors hold and what the
+    caching allocator reserves; nothing without CUDA or before it was initialised."""
+    if torch is None:
+        import torch
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    devices = range(torch.cuda.device_count())
+    return {
+        "gpu_allocated_mib": round(max(torch.cuda.memory_allocated(d) for d in devices) / 2**20, 1),
+        "gpu_reserved_mib": round(max(torch.cuda.memory_reserved(d) for d in devices) / 2**20, 1),
+    }
 
 
 class Worker:
@@ -224,7 +278,9 @@ class Worker:
             self.done = int(job["seq"])
             save_json(
                 self.dir / f"done.{self.local_rank}.json",
-                {"seq": self.done, "exit": code, "wall_s": round(time.monotonic() - started, 2)},
+                {"seq": self.done, "exit": code, "wall_s": round(time.monotonic() - started, 2)}
+                | {"tensors_alive_mib": tensors_alive_mib()}
+                | gpu_memory_held(),
             )
             # only after a job every worker ran: most_kept is a collective, and a training is what fills a GPU
             if everyone and (kept := self.most_kept()) > KEEP_GPU_BYTES:

@@ -271,4 +271,8 @@ def test_warm_trainer_trains_a_grpo_lora_under_deepspeed_twice_in_one_process_an
     # the difference is the importance weight instead: numerics only in the first, no weight at the cap
     assert first["logprob_gap"][0] < WARN_MEAN_GAP and first["tis_capped"] == [0.0], first
     assert first["tis_weight"][0] != 1.0 and abs(first["tis_weight"][0] - 1) < 0.05, first
+    # nothing of an update stays alive in the trainer after it: a DeepSpeed engine's hooks kept its model and
+    # optimizer (4 GiB after a full ZeRO-2 update of this model; on a GPU the memory vLLM wakes into)
+    report = json.loads((log / "run/rank_0/trainer/done.0.json").read_text())
+    assert report["seq"] >= 2 and report["tensors_alive_mib"] < 1, report
     assert processes_mentioning(str(log)) == []

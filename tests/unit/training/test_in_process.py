@@ -83,6 +83,9 @@ class FakeCuda:
     def memory_allocated(self, device: int) -> int:
         return self.allocated[device]
 
+    def memory_reserved(self, device: int) -> int:
+        return self.allocated[device] + (2 << 20)  # the caching allocator keeps a block beyond the tensors
+
 
 @pytest.mark.parametrize(
     ("allocated", "initialised", "kept"),
@@ -97,6 +100,24 @@ def test_the_gpu_memory_a_worker_keeps_is_the_most_any_device_holds_once_cuda_st
 
     assert gpu_memory_kept(SimpleNamespace(cuda=FakeCuda(allocated, initialised))) == kept
     assert (kept > KEEP_GPU_BYTES) == (kept == 300 << 20)
+
+
+@pytest.mark.parametrize(
+    ("allocated", "initialised", "held"),
+    [
+        ([], False, {}),
+        ([5 << 30], False, {}),
+        ([0, 300 << 20], True, {"gpu_allocated_mib": 300.0, "gpu_reserved_mib": 302.0}),
+    ],
+)
+def test_a_workers_report_of_a_job_says_the_gpu_memory_it_holds_after_it_once_cuda_started(
+    allocated: list[int], initialised: bool, held: dict
+) -> None:
+    from types import SimpleNamespace
+
+    from training.warm import gpu_memory_held
+
+    assert gpu_memory_held(SimpleNamespace(cuda=FakeCuda(allocated, initialised))) == held
 
 
 @pytest.mark.parametrize(
