@@ -153,9 +153,9 @@ def export_in_process(recipe: Path, log_file: Path) -> int:
 
 def release_memory(torch) -> None:
     """Give back what the training freed: the model and optimizer (garbage once the training function
-    returned and its DeepSpeed engines are destroyed), cached GPU blocks, and the C heap's free pages (glibc
+    returned and DeepSpeed let go of it), cached GPU blocks, and the C heap's free pages (glibc
     keeps them otherwise: 2.8 GB of RSS stayed with an idle worker after a training of the default model)."""
-    destroy_deepspeed_engines()
+    release_deepspeed()
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         with contextlib.suppress(AttributeError):  # cuBLAS's workspaces sit in the caching allocator until cleared
@@ -165,12 +165,16 @@ def release_memory(torch) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def destroy_deepspeed_engines() -> int:
-    """Destroy the DeepSpeed engines a training left: a ZeRO optimizer hooks every parameter's gradient
-    accumulator, a C++ object whose references gc does not follow, so the cycle parameter -> hook ->
-    optimizer -> parameter outlives the training (the model, its gradients and the optimizer's moments: 4 GiB
-    for the default model under ZeRO-2, on the GPU when there is one). DeepSpeedEngine.destroy removes the hooks.
-    Returns how many it destroyed."""
+def release_deepspeed() -> int:
+    """Let go of what DeepSpeed keeps of a training that returned; the number of engines destroyed. Three things
+    keep the model, its gradients and the optimizer's moments alive (4 GiB of the default model under ZeRO-2,
+    2.5 GiB under ZeRO-3; on the GPU when there is one):
+    - a ZeRO optimizer's hooks on every parameter's gradient accumulator, a C++ object whose references gc does
+      not follow (the cycle parameter -> hook -> optimizer -> parameter): DeepSpeedEngine.destroy removes them;
+    - ZeRO-3's module-level FWD_MODULE_STACK, onto which each engine puts its model and which nothing empties
+      (between jobs no forward pass is under way);
+    - ZeRO-3's unbounded lru_cache on PartitionedParameterCoordinator.__params_to_release, keyed by the
+      coordinator and each module."""
     if "deepspeed" not in sys.modules:
         return 0
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -182,6 +186,16 @@ def destroy_deepspeed_engines() -> int:
             engine.destroy()
         except Exception:  # the memory guard after the job says what stayed
             log.warning("destroying a DeepSpeed engine after the training failed", exc_info=True)
+    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    if isinstance(getattr(offload, "FWD_MODULE_STACK", None), list):
+        offload.FWD_MODULE_STACK.clear()
+    coordinator = sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator")
+    for method in vars(getattr(coordinator, "PartitionedParameterCoordinator", object)).values():
+        for inner in [method, *(getattr(method, "__closure__", None) or ())]:  # under deepspeed's nvtx wrapper
+            with contextlib.suppress(ValueError):  # an empty cell
+                inner = getattr(inner, "cell_contents", inner)
+                if callable(getattr(inner, "cache_clear", None)):
+                    inner.cache_clear()
     return len(engines)
 
 

@@ -12,7 +12,7 @@ For each path, on copies of that rollout handed over as iterations 1 and 2, two 
   processes, as BATON_WARM_TRAINER=0 runs them;
 - warm: one `python -m training.warm` trainer (the driver's protocol: coordinator/driver/trainer.py): job 1, then
   `--idle` seconds with its process group alive (a rollout phase), sampling the GPU memory its processes hold,
-  then job 2.
+  then job 2, one path's at a time (SECOND_UPDATE).
 
 Per path it prints and writes (`<out>/warm_check.jsonl`, `<out>/table.md`): each update's exit code; the warm
 arm's promoted weights against the fresh arm's for v0001 and v0002 (the largest |difference| over every tensor, in
@@ -37,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -71,6 +72,9 @@ COMMON = [
 #: (a GPU's reductions are not bit-reproducible across processes); 2 ** -6 relative is two bf16 units in the last
 #: place, and the absolute part covers weights near zero
 TOLERANCE = {"rtol": 2**-6, "atol": 1e-4}
+#: one warm second update at a time, whatever --parallel says: its fixed cost is the goal, and several at once
+#: share the cores (on the H200's 16, four together cost 15 s each where one alone cost 8)
+SECOND_UPDATE = threading.Lock()
 #: the goals of issue 45
 FIXED_GOAL_S, HELD_GOAL_MIB = 10.0, 256
 
@@ -207,15 +211,18 @@ def warm_arm(log: Path, model: Path, path: str, steps: int, idle_s: float, limit
     cmd = [sys.executable, "-m", "training.warm", "--dir", str(directory), "--log", str(trainer_log), "--nproc=1"]
     groups = Groups(log)  # started, recorded and stopped as the driver does its trainer
     trainer = groups.start("trainer", cmd, log / "warm.out")
+    alone = False
     try:
         if wait_file(directory / "ready.json", None, trainer, limit_s) is None:
             arm.updates.append(Update(None))
             return arm
         for seq in (1, 2):
-            if seq == 2:  # the trainer idles as through a rollout phase, its process group up
+            if seq == 2:  # the trainer idles as through a rollout phase, its process group up, then takes its turn
                 samples, ends = [], time.monotonic() + idle_s
-                while time.monotonic() < ends and trainer.poll() is None:
+                while trainer.poll() is None:
                     samples.append(gpu.held_mib(descendants(trainer.pgid)))
+                    if time.monotonic() >= ends and (alone := SECOND_UPDATE.acquire(blocking=False)):
+                        break
                     time.sleep(0.5)
                 held = [s for s in samples if s is not None]
                 arm.held_mib = round(max(held)) if held else None
@@ -239,6 +246,8 @@ def warm_arm(log: Path, model: Path, path: str, steps: int, idle_s: float, limit
                 break
         return arm
     finally:
+        if alone:
+            SECOND_UPDATE.release()
         groups.stop("trainer", 20)
         kill_listed(trainer_log.with_name(trainer_log.name + ".pgid"))
 
