@@ -179,7 +179,6 @@ def release_deepspeed() -> int:
         return 0
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    gc.collect()
     engines = [obj for obj in gc.get_objects() if issubclass(type(obj), DeepSpeedEngine)]
     for engine in engines:
         try:
