@@ -23,9 +23,9 @@ The files in `--dir` (the driver's side: coordinator/driver/trainer.py):
     job.json           {"seq", "argv", "log"}: the driver's request, replaced atomically
     started.json       {"seq", "timeout_s"}: local rank 0 began job `seq`, whose launch.timeout_s is that
     done.<r>.json      {"seq", "exit", "wall_s"}: local rank r finished job `seq` with `exit`
-                       (the exit codes of `python -m training`; FRESH: not a job for this trainer),
-                       and once CUDA started {"gpu_allocated_mib", "gpu_reserved_mib"}: what it holds
-                       after the job (its CUDA context not counted)
+                       (the exit codes of `python -m training`; FRESH: not a job for this trainer), and
+                       what stayed after it: "tensors_alive_mib" (any device), and once CUDA started
+                       "gpu_allocated_mib", "gpu_reserved_mib" (its CUDA context not counted)
 
 A worker that fails inside a training (its partners may wait in a collective) or passes the
 job's `launch.timeout_s` exits: the driver sees the group end, the update fails, and the

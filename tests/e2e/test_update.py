@@ -206,7 +206,7 @@ def test_update_only_run_stops_every_training_process_on_sigint_then_resume_trai
 def test_the_warm_trainer_lets_go_of_a_deepspeed_training_under_zero_2_and_3() -> None:
     """The warm trainer's worker runs training.warm.release_memory after each job. DeepSpeed kept every training
     alive in the process: ZeRO's hooks on the gradient accumulators, ZeRO-3's module stack and a cache keyed by
-    module. On an H200 the worker then held 3.4 GiB of GPU memory after a ZeRO-2 update and 2.6 GiB after a
+    module. On an H200 the worker then held 3.4 GiB of GPU memory after a ZeRO-2 update and 2.5 GiB after a
     ZeRO-3 one, so the memory guard ended it and the second update failed (docs/benchmarks.md §5b). Here real
     DeepSpeed trainings (gloo, on the CPU) leave no model and no tensor behind."""
     result = train_script_result(
