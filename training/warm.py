@@ -233,11 +233,9 @@ def gpu_memory_held(torch=None) -> dict[str, float]:
         import torch
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return {}
-    devices = range(torch.cuda.device_count())
-    return {
-        "gpu_allocated_mib": round(max(torch.cuda.memory_allocated(d) for d in devices) / 2**20, 1),
-        "gpu_reserved_mib": round(max(torch.cuda.memory_reserved(d) for d in devices) / 2**20, 1),
-    }
+    allocated = gpu_memory_kept(torch)
+    reserved = max(torch.cuda.memory_reserved(device) for device in range(torch.cuda.device_count()))
+    return {"gpu_allocated_mib": round(allocated / 2**20, 1), "gpu_reserved_mib": round(reserved / 2**20, 1)}
 
 
 class Worker:
