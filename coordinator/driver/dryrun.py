@@ -59,10 +59,8 @@ def check_serve(server: PolicyServer, model: str) -> None:
     """Parse the server's command line (after `choose`) with vLLM's own parser and its checks, in the serve
     environment with the command's variables (coordinator/vllm_argcheck.py), as a real start would: a refusal
     exits 2 with vLLM's words and the setting to fix; a check that cannot run exits 1."""
-    cmd = server.command(model)
-    at = cmd.index("-m")
     script = Path(__file__).resolve().parents[1] / "vllm_argcheck.py"
-    check = [*cmd[:at], "-I", str(script), *cmd[at + 2 :]]
+    check = server.command(model, entry=["-I", str(script)])
     try:
         done = subprocess.run(check, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=ARGCHECK_S)
     except subprocess.TimeoutExpired:

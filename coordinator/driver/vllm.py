@@ -50,6 +50,10 @@ HTTP_S = 5.0
 FOREIGN_HTTP_S = 2.0
 #: lines of vllm.log shown after a failed start
 LOG_TAIL = 15
+#: vLLM's OpenAI server, run as a module
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+#: the same server with its engine core forked (ServerSettings.engine_fork), run as a script in the serve environment
+FORKING_SERVER = Path(__file__).resolve().parents[1] / "vllm_serve.py"
 #: the server is always on loopback: a proxy from the environment (http_proxy) must not carry the requests
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -191,24 +195,31 @@ class PolicyServer:
             )
         return self.dtype, self.kv_gib
 
+    def entry(self) -> list[str]:
+        """What the serve interpreter runs: vLLM's server module, or coordinator/vllm_serve.py where the engine
+        core is forked (`settings.engine_fork`). Call after `choose`."""
+        assert self.settings is not None, "PolicyServer.entry needs its settings: call choose first"
+        return [str(FORKING_SERVER)] if self.settings.engine_fork else ["-m", SERVER_MODULE]
+
     def args(self, model: str) -> list[str]:
         """The server's arguments for this machine (CPU: eager mode; GPU: sleep mode), in the dtype `choose`
         picked (bfloat16 before it), then vllm_config's (the context, the parallel sizes, ...; extra_args
-        last). Call after `choose`."""
+        last): what follows `entry()` on the command line. Call after `choose`."""
         assert self.settings is not None, "PolicyServer.args needs its settings: call choose first"
-        args = ["-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", self.name]
+        args = ["--model", model, "--served-model-name", self.name]
         args += ["--host", "127.0.0.1", "--port", str(self.port)]
         args += ["--dtype", self.dtype or "bfloat16", "--generation-config", "vllm"]
         args += ["--enable-sleep-mode"] if self.settings.device == "cuda" else ["--enforce-eager"]
         return args + self.settings.args()
 
-    def command(self, model: str) -> list[str]:
-        """The whole command line of the server (after `choose`): dev mode for the in-place reloads."""
+    def command(self, model: str, entry: list[str] | None = None) -> list[str]:
+        """The whole command line of the server (after `choose`): dev mode for the in-place reloads. `entry`
+        replaces what the interpreter runs (default `entry()`), as the dry run's check of the arguments does."""
         kv = "" if self.kv_gib is None else str(self.kv_gib)
         assert self.settings is not None, "PolicyServer.command needs its settings: call choose first"
         env = ["VLLM_SERVER_DEV_MODE=1", f"VLLM_CPU_KVCACHE_SPACE={kv}"]
         env += [f"{k}={v}" for k, v in self.settings.env().items()]
-        return ["env", *env, self.serve_py, *self.args(model)]
+        return ["env", *env, self.serve_py, *(self.entry() if entry is None else entry), *self.args(model)]
 
     def refused(self, output: str) -> say.Die | None:
         """The bad-input error for a start whose `output` shows vLLM's argument parser refusing the command

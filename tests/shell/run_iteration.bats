@@ -21,7 +21,12 @@ finished() {
   run -0 bash "$ROOT/scripts/run.sh" --data-path "$DATA" --log-path "$LOG" --rl-phase both --eval-interval 1 \
     --dry-run env_config.train_tasks_rollout_size=16 algorithm.max_steps=1
   [[ $output == *"# iteration 1, --rl-phase both"* ]]
-  [[ $output == *"[serve] env VLLM_SERVER_DEV_MODE=1 "*"-m vllm.entrypoints.openai.api_server --model $DATA/models/SmolLM2-135M-Instruct"* ]]
+  # one NUMA node: the uni executor, its engine core forked by coordinator/vllm_serve.py; several: vLLM's own server
+  if [[ $(grep -s '^Mems_allowed_list:' /proc/self/status | cut -f 2) =~ ^[0-9]+$ ]]; then
+    [[ $output == *"[serve] env VLLM_SERVER_DEV_MODE=1 "*"/coordinator/vllm_serve.py --model $DATA/models/SmolLM2-135M-Instruct"* ]]
+  else
+    [[ $output == *"[serve] env VLLM_SERVER_DEV_MODE=1 "*"-m vllm.entrypoints.openai.api_server --model $DATA/models/SmolLM2-135M-Instruct"* ]]
+  fi
   # the dtype this CPU runs natively; the KV cache holds reasoning_gym's 32 requests of 2048 tokens
   if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
     [[ $output == *"VLLM_CPU_KVCACHE_SPACE=2 "*"--dtype bfloat16"* ]]

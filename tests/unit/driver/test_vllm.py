@@ -169,10 +169,10 @@ def test_choose_on_a_cpu_says_and_records_the_dtype_and_kv_cache(
 ) -> None:
     """Without settings from run.sh (bench/, the e2e fixtures), vllm_config's defaults are resolved for this
     machine: one worker, a 2048-token context on a CPU, no media path; one NUMA node here, so the worker runs in
-    vLLM's engine process (the uni executor)."""
+    vLLM's engine process (the uni executor), which coordinator/vllm_serve.py forks from the server."""
     monkeypatch.setenv("BATON_VLLM_DTYPE", "float32")
     monkeypatch.setenv("CPU_VISIBLE_MEMORY_NODES", "0")
-    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_SIM_MULTI_NUMA"):
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_SIM_MULTI_NUMA", "BATON_VLLM_ENGINE_FORK"):
         monkeypatch.delenv(name, raising=False)
     server = policy_server(run_dir, 8999, groups, serve_py="/serve/python")
 
@@ -185,7 +185,7 @@ def test_choose_on_a_cpu_says_and_records_the_dtype_and_kv_cache(
     assert (record["device"], record["dtype"], record["kv_cache_gib"], record["forced"]) == ("cpu", "float32", 4, True)
     args = server.args(model)
     assert args == [
-        *("-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "policy"),
+        *("--model", model, "--served-model-name", "policy"),
         *("--host", "127.0.0.1", "--port", "8999", "--dtype", "float32", "--generation-config", "vllm"),
         *("--enforce-eager", "--max-model-len", "2048", "--tensor-parallel-size", "1", "--data-parallel-size", "1"),
         *("--distributed-executor-backend", "uni"),
@@ -196,6 +196,7 @@ def test_choose_on_a_cpu_says_and_records_the_dtype_and_kv_cache(
         "VLLM_CPU_KVCACHE_SPACE=4",
         "VLLM_ENABLE_V1_MULTIPROCESSING=0",
         "/serve/python",
+        str(Path(__file__).resolve().parents[3] / "coordinator" / "vllm_serve.py"),
         *args,
     ]
 
@@ -668,7 +669,7 @@ def test_the_dry_run_has_vllm_s_parser_check_the_command_line_with_its_variables
     )
     checked = seen.read_text().splitlines()
     assert checked[:3] == ["1", "-I", str(Path(__file__).resolve().parents[3] / "coordinator" / "vllm_argcheck.py")]
-    assert checked[3:] == server.args(model)[2:]  # the server's arguments after `-m <module>`
+    assert checked[3:] == server.args(model)  # the server's arguments, as after its entry
     broken = script(tmp_path / "bin" / "broken", 'echo "ModuleNotFoundError: No module named vllm" >&2; exit 1')
     server.serve_py = broken
     with pytest.raises(say.Die) as cannot:

