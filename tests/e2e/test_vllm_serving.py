@@ -13,6 +13,7 @@ from openai import OpenAI
 
 from coordinator.driver import say
 from rollout_engine.layout import GROUPS_NAME
+from tests.conftest import REPO
 from tests.e2e.conftest import policy_server
 
 pytestmark = pytest.mark.e2e
@@ -30,6 +31,29 @@ def test_the_openai_client_gets_a_chat_completion(vllm_server) -> None:
     )
     assert reply.choices[0].message.content.strip()
     assert reply.usage.completion_tokens > 0
+    # on a CPU with the uni executor the engine core is forked from the server (coordinator/vllm_serve.py): a
+    # spawned one would have imported vLLM again, and brought multiprocessing's resource tracker into the group
+    if vllm_server.server.settings.engine_fork:
+        assert _group_commands(vllm_server.pgid()) == [
+            f"{vllm_server.server.serve_py} {REPO / 'coordinator' / 'vllm_serve.py'}",
+            "VLLM::EngineCore",
+        ]
+
+
+def _group_commands(pgid: int) -> list[str]:
+    """The command lines (the first two words) of process group `pgid`'s live processes, oldest first."""
+    found: list[tuple[int, str]] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            found.append((int(fields[19]), " ".join(w.decode() for w in words[:2] if w).strip()))
+    return [command for _, command in sorted(found)]
 
 
 def test_a_server_this_run_did_not_start_is_never_reused(vllm_server, tmp_path: Path) -> None:
