@@ -61,6 +61,9 @@ def code_digest(root: str | Path) -> str:
 #: seconds past a job's launch.timeout_s (counted from when the driver saw it start) before the driver stops a
 #: trainer whose own watchdog did not end it (a stopped worker, a hung one)
 GRACE_S = 30
+#: MiB of tensors a worker may leave alive after a job (done.<r>.json's tensors_alive_mib) before the driver says so:
+#: a training leaves none (docs/update.md), and on a CPU nothing else notices what each update adds
+KEPT_TENSORS_MIB = 256
 
 
 @dataclass
@@ -263,6 +266,12 @@ class WarmTrainer:
                 + (f"; {sigkill.HINT}" if killed_by_sigkill(self.log, offset) else "")
             )
             self.stop()
+        elif (kept := self.tensors_kept(seq)) > KEPT_TENSORS_MIB:
+            warn(
+                f"the warm trainer still holds {kept:.0f} MiB of tensors after this update ({self.dir}/done.<rank>.json"
+                "): something the training made is still referenced (an objective that keeps its tensors?), and each "
+                "update may add to it; BATON_WARM_TRAINER=0 trains every update in fresh processes (docs/update.md)"
+            )
         return code
 
     def submit(self, argv: list[str], logfile: Path) -> int:
@@ -284,6 +293,11 @@ class WarmTrainer:
                 return None
             codes.append(int(done.get("exit", Exit.FAILED)))
         return codes
+
+    def tensors_kept(self, seq: int) -> float:
+        """The most MiB of tensors any worker reported alive after job `seq` (0 when none said)."""
+        kept = [self._read(self.dir / f"done.{rank}.json") or {} for rank in range(self.nproc)]
+        return max((float(d.get("tensors_alive_mib", 0)) for d in kept if d.get("seq") == seq), default=0.0)
 
     def stop(self) -> None:
         """Stop the trainer's group; its torchrun groups (listed beside its log) follow, or get SIGKILL."""

@@ -4,7 +4,8 @@ fake_warm_trainer.py -m training.warm --dir D --log L
 
 Writes D/ready.json, then answers each D/job.json with D/done.0.json. A job's argv decides its outcome:
 `fake.exit=N` (default 0), `fake.die` (the process exits mid-job, as a SIGKILLed worker would leave it),
-`fake.hang` (it never answers; D/started.json names the job's launch.timeout_s, as the worker's does). Each
+`fake.hang` (it never answers; D/started.json names the job's launch.timeout_s, as the worker's does),
+`fake.keep=MiB` (the tensors its report says stayed alive after the job, default 0). Each
 job appends "pid argv..." to D/jobs.log. Run without --dir (as `python -m training`), it prints its arguments and
 exits 0. FAKE_TRAINER_START=exit makes it exit before it is ready, =hang makes
 it never ready.
@@ -52,7 +53,8 @@ def main() -> None:
         code = next((int(a.split("=", 1)[1]) for a in job["argv"] if a.startswith("fake.exit=")), 0)
         Path(job["log"]).write_text(f"update job {job['seq']}: exit {code}\n")
         tmp = directory / "done.0.json.tmp"
-        tmp.write_text(json.dumps({"seq": job["seq"], "exit": code, "wall_s": 0.0}))
+        kept = next((float(a.split("=", 1)[1]) for a in job["argv"] if a.startswith("fake.keep=")), 0.0)
+        tmp.write_text(json.dumps({"seq": job["seq"], "exit": code, "wall_s": 0.0, "tensors_alive_mib": kept}))
         tmp.replace(directory / "done.0.json")
         done = job["seq"]
 

@@ -60,6 +60,23 @@ def test_one_trainer_takes_every_update_with_python_m_trainings_arguments_and_it
     assert (run.run_dir / "logs" / "update.log").read_text() == f"update job 3: exit {Exit.BAD_INPUT}\n"
 
 
+def test_a_job_that_leaves_tensors_alive_in_the_trainer_is_said_and_the_trainer_kept(
+    run: Run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker's report of what stayed after the job (tensors_alive_mib): above 256 MiB the driver says so, since
+    on a CPU nothing else notices; the update stands and the trainer takes the next one."""
+    assert update(run, "iteration=1", "fake.keep=255") == 0
+    assert "still holds" not in capsys.readouterr().err
+    assert update(run, "iteration=2", "fake.keep=844.2") == 0
+    assert (
+        f"[baton] warning: the warm trainer still holds 844 MiB of tensors after this update ({run.run_dir}/trainer/"
+        "done.<rank>.json): something the training made is still referenced (an objective that keeps its tensors?), "
+        "and each update may add to it; BATON_WARM_TRAINER=0 trains every update in fresh processes (docs/update.md)"
+    ) in capsys.readouterr().err
+    assert update(run, "iteration=3") == 0
+    assert len({job[0] for job in jobs(run)}) == 1
+
+
 def test_an_update_the_trainer_died_in_fails_and_the_next_starts_a_new_trainer(
     run: Run, capsys: pytest.CaptureFixture[str]
 ) -> None:
