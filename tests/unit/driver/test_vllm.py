@@ -201,6 +201,13 @@ def test_choose_on_a_cpu_says_and_records_the_dtype_and_kv_cache(
     ]
 
 
+def test_the_forking_server_runs_the_module_the_driver_runs_otherwise() -> None:
+    from coordinator import vllm_serve
+
+    assert vllm_serve.SERVER == vllm.SERVER_MODULE
+    assert Path(vllm_serve.__file__).resolve() == vllm.FORKING_SERVER
+
+
 def test_choose_takes_the_length_from_the_settings_and_the_kv_cache_from_the_environment(
     run_dir: Path, groups: Groups, model: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
