@@ -28,6 +28,7 @@ from bench.serving_dtype import measure
 from coordinator.driver.vllm_settings import for_node
 from coordinator.serving import parse_cpuinfo
 from rollout_engine.config import VllmConfig
+from rollout_engine.defaults import VLLM_ENGINE_FORK
 
 logger = logging.getLogger("bench.vllm_executor")
 #: each arm's vllm_config.extra_args and BATON_VLLM_ENGINE_FORK: uni forked is run.sh's default where this bench
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for round_ in range(1, args.rounds + 1):
         for arm, (extra, fork) in ARMS.items():
-            os.environ["BATON_VLLM_ENGINE_FORK"] = fork  # read when the server's settings are resolved
+            os.environ[VLLM_ENGINE_FORK.env] = fork  # read when the server's settings are resolved
             begin = time.perf_counter()
             with serve(args, extra, model_dir) as base_url:
                 starts[arm].append(time.perf_counter() - begin)

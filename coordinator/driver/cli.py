@@ -116,6 +116,7 @@ ENV_MINIMUMS = (
     (defaults.CHECK_TIMEOUT_S, 1),
     (defaults.VLLM_START_S, 1),
     (defaults.VLLM_RELOAD_S, 1),
+    (defaults.VLLM_ENGINE_FORK, 0),
     (defaults.POLICY_RESTARTS, 0),
     (defaults.JOIN_WAIT_S, 1),
     (defaults.FS_CHECK_S, 0),

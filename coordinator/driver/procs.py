@@ -89,9 +89,14 @@ def _members(pgid: int, *, zombies: bool) -> list[int]:
     return [pid for pid, fields in _processes() if fields[2] == str(pgid) and (zombies or fields[0] not in ("Z", "X"))]
 
 
+def group_members(pgid: int) -> list[int]:
+    """The pids of group `pgid`'s live processes (zombies do not count)."""
+    return _members(pgid, zombies=False) if pgid > 0 else []
+
+
 def group_alive(pgid: int) -> bool:
     """True while a process of group `pgid` runs (zombies do not count)."""
-    return pgid > 0 and bool(_members(pgid, zombies=False))
+    return bool(group_members(pgid))
 
 
 def group_ours(pgid: int, start: str) -> bool:

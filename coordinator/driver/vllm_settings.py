@@ -138,14 +138,8 @@ class Machine:
         where = device(env)
         gpus = gpu_count(env) if where == "cuda" else 0
         bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "") or "auto"
-        fork = env.get(VLLM_ENGINE_FORK.env, "")
-        if fork not in ("", "0", "1"):
-            raise say.Die(
-                2,
-                f"{VLLM_ENGINE_FORK.env} must be 0 (spawn vLLM's engine core) or 1 (got '{fork}'); unset it for "
-                "run.sh's choice: forked on a CPU with the uni executor (docs/serving.md)",
-            )
-        return cls(where, gpus, numa_nodes(STATUS, env), bind, "VLLM_CPU_SIM_MULTI_NUMA" in env, fork != "0")
+        fork = VLLM_ENGINE_FORK.value(env) != 0
+        return cls(where, gpus, numa_nodes(STATUS, env), bind, "VLLM_CPU_SIM_MULTI_NUMA" in env, fork)
 
 
 def model_context(model_config: dict) -> int | None:

@@ -12,6 +12,7 @@ import pytest
 from openai import OpenAI
 
 from coordinator.driver import say
+from coordinator.driver.procs import group_members, start_time
 from rollout_engine.layout import GROUPS_NAME
 from tests.conftest import REPO
 from tests.e2e.conftest import policy_server
@@ -42,18 +43,11 @@ def test_the_openai_client_gets_a_chat_completion(vllm_server) -> None:
 
 def _group_commands(pgid: int) -> list[str]:
     """The command lines (the first two words) of process group `pgid`'s live processes, oldest first."""
-    found: list[tuple[int, str]] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid:
-            found.append((int(fields[19]), " ".join(w.decode() for w in words[:2] if w).strip()))
-    return [command for _, command in sorted(found)]
+    commands = []
+    for pid in sorted(group_members(pgid), key=lambda pid: int(start_time(pid) or 0)):
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        commands.append(" ".join(w.decode() for w in words[:2] if w))
+    return commands
 
 
 def test_a_server_this_run_did_not_start_is_never_reused(vllm_server, tmp_path: Path) -> None:

@@ -236,6 +236,12 @@ TABLE = [
         "Environment)",
     ),
     (
+        ["--rl-phase", "both", "--eval-interval", "1"],
+        {"BATON_VLLM_ENGINE_FORK": "yes"},
+        "BATON_VLLM_ENGINE_FORK must be a whole number >= 0 (got 'yes'); unset it for the default (docs/cli.md, "
+        "Environment)",
+    ),
+    (
         ["--rl-phase", "update"],
         {"BATON_START_SPREAD_S": "1m"},
         "BATON_START_SPREAD_S must be a whole number >= 0 (got '1m'); unset it for the default (docs/cli.md, "

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.driver import say
 from coordinator.driver.vllm_settings import (
     Machine,
     ServerSettings,
@@ -146,13 +145,6 @@ def test_the_engine_core_is_forked_where_the_uni_executor_runs_unless_the_user_s
     settings = resolve(VllmConfig(), spawned, SMOLLM2, "/l")
     assert (settings.executor, settings.engine_fork) == ("uni", False)
     assert settings.describe(spawned).endswith("(uni executor)")
-    with pytest.raises(say.Die) as bad:
-        Machine.detect({**env, "BATON_VLLM_ENGINE_FORK": "yes"})
-    assert (bad.value.code, bad.value.message) == (
-        2,
-        "BATON_VLLM_ENGINE_FORK must be 0 (spawn vLLM's engine core) or 1 (got 'yes'); unset it for run.sh's "
-        "choice: forked on a CPU with the uni executor (docs/serving.md)",
-    )
 
 
 def test_parallel_sizes_must_fit_the_node_s_gpus() -> None:
