@@ -195,12 +195,28 @@ def check_choice(logfile: Path) -> str:
     return found[-1] if found else ""
 
 
-def check_problems(logfile: Path) -> str:
-    """The check's report: its log after "bad config:" / "bad input:", else its last 15 lines."""
+def logged_after(logfile: Path, *headers: str) -> list[str] | None:
+    """The lines of `logfile` after the last of `headers` that python -m training logs before its report (None:
+    no such header)."""
     lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
     # a fresh process logs the bare line, the warm trainer its logger's prefix before it
-    starts = [i for i, line in enumerate(lines) if line.split("] ")[-1] in ("bad config:", "bad input:")]
-    return "\n".join(lines[starts[-1] + 1 :] if starts else lines[-15:])
+    starts = [i for i, line in enumerate(lines) if line.split("] ")[-1] in headers]
+    return lines[starts[-1] + 1 :] if starts else None
+
+
+def check_problems(logfile: Path) -> str:
+    """The check's report: its log after "bad config:" / "bad input:", else its last 15 lines."""
+    report = logged_after(logfile, "bad config:", "bad input:")
+    if report is None:
+        lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
+        report = lines[-15:]
+    return "\n".join(report)
+
+
+def nothing_to_train(logfile: Path) -> str:
+    """Why an update exited 3, in the training's words (its one line after "nothing to train on:"), or ""."""
+    reason = [line for line in logged_after(logfile, "nothing to train on:") or [] if line.strip()]
+    return reason[0].strip() if reason else ""
 
 
 # One update -----------------------------------------------------------------------------------------
@@ -252,7 +268,8 @@ def update(run: Run, iteration: int, resume: bool) -> None:
         )
     elif code == Exit.NOTHING_TO_TRAIN:
         outcome = "skipped: too little to train on"
-        warn(f"iteration {iteration}: too few usable samples to train on (see {logfile}); keeping the served policy")
+        reason = nothing_to_train(logfile) or "too few usable samples"
+        warn(f"iteration {iteration}: nothing to train on ({reason}; log: {logfile}); keeping the served policy")
     else:
         run.failures += 1
         run.failed_iteration = iteration

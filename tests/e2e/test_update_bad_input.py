@@ -95,7 +95,8 @@ def test_run_sh_rejects_a_template_in_its_trainers_check_and_records_an_update_w
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert (state / "update.done").read_text().strip() == "skipped: too little to train on"
-    assert "iteration 1: too few usable samples to train on" in out.stderr
+    why = "no usable samples for algorithm rft: 0 samples from 2 trajectories; filtered out by rule: not_successful: 2"
+    assert f"iteration 1: nothing to train on ({why}; log: " in out.stderr, out.stderr[-3000:]
     assert not (log / "policy").exists() and not (log / "training" / "iter_0001" / "data").exists()
 
 

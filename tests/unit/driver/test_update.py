@@ -168,13 +168,15 @@ class Update:
 
     def __init__(self, runs: Runs) -> None:
         self.run = runs.make(phase="update", max_failures=3)
-        self.rc, self.phases = runs.tmp / "update.rc", runs.tmp / "phases"
-        body = f'for a; do [[ $a != phase=* ]] || echo "$a" >>{self.phases}; done; exit "$(cat {self.rc})"'
+        self.rc, self.phases, self.out = runs.tmp / "update.rc", runs.tmp / "phases", runs.tmp / "update.out"
+        body = f'for a; do [[ $a != phase=* ]] || echo "$a" >>{self.phases}; done; cat {self.out}; '
+        body += f'exit "$(cat {self.rc})"'
         runs.fake_python(self.run, "train", body)
         self.exits(0)
 
-    def exits(self, code: int) -> None:
+    def exits(self, code: int, output: str = "") -> None:
         self.rc.write_text(f"{code}\n")
+        self.out.write_text(output)
 
     def marker(self, iteration: int) -> str:
         return runstate.load_markers(self.run.log, iteration).get("update", "")
@@ -214,11 +216,17 @@ def test_exit_1_is_a_failed_update_the_run_goes_on_until_max_update_failures_in_
     assert one_update.run.failures == 0
 
 
-def test_exit_3_too_little_to_train_on_keeps_the_policy_and_is_no_failure(one_update: Update) -> None:
-    one_update.exits(3)
+def test_exit_3_too_little_to_train_on_keeps_the_policy_and_is_no_failure(
+    one_update: Update, capsys: pytest.CaptureFixture[str]
+) -> None:
+    why = "no usable samples for algorithm rft: 0 samples from 9 trajectories; filtered out by rule: not_successful: 9"
+    one_update.exits(3, f"[2026-12-01 02:02:05,975 training] nothing to train on:\n{why}\n")
     update(one_update.run, 1, False)
     assert one_update.run.failures == 0
     assert one_update.marker(1) == "skipped: too little to train on"
+    # the run's output says why, in the training's words, without the log opened
+    said = f"iteration 1: nothing to train on ({why}; log: {one_update.log(1)}); keeping the served policy"
+    assert said in capsys.readouterr().err
     # the run's exit reads the last update only: a failure, then a skip, ends the run as the skip does
     one_update.exits(1)
     update(one_update.run, 2, False)
