@@ -47,10 +47,9 @@ TRAIN_DEADLINE_S = 240.0
 STALL_S = 45
 
 #: a round of about a minute and a half on 2 cores: 96 train episodes, 32 held-out ones in iteration 1, one
-#: optimizer step. The update needs a success to train on: over every train task x 4 samples with 24-token
-#: replies the base model solved 4.8 % at temperature 1 and 11.0 % at 0.5, and a success is per task more than
-#: per episode (at 1, 272 of the 320 tasks had none of 4; 2026-12-01). So 96 tasks once each at 0.5: about 11
-#: successes expected and none well under once in 10^4 rounds, where 24 tasks x 4 at 1 had none in a suite run that day.
+#: optimizer step. The update needs a success to train on, and successes cluster by task: 96 tasks once each at
+#: temperature 0.5 expect about 11 and find none about 8e-6 of the time, where 24 x 4 at 1 found none about once
+#: in 32 (docs/benchmarks.md 3h, bench/task_success.py)
 SETTINGS = [
     "policy_config.max_new_tokens=24",
     "policy_config.temperature=0.5",

@@ -188,34 +188,33 @@ def check_verdict(code: int, logfile: Path) -> str:
     return check_choice(logfile)
 
 
+def log_lines(logfile: Path) -> list[str]:
+    return logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
+
+
 def check_choice(logfile: Path) -> str:
     """The check's word on the training template it found from the model ("" when it gave none)."""
-    lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
-    found = [line[line.index("chat template: ") :] for line in lines if "chat template: " in line]
+    found = [line[line.index("chat template: ") :] for line in log_lines(logfile) if "chat template: " in line]
     return found[-1] if found else ""
 
 
-def logged_after(logfile: Path, *headers: str) -> list[str] | None:
-    """The lines of `logfile` after the last of `headers` that python -m training logs before its report (None:
-    no such header)."""
-    lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
-    # a fresh process logs the bare line, the warm trainer its logger's prefix before it
+def logged_after(lines: list[str], *headers: str) -> list[str] | None:
+    """The lines after the last of `headers` that python -m training logs before its report (None: no such
+    header). A fresh process logs the bare header, the warm trainer its logger's prefix before it."""
     starts = [i for i, line in enumerate(lines) if line.split("] ")[-1] in headers]
     return lines[starts[-1] + 1 :] if starts else None
 
 
 def check_problems(logfile: Path) -> str:
     """The check's report: its log after "bad config:" / "bad input:", else its last 15 lines."""
-    report = logged_after(logfile, "bad config:", "bad input:")
-    if report is None:
-        lines = logfile.read_text(errors="replace").splitlines() if logfile.is_file() else []
-        report = lines[-15:]
-    return "\n".join(report)
+    lines = log_lines(logfile)
+    report = logged_after(lines, "bad config:", "bad input:")
+    return "\n".join(lines[-15:] if report is None else report)
 
 
 def nothing_to_train(logfile: Path) -> str:
     """Why an update exited 3, in the training's words (its one line after "nothing to train on:"), or ""."""
-    reason = [line for line in logged_after(logfile, "nothing to train on:") or [] if line.strip()]
+    reason = [line for line in logged_after(log_lines(logfile), "nothing to train on:") or [] if line.strip()]
     return reason[0].strip() if reason else ""
 
 

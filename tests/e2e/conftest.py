@@ -30,13 +30,11 @@ def free_port() -> int:
 
 
 #: one optimizer step of RFT on whatever succeeded, with a rollout that makes a success near certain: 48 tasks
-#: x 2 samples at temperature 0.5. Over every train task x 4 with 24-token replies the base model solved 4.8 %
-#: at temperature 1 and 11.0 % at 0.5, and a success is per task more than per episode (at 1, 272 of the 320
-#: tasks had none of 4; 2026-12-01): more tasks with fewer samples each spread the chance (a group of 2 still
-#: gives grpo a success beside a failure). At 1, 24 tasks x 4 had none about once in 30 (bench/chaos.py); a suite
-#: run at 0.7 found enough. Every success, not only the shortest per task: the token-fidelity check drops replies
-#: that re-tokenize differently (runs of newlines), and a CI run kept the 2 shortest of 5 successes, both dropped,
-#: leaving nothing for 2 processes.
+#: x 2 samples at temperature 0.5, none found about 7e-5 of the time (docs/benchmarks.md 3h: successes cluster by
+#: task, so more tasks with fewer samples each; a group of 2 still gives grpo a success beside a failure). Every
+#: success, not only the shortest per task: the token-fidelity check drops replies that re-tokenize differently
+#: (runs of newlines), and a CI run kept the 2 shortest of 5 successes, both dropped, leaving nothing for 2
+#: processes.
 ONE_STEP_LOOP = [
     "env_config.train_tasks_rollout_size=48",
     "env_config.n_samples_per_task=2",

@@ -104,6 +104,6 @@ def test_run_sh_and_rollout_killed_then_resume_keeps_every_invariant(
     assert report.problems() == [], report.problems()
     train = [r for r in report.rollouts if "/train/" in r.journal]
     assert [(r.planned, r.unique, r.asides) for r in train] == [(96, 96, 0)]
-    # a success among the 96 episodes (about 11 expected: bench/chaos.py SETTINGS) trains one step (batch 1)
+    # a success among the 96 episodes (bench/chaos.py SETTINGS) trains one step (batch 1)
     update = (log / "run" / "state" / "iter_0001" / "update.done").read_text()
     assert update.strip() == "promoted v1", update

@@ -415,8 +415,8 @@ def test_split_deployment_on_three_nodes_with_the_rank_from_the_environment(
     seed's `--debug-mode` with a vLLM already running (one real server for the three, on this machine)."""
     log = volume.path / "exp"
     rollout = ["--rl-phase", "rollout", "--rollout-split", "train-only", "--max-iterations", "1", *SMALL]
-    # 96 tasks once each at temperature 0.5 (see ONE_STEP_LOOP, conftest): at 1 a suite run's 96 episodes solved
-    # 2, fewer than 3 rows; here about 11 are expected
+    # 96 tasks once each at temperature 0.5, about 11 successes expected (docs/benchmarks.md 3h): at 1 a suite
+    # run's 96 episodes solved 2, fewer than 3 rows
     rollout += ["env_config.train_tasks_rollout_size=96", "env_config.n_samples_per_task=1", *shared(vllm_server)]
     rollout += ["policy_config.temperature=0.5"]
     update = ["--rl-phase", "update", "--max-iterations", "1", "algorithm.max_steps=1", "algorithm.learning_rate=1e-4"]

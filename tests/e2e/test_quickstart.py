@@ -28,8 +28,8 @@ from tests.waits import UPDATE_S, VLLM_START_S, generation_s, run_waiting
 
 pytestmark = pytest.mark.e2e
 
-#: each update needs a success to train on: 96 tasks once each at temperature 0.5 (about 11 expected, none well
-#: under once in 10^4; at the quickstart's 1, 24 tasks x 4 had none about once in 30: bench/chaos.py SETTINGS)
+#: each update needs a success to train on: 96 tasks once each at temperature 0.5 find none about 8e-6 of the
+#: time, 24 x 4 at the quickstart's 1 about once in 32 (docs/benchmarks.md 3h)
 SHORT = [
     "env_config.train_tasks_rollout_size=96",
     "env_config.n_samples_per_task=1",
