@@ -41,6 +41,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.measure import cpu_line
 from bench.sharedfs import PROFILES, SharedFs, node_init, shared_fs
 from coordinator.barrier import BarrierResult, arrivals, arrive, fail_barrier, open_barrier, wait_barrier, wait_open
 from coordinator.cluster import Cluster, Endpoint, FailureRecord, RankFailed, StopRequest
@@ -169,13 +170,6 @@ def notice(cluster: Cluster, args: argparse.Namespace) -> float:
     return noticed - killed
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
 def run_ranks(args: argparse.Namespace, log: Path, fs: SharedFs | None = None) -> list[RankResult]:
     """Start every rank process (each in its own process group; with `fs`, in its node's namespaces) and collect
     their results."""
@@ -254,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         results, load = run_ranks(args, log, fs)
     latencies = [s for result in results for s in result.latencies_s]
     noticed = [result.noticed_s for result in results if result.noticed_s is not None]
-    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; filesystem: {where}")
+    print(f"cpu: {cpu_line()}; filesystem: {where}")
     print(
         f"ranks {args.ranks}, barriers {args.barriers}, poll {args.poll:g} s,"
         f" heartbeat every {args.heartbeat_interval:.3g} s, dead after {args.dead_after:g} s"

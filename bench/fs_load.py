@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.fs_count import Counter, Done, SteppedClock
+from bench.measure import cpu_line
 
 CLOCK = SteppedClock()
 CLOCK.install()  # before the project's imports: their `clock=time.monotonic` defaults bind to the stepped clock
@@ -310,16 +311,6 @@ def latency(world: World, wait_s: float) -> tuple[float, float, float]:
     return to_master, to_worker, dead
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="8,128,1000", help="comma-separated rank counts")
@@ -350,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         master, worker, dead = got["latency"]
         print(f"| {n} | {master:.2f} s | {worker:.2f} s | {master + worker:.2f} s | {dead:.1f} s |")
     print(
-        f"\nCPU: {cpu_model()}; each phase {args.wait:g} simulated s; dead after {DEAD_S:g} s, beats every {BEAT_S:g} s"
+        f"\nCPU: {cpu_line()}; each phase {args.wait:g} simulated s; dead after {DEAD_S:g} s, beats every {BEAT_S:g} s"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.measure import cpu_line
 from bench.nodes import descendant, host_pgid, node_command
 from bench.server import add_server_args, free_port, serve
 from bench.sharedfs import SharedFs, shared_fs
@@ -96,18 +97,6 @@ class Node:
     engine_seen: bool = False
     state: str = "start"  # start, rollout, barrier, exited
     cumulative: dict[str, int] = field(default_factory=dict)
-
-
-def cpu_model() -> str:
-    """The CPU model and the flags that matter here (not bench.fs_load's: importing it replaces the clock)."""
-    model, flags = "unknown CPU", set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model} (flags {' '.join(shown) or 'no avx2'})"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -450,10 +439,7 @@ def simulated(n: int, wait_s: float) -> dict:
 
 def report(results: dict[int, dict], args: argparse.Namespace) -> None:
     load = Path("/proc/loadavg").read_text().split()[0]
-    print(
-        f"cpu: {cpu_model()}, {os.cpu_count()} cores (load {load});"
-        " a GlusterFS brick (client defaults), one vLLM for all nodes"
-    )
+    print(f"cpu: {cpu_line()} (load {load}); a GlusterFS brick (client defaults), one vLLM for all nodes")
     print(
         f"{args.tasks} train tasks a node x 1 sample, max_new_tokens {args.max_new_tokens}, views on (plain),"
         " beats every 5 s;"

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import openai
 
+from bench.measure import cpu_line
 from bench.server import REPO, add_server_args, env_python, quiet_http_logs, serve
-from coordinator.serving import parse_cpuinfo
 from rollout_engine.journal import read_journal
 from rollout_engine.layout import Layout
 from training.dataset import save_dataset
@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.base_url:
         raise SystemExit("bench.logprob_gap starts its own vLLM per dtype; drop --base-url")
-    info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
-    print(f"cpu: {info.model}, {os.cpu_count()} cores; flags: {' '.join(info.relevant_flags())}")
+    print(f"cpu: {cpu_line()}")
     model_dir = args.data_path.resolve() / "models" / "SmolLM2-135M-Instruct"
     work = Path(tempfile.mkdtemp(prefix="baton-logprob-gap-"))
     for served in args.vllm_dtypes.split(","):

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import psutil
 
+from coordinator.serving import parse_cpuinfo
 
-def cpu_line() -> str:
-    model, flags = "?", []
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name") and model == "?":
-            model = line.split(":", 1)[1].strip()
-        if line.startswith("flags") and not flags:
-            wanted = ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "fma", "f16c")
-            flags = [f for f in line.split(":", 1)[1].split() if f in wanted]
-    return f"{model}, {os.cpu_count()} cores, flags {' '.join(flags)}"
+
+def cpu_line(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """`<model>, <n> cores, flags <the SIMD and bf16 flags>`: a figure is compared only with one taken on the same."""
+    try:
+        info = parse_cpuinfo(cpuinfo.read_text())
+    except OSError:
+        return f"unknown CPU, {os.cpu_count()} cores"
+    return f"{info.model}, {os.cpu_count()} cores, flags {' '.join(info.relevant_flags()) or 'none'}"
 
 
 class PeakRss:

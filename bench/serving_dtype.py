@@ -19,12 +19,11 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 
 import openai
 
+from bench.measure import cpu_line
 from bench.server import add_server_args, quiet_http_logs, serve
-from coordinator.serving import parse_cpuinfo
 
 logger = logging.getLogger("bench.serving_dtype")
 PROMPT = "Write a short story about a lighthouse keeper. Question {i}: what is {i} + 7?"
@@ -72,8 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("bench.serving_dtype starts its own vLLM per dtype; drop --base-url")
     dtypes = args.dtypes.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
-    info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
-    print(f"cpu: {info.model}, {os.cpu_count()} cores; flags: {' '.join(info.relevant_flags())}")
+    print(f"cpu: {cpu_line()}")
     results: dict[tuple[str, int], float] = {}
     for dtype in dtypes:
         os.environ["BATON_VLLM_DTYPE"] = dtype

@@ -21,12 +21,11 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
+from bench.measure import cpu_line
 from bench.server import add_server_args, prepare_data, quiet_http_logs, serve
 from bench.serving_dtype import measure
 from coordinator.driver.vllm_settings import for_node
-from coordinator.serving import parse_cpuinfo
 from rollout_engine.config import VllmConfig
 from rollout_engine.defaults import VLLM_ENGINE_FORK
 
@@ -63,8 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             "run.sh does not pick the uni executor on this machine (a GPU, several NUMA nodes or "
             "VLLM_CPU_OMP_THREADS_BIND): there is nothing to compare"
         )
-    info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
-    print(f"cpu: {info.model}, {os.cpu_count()} cores; flags: {' '.join(info.relevant_flags())}")
+    print(f"cpu: {cpu_line()}")
     starts: dict[str, list[float]] = {arm: [] for arm in ARMS}
     rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for round_ in range(1, args.rounds + 1):

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.engine_vs_raw import reset_prefix_cache
+from bench.measure import cpu_line
 from bench.server import REPO, _raise_interrupt, env_python, free_port, quiet_http_logs
 from coordinator.driver import say
 from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import Supervisor
 from coordinator.driver.vllm import PolicyServer
 from coordinator.driver.vllm_settings import for_node
-from coordinator.serving import parse_cpuinfo
 from rollout_engine.config import VllmConfig
 from rollout_engine.envs.miniwob import build_tasks
 from rollout_engine.errors import ConfigError
@@ -218,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_http_logs()
     args = parse_args(argv)
     model = toy_model(args)
-    info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
-    print(f"cpu: {info.model}, {os.cpu_count()} cores; flags: {' '.join(info.relevant_flags())}")
+    print(f"cpu: {cpu_line()}")
     if args.work:
         results = measure(args, model, args.work.resolve())
     else:
