@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.lockstep import run_lockstep
-from bench.server import add_server_args, quiet_http_logs, serve
+from bench.server import add_server_args, bench_logging, serve
 from bench.workload import BudgetedPolicy, LatencyEnv, Workload, make_tasks
 from rollout_engine.config import PolicyConfig
 from rollout_engine.journal import Journal
@@ -165,8 +165,7 @@ async def compare(args: argparse.Namespace, base_url: str) -> tuple[Side, Side]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    quiet_http_logs()
+    bench_logging()
     args = parse_args(argv)
     with serve(args) as base_url:
         fast, slow = asyncio.run(compare(args, base_url))

@@ -34,7 +34,7 @@ from typing import Any
 
 import openai
 
-from bench.server import REPO, add_server_args, prepare_data, quiet_http_logs, serve
+from bench.server import REPO, add_server_args, bench_logging, prepare_data, serve
 from rollout_engine.files import read_jsonl
 from rollout_engine.layout import Layout
 from rollout_engine.metrics_log import load_metrics
@@ -178,8 +178,7 @@ def warm_up(args: argparse.Namespace, base_url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    quiet_http_logs()
+    bench_logging()
     args = parse_args(argv)
     if args.base_url:
         prepare_data(args.data_path)

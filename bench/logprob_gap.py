@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import openai
 
 from bench.measure import cpu_line
-from bench.server import REPO, add_server_args, env_python, quiet_http_logs, serve
+from bench.server import REPO, add_server_args, bench_logging, env_python, own_servers_only, serve
 from rollout_engine.journal import read_journal
 from rollout_engine.layout import Layout
 from training.dataset import save_dataset
@@ -113,11 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="[bench] %(message)s", stream=sys.stderr)
-    quiet_http_logs()
+    bench_logging("[bench] %(message)s")
     args = parse_args(argv)
-    if args.base_url:
-        raise SystemExit("bench.logprob_gap starts its own vLLM per dtype; drop --base-url")
+    own_servers_only(args, "bench.logprob_gap", "its own vLLM per dtype")
     print(f"cpu: {cpu_line()}")
     model_dir = args.data_path.resolve() / "models" / "SmolLM2-135M-Instruct"
     work = Path(tempfile.mkdtemp(prefix="baton-logprob-gap-"))

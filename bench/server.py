@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,18 @@ def quiet_http_logs() -> None:
     """Keep the HTTP clients' per-request lines out of a benchmark's INFO log."""
     for name in HTTP_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def bench_logging(fmt: str = "%(asctime)s %(name)s: %(message)s") -> None:
+    """A benchmark's progress at INFO on stderr (stdout keeps its results), without a line per HTTP request."""
+    logging.basicConfig(level=logging.INFO, format=fmt, stream=sys.stderr)
+    quiet_http_logs()
+
+
+def own_servers_only(args: argparse.Namespace, prog: str, what: str = "its own vLLM") -> None:
+    """A benchmark that compares vLLM's settings starts every server itself: refuse --base-url."""
+    if args.base_url:
+        raise SystemExit(f"{prog} starts {what}; drop --base-url")
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:

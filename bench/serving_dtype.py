@@ -17,13 +17,12 @@ import argparse
 import asyncio
 import logging
 import os
-import sys
 import time
 
 import openai
 
 from bench.measure import cpu_line
-from bench.server import add_server_args, quiet_http_logs, serve
+from bench.server import add_server_args, bench_logging, own_servers_only, serve
 
 logger = logging.getLogger("bench.serving_dtype")
 PROMPT = "Write a short story about a lighthouse keeper. Question {i}: what is {i} + 7?"
@@ -64,11 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="[bench] %(message)s", stream=sys.stderr)
-    quiet_http_logs()
+    bench_logging("[bench] %(message)s")
     args = parse_args(argv)
-    if args.base_url:
-        raise SystemExit("bench.serving_dtype starts its own vLLM per dtype; drop --base-url")
+    own_servers_only(args, "bench.serving_dtype", "its own vLLM per dtype")
     dtypes = args.dtypes.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"cpu: {cpu_line()}")

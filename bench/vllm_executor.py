@@ -19,11 +19,10 @@ import asyncio
 import logging
 import os
 import statistics
-import sys
 import time
 
 from bench.measure import cpu_line
-from bench.server import add_server_args, prepare_data, quiet_http_logs, serve
+from bench.server import add_server_args, bench_logging, own_servers_only, prepare_data, serve
 from bench.serving_dtype import measure
 from coordinator.driver.vllm_settings import for_node
 from rollout_engine.config import VllmConfig
@@ -50,11 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="[bench] %(message)s", stream=sys.stderr)
-    quiet_http_logs()
+    bench_logging("[bench] %(message)s")
     args = parse_args(argv)
-    if args.base_url:
-        raise SystemExit("bench.vllm_executor starts its own vLLMs; drop --base-url")
+    own_servers_only(args, "bench.vllm_executor", "its own vLLMs")
     model_dir = prepare_data(args.data_path)
     default = for_node(VllmConfig(allowed_local_media_path=""), model_dir, "").executor
     if default != "uni":

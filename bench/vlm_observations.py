@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench.engine_vs_raw import reset_prefix_cache
 from bench.measure import cpu_line
-from bench.server import REPO, _raise_interrupt, env_python, free_port, quiet_http_logs
+from bench.server import REPO, _raise_interrupt, bench_logging, env_python, free_port
 from coordinator.driver import say
 from coordinator.driver.procs import Groups
 from coordinator.driver.supervise import Supervisor
@@ -214,8 +214,7 @@ def tokens(turns: list[tuple[int, int, int]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    quiet_http_logs()
+    bench_logging()
     args = parse_args(argv)
     model = toy_model(args)
     print(f"cpu: {cpu_line()}")
