@@ -37,6 +37,7 @@ from pathlib import Path
 from bench.chaos_checks import check_log, start_time
 from bench.chaos_faults import MemoryJail, SmallDisk, available, processes_of_groups
 from coordinator import groupfile
+from coordinator.runstate import load_markers
 from rollout_engine.layout import Layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,6 +141,8 @@ class Round:
     leftovers: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     detail: str = ""  # what the fault did (MiB filled, OOM kills)
+    update: str = ""  # the iteration's update as recorded (promoted vN, skipped: ..., failed ...): a soak whose
+    # updates all fail for a cause of its own (a full disk, no success) tests less than its rounds say
 
 
 class Chaos:
@@ -342,6 +345,7 @@ class Chaos:
             elif rc != 0:
                 row.problems.append(f"run {self.runs}: --resume exited {rc}: {self.output()[-600:]}")
         row.recovered = done.exists()
+        row.update = load_markers(self.log, number).get("update", "")
         row.recovery_s = round(time.monotonic() - struck, 1)
         report = check_log(self.log, deadlines=deadlines, needles=[f"--port {self.port}"])
         row.lost, row.duplicated, row.leftovers = report.lost, report.duplicated, report.leftovers
@@ -437,7 +441,10 @@ def main(argv: list[str] | None = None) -> int:
         "--hang", type=float, default=TRAIN_DEADLINE_S + 60, help="seconds a hang may last before the harness SIGTERMs"
     )
     parser.add_argument("--stall", type=int, default=STALL_S, help="BATON_ROLLOUT_STALL_S for the runs")
-    parser.add_argument("--disk-mb", type=int, default=6144, help="the log path's tmpfs size, with a disk fault")
+    # promotion.keep_last (3) policies of the default model, 1.7 GB each (its fp32 weights, the tied head's copy, the
+    # optimizer's moments), and the next update's 2.3 GB: at 6 GiB every update from the fourth promotion on was
+    # refused for space, whatever the round's fault
+    parser.add_argument("--disk-mb", type=int, default=8192, help="the log path's tmpfs size, with a disk fault")
     parser.add_argument("--out", type=Path, help="write the rounds and the table as JSON")
     parser.add_argument("overrides", nargs="*", help="more run.sh overrides (key=value)")
     args = parser.parse_args(argv)
@@ -480,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"duplicated {row.duplicated}, hangs {len(row.hangs)}, left {len(row.leftovers)}"
                 + (f", noticed by run.sh: {row.noticed}" if row.noticed is not None else "")
                 + (f" ({row.detail})" if row.detail else "")
+                + f"; update: {row.update or '-'}"
             )
             for problem in row.problems:
                 log(f"  problem: {problem}")
