@@ -39,7 +39,7 @@ from rollout_engine.errors import BatonError, ConfigError
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json, save_text
 from rollout_engine.history import load_trajectories
-from rollout_engine.layout import Layout, iteration_name
+from rollout_engine.layout import Layout, iteration_name, iterations
 from rollout_engine.metrics_log import append_update
 from training import config as config_mod
 from training import sigkill
@@ -429,9 +429,25 @@ def clear_outputs(paths: RunPaths) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def clear_unpromoted(paths: RunPaths, iteration: int) -> None:
+    """Remove the weights earlier iterations' trainings left behind: an update that failed or was killed (while
+    it saved, a half-written optimizer state) keeps its output/ (merged/ for a LoRA), which no promotion takes
+    later (a --resume redoes only the interrupted iteration, whose outputs its retry clears) and which on a tight
+    disk kept every later update out. Their logs, selection and curves stay."""
+    for number, run_dir in iterations(paths.run_dir.parent):
+        if number >= iteration:
+            continue
+        for folder in (run_dir / "output", run_dir / "merged"):
+            if folder.is_dir():
+                log.warning("removing %s: the weights of an update that did not promote them", folder)
+                shutil.rmtree(folder, ignore_errors=True)
+
+
 def make_room(cfg: UpdateConfig, paths: RunPaths) -> None:
-    """Clear the last try's outputs, then refuse to start a training whose weights would not fit on the disk."""
+    """Clear the last try's outputs and earlier updates' unpromoted weights, then refuse to start a training
+    whose weights would not fit on the disk."""
     clear_outputs(paths)
+    clear_unpromoted(paths, cfg.iteration)
     room = room_for(cfg, paths)
     if room is not None and not room.enough:
         raise TrainingError(

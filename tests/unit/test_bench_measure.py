@@ -19,7 +19,8 @@ def test_the_line_names_the_model_the_cores_and_the_flags_a_figure_depends_on(tm
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(AVX512)
     assert cpu_line(cpuinfo) == (
-        f"Intel(R) Xeon(R) Platinum 8480+, {os.cpu_count()} cores, flags amx_bf16 avx avx2 avx512_bf16 avx512f fma sse4_2"
+        f"Intel(R) Xeon(R) Platinum 8480+, {os.cpu_count()} cores, "
+        "flags amx_bf16 avx avx2 avx512_bf16 avx512f fma sse4_2"
     )
 
 

@@ -130,3 +130,45 @@ def test_last_error_is_the_last_exception_line_and_none_without_one(tmp_path: Pa
     assert last_error(log) == "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
     log.write_text("Converting format of dataset: 100%\n")
     assert last_error(log) is None and last_error(tmp_path / "absent.log") is None
+
+
+def test_an_update_removes_the_weights_earlier_updates_left_unpromoted_before_it_judges_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training killed while it saved (the chaos soak's trainer SIGKILL and hang) left its iteration's output:
+    736 MB of half-written optimizer state for the default model, never promoted and never cleared, so on a
+    tight disk every later update was refused for space. The next update clears them first; the earlier
+    iterations' logs, selection and curves stay, and so does the policy."""
+    model = model_with(tmp_path / "model", w=[1000])
+    log = tmp_path / "log"
+    killed = RunPaths.of(load(log, f"model_path={model}", "iteration=3"))
+    (killed.output / ".optimizer-21947").mkdir(parents=True)
+    (killed.output / ".optimizer-21947" / ".tmpAiDMh9").write_bytes(b"\0" * 4096)
+    (killed.output / "trainer_log.jsonl").write_text("{}\n")
+    killed.train_log.write_text("killed\n")
+    (killed.run_dir / "selection.json").write_text("{}")
+    (killed.tensorboard / "events").mkdir(parents=True)
+    lora = RunPaths.of(load(log, f"model_path={model}", "iteration=4"))
+    (lora.merged).mkdir(parents=True)
+    (lora.merged / "model.safetensors").write_bytes(b"\0" * 4096)
+    (log / "policy" / "v0001").mkdir(parents=True)
+    (log / "policy" / "v0001" / "model.safetensors").write_bytes(b"w")
+
+    cfg = load(log, f"model_path={model}", "iteration=5")
+    paths = prepared(cfg)
+    seen = {}
+
+    def free(_folder: Path) -> int:
+        seen.setdefault("leftovers", killed.output.exists() or lora.merged.exists())
+        return 10**12
+
+    monkeypatch.setattr("training.space.free_bytes", free)
+    trainer, calls = trains(0, "")
+    monkeypatch.setattr(update, "parse_training", lambda *_a: {})
+    with in_process(0, 1, trainer, lambda code: code):
+        update.train(cfg, paths, update.Device("cpu", 1))
+    assert calls == [paths.train_log] and seen == {"leftovers": False}  # cleared before the disk was judged
+    assert not killed.output.exists() and not lora.merged.exists()
+    assert killed.train_log.read_text() == "killed\n" and (killed.run_dir / "selection.json").exists()
+    assert (killed.tensorboard / "events").is_dir()
+    assert (log / "policy" / "v0001" / "model.safetensors").read_bytes() == b"w"
