@@ -429,25 +429,27 @@ def clear_outputs(paths: RunPaths) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def clear_unpromoted(paths: RunPaths, iteration: int) -> None:
-    """Remove the weights earlier iterations' trainings left behind: an update that failed or was killed (while
-    it saved, a half-written optimizer state) keeps its output/ (merged/ for a LoRA), which no promotion takes
-    later (a --resume redoes only the interrupted iteration, whose outputs its retry clears) and which on a tight
-    disk kept every later update out. Their logs, selection and curves stay."""
+def clear_earlier_outputs(paths: RunPaths, iteration: int) -> None:
+    """Remove what earlier iterations' trainings wrote in output/ (merged/ for a LoRA): weights and optimizer
+    states nothing reads again (a --resume redoes only the interrupted iteration, whose outputs its retry clears;
+    the records hold the losses). A promoted version has its own hard links (or copies) of them, so without this
+    a version pruned by promotion.keep_last kept its space; an update that failed or was killed (while it saved:
+    a half-written optimizer state) left its output for good, and on a tight disk every later update was refused.
+    The iterations' logs, selection and curves stay."""
     for number, run_dir in iterations(paths.run_dir.parent):
         if number >= iteration:
             continue
         for folder in (run_dir / "output", run_dir / "merged"):
             if folder.is_dir():
-                log.warning("removing %s: the weights of an update that did not promote them", folder)
+                log.info("removing %s: an earlier training's output (a promoted version has its own links)", folder)
                 shutil.rmtree(folder, ignore_errors=True)
 
 
 def make_room(cfg: UpdateConfig, paths: RunPaths) -> None:
-    """Clear the last try's outputs and earlier updates' unpromoted weights, then refuse to start a training
-    whose weights would not fit on the disk."""
+    """Clear the last try's outputs and the earlier trainings', then refuse to start a training whose weights would
+    not fit on the disk."""
     clear_outputs(paths)
-    clear_unpromoted(paths, cfg.iteration)
+    clear_earlier_outputs(paths, cfg.iteration)
     room = room_for(cfg, paths)
     if room is not None and not room.enough:
         raise TrainingError(

@@ -132,15 +132,22 @@ def test_last_error_is_the_last_exception_line_and_none_without_one(tmp_path: Pa
     assert last_error(log) is None and last_error(tmp_path / "absent.log") is None
 
 
-def test_an_update_removes_the_weights_earlier_updates_left_unpromoted_before_it_judges_the_disk(
+def test_an_update_removes_earlier_trainings_outputs_before_it_judges_the_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A training killed while it saved (the chaos soak's trainer SIGKILL and hang) left its iteration's output:
-    736 MB of half-written optimizer state for the default model, never promoted and never cleared, so on a
-    tight disk every later update was refused for space. The next update clears them first; the earlier
-    iterations' logs, selection and curves stay, and so does the policy."""
+    736 MB of half-written optimizer state for the default model, never cleared, so on a tight disk every later
+    update was refused for space. A promoted iteration's output is hard-linked into its version, so a version
+    pruned by promotion.keep_last kept its space. The next update clears both first; the earlier iterations'
+    logs, selection and curves stay, and so does every policy's copy."""
     model = model_with(tmp_path / "model", w=[1000])
     log = tmp_path / "log"
+    promoted = RunPaths.of(load(log, f"model_path={model}", "iteration=2"))
+    promoted.output.mkdir(parents=True)
+    (promoted.output / "model.safetensors").write_bytes(b"trained")
+    (log / "policy" / "v0001" / "fp32").mkdir(parents=True)
+    kept = log / "policy" / "v0001" / "fp32" / "model.safetensors"
+    os.link(promoted.output / "model.safetensors", kept)
     killed = RunPaths.of(load(log, f"model_path={model}", "iteration=3"))
     (killed.output / ".optimizer-21947").mkdir(parents=True)
     (killed.output / ".optimizer-21947" / ".tmpAiDMh9").write_bytes(b"\0" * 4096)
@@ -149,17 +156,15 @@ def test_an_update_removes_the_weights_earlier_updates_left_unpromoted_before_it
     (killed.run_dir / "selection.json").write_text("{}")
     (killed.tensorboard / "events").mkdir(parents=True)
     lora = RunPaths.of(load(log, f"model_path={model}", "iteration=4"))
-    (lora.merged).mkdir(parents=True)
+    lora.merged.mkdir(parents=True)
     (lora.merged / "model.safetensors").write_bytes(b"\0" * 4096)
-    (log / "policy" / "v0001").mkdir(parents=True)
-    (log / "policy" / "v0001" / "model.safetensors").write_bytes(b"w")
 
     cfg = load(log, f"model_path={model}", "iteration=5")
     paths = prepared(cfg)
     seen = {}
 
     def free(_folder: Path) -> int:
-        seen.setdefault("leftovers", killed.output.exists() or lora.merged.exists())
+        seen.setdefault("leftovers", [p.name for p in (promoted.output, killed.output, lora.merged) if p.exists()])
         return 10**12
 
     monkeypatch.setattr("training.space.free_bytes", free)
@@ -167,8 +172,7 @@ def test_an_update_removes_the_weights_earlier_updates_left_unpromoted_before_it
     monkeypatch.setattr(update, "parse_training", lambda *_a: {})
     with in_process(0, 1, trainer, lambda code: code):
         update.train(cfg, paths, update.Device("cpu", 1))
-    assert calls == [paths.train_log] and seen == {"leftovers": False}  # cleared before the disk was judged
-    assert not killed.output.exists() and not lora.merged.exists()
+    assert calls == [paths.train_log] and seen == {"leftovers": []}  # cleared before the disk was judged
     assert killed.train_log.read_text() == "killed\n" and (killed.run_dir / "selection.json").exists()
     assert (killed.tensorboard / "events").is_dir()
-    assert (log / "policy" / "v0001" / "model.safetensors").read_bytes() == b"w"
+    assert kept.read_bytes() == b"trained" and kept.stat().st_nlink == 1  # pruning v0001 now frees it
