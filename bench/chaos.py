@@ -38,6 +38,7 @@ from bench.chaos_checks import check_log, start_time
 from bench.chaos_faults import MemoryJail, SmallDisk, available, processes_of_groups
 from coordinator import groupfile
 from coordinator.runstate import load_markers
+from coordinator.serving import parse_cpuinfo
 from rollout_engine.layout import Layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -408,14 +409,8 @@ def report(rows: list, module: str, argv: list[str] | None, log_path: Path, star
 
 def cpu() -> dict[str, object]:
     """The CPU model and its vector flags (what a timing depends on)."""
-    text = Path("/proc/cpuinfo").read_text()
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    return {
-        "model": model,
-        "cores": os.cpu_count(),
-        "flags": sorted(f for f in flags if f.startswith(("avx2", "avx512"))),
-    }
+    info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    return {"model": info.model, "cores": os.cpu_count(), "flags": info.relevant_flags()}
 
 
 def log(message: str) -> None:

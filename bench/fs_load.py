@@ -31,13 +31,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.fs_count import Counter, Done, SteppedClock
-from bench.measure import cpu_line
 
 CLOCK = SteppedClock()
 CLOCK.install()  # before the project's imports: their `clock=time.monotonic` defaults bind to the stepped clock
 COUNTER = Counter(Path("/nonexistent"))
 COUNTER.install()
 
+from bench.measure import cpu_line  # noqa: E402
 from coordinator import barrier, heartbeat, watch  # noqa: E402
 from coordinator.cluster import Cluster, Endpoint, NodeRecord, RankFailed, RunRecord, RunStopped, StopRequest  # noqa: E402
 from rollout_engine.files import save_json  # noqa: E402
