@@ -18,8 +18,9 @@ its own (still bound with taskset), host name node<r>, address 127.0.0.<r+2>, it
 in <--log-path>/chaos/. `--log-path` is then a new folder each soak (default `local`: the disk, as above).
 A round runs the next iteration with bench/chaos.py's small settings (`SETTINGS`), `--max-iterations 1` (a late
 restart's: 3) and the round's `--on-rank-failure` (`abort` or `continue`), waits until the fault's phase runs on
-the struck node in its first iteration (its recorded group `rollout-train` in `run/rank_<r>/groups.json`, or its
-LLaMA-Factory groups `training/iter_<NNNN>/train[.rank_<r>].log.pgid`), then a seeded random moment more, and
+the struck node in its first iteration (its recorded group `rollout-train` in `run/rank_<r>/groups.json`; for the
+training, its LLaMA-Factory groups `training/iter_<NNNN>/train[.rank_<r>].log.pgid`, or its warm trainer's job of
+that training started and not done, in `run/rank_<r>/trainer/`), then a seeded random moment more, and
 strikes (`FAULTS`):
 
 - a heartbeat: SIGKILL of the group `heartbeat` of `run/rank_<r>/groups.json` (the node's run.sh lives on, and must
@@ -72,7 +73,7 @@ from bench.nodes import LEFT_RUNNING, NO_MOUNT, host_pgid, host_pid, node_comman
 from bench.nodes import kill_node as kill_namespace
 from bench.sharedfs import PROFILES, SharedFs, shared_fs
 from coordinator import groupfile
-from coordinator.cluster import Cluster, load_run
+from coordinator.cluster import Cluster, load_json, load_run
 from coordinator.runstate import next_iteration, state_iterations
 from rollout_engine.layout import Layout
 
@@ -299,18 +300,30 @@ class ChaosNodes:
                     out.append((path.name, int(parts[0]), parts[1] if len(parts) > 1 else "-"))
         return out
 
-    def phase_groups(self, rank: int, phase: str, iteration: int) -> list[tuple[int, str]]:
-        if phase == "training":
-            name = "train.log.pgid" if rank == 0 else f"train.rank_{rank}.log.pgid"
-            path = Layout(self.log).training_dir(iteration) / name
-        else:
-            record = groupfile.read(Layout(self.log).groups(rank)).get("rollout-train")
-            return [] if record is None else [(record.pgid, record.start or "-")]
-        try:
-            lines = path.read_text().splitlines()
-        except OSError:
-            return []
-        return [(int(p[0]), p[1] if len(p) > 1 else "-") for p in (ln.split() for ln in lines) if p and p[0].isdigit()]
+    def in_phase(self, rank: int, phase: str, iteration: int) -> bool:
+        """Node `rank` runs `phase` of `iteration` now, from the run's own records: its group `rollout-train`; for
+        the training, its fresh LLaMA-Factory groups or its warm trainer's job of this iteration's training
+        (started and not yet done: training/warm.py's files)."""
+        layout = Layout(self.log)
+        if phase != "training":
+            return "rollout-train" in groupfile.read(layout.groups(rank))
+        listing = layout.training_dir(iteration) / ("train.log.pgid" if rank == 0 else f"train.rank_{rank}.log.pgid")
+        with contextlib.suppress(OSError):
+            if listing.read_text().split():
+                return True
+        if layout.marker(iteration, "update").exists():
+            return False
+        job, started, done = (
+            load_json(layout.trainer_dir(rank) / name, listing=False)
+            for name in ("job.json", "started.json", "done.0.json")
+        )
+        return bool(
+            job
+            and {"phase=train", f"iteration={iteration}"} <= set(job.get("argv", []))
+            and started
+            and started.get("seq") == job.get("seq")
+            and (done is None or done.get("seq") != job.get("seq"))
+        )
 
     @staticmethod
     def ours(pgid: int, start: str) -> bool:
@@ -324,7 +337,7 @@ class ChaosNodes:
         done = Layout(self.log).marker(iteration, "update")
         deadline = time.monotonic() + self.run_budget_s
         while time.monotonic() < deadline:
-            if self.phase_groups(fault.rank, fault.phase, iteration):
+            if self.in_phase(fault.rank, fault.phase, iteration):
                 return True
             if done.exists() or not all(node.alive() for node in self.nodes):
                 return False
@@ -391,7 +404,7 @@ class ChaosNodes:
             return None
         time.sleep(delay)
         node = self.nodes[fault.rank]
-        if not self.phase_groups(fault.rank, fault.phase, iteration) or not node.alive():
+        if not self.in_phase(fault.rank, fault.phase, iteration) or not node.alive():
             return None
         row.injected = self.kill_heartbeat(fault.rank) if fault.action == "heartbeat" else self.kill_node(node)
         return time.monotonic() if row.injected else None

@@ -1,6 +1,6 @@
 """bench/chaos_nodes.py's plan and its reading of the master's step (offline, fast): --faults with kinds that
 hold commas, --late forcing late-restart rounds, the newest step the master planned, what a node's pid 1 said
-(--profile: processes left in its namespace)."""
+(--profile: processes left in its namespace), when a node trains."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from bench.chaos_nodes import FAULTS, ChaosNodes, NodeRound, at_least_late, mast
 from coordinator.barrier import arrive
 from coordinator.cluster import Cluster, Endpoint
 from coordinator.membership import start_run
+from rollout_engine.files import save_json
+from rollout_engine.layout import Layout
 
 LATE = [kind for kind, fault in FAULTS.items() if fault.late]
 
@@ -86,3 +88,27 @@ def test_what_a_node_s_pid_1_left_running_is_a_leftover_and_run_sh_s_own_code_co
     assert soak.node_exit(node, 98, row) == 98 and row.problems[-1].endswith("client did not mount")
     clean = NodeRound(2, "worker node death (rollout)", 1, 0.0)
     assert soak.node_exit(node, 3, clean) == 3 and not clean.leftovers and not clean.problems
+
+
+def test_a_node_trains_while_its_warm_trainer_runs_this_iteration_s_training_job(tmp_path: Path) -> None:
+    """The training phase a fault waits for, under the warm trainer (no `train.log.pgid` there): the node's job of
+    this iteration's training handed and started, and not done; under fresh processes its listed groups."""
+    soak = ChaosNodes(tmp_path / "data", tmp_path / "log", [], 60.0, 5.0, 30.0)
+    layout = Layout(soak.log)
+    trainer = layout.trainer_dir(1)
+    trainer.mkdir(parents=True)
+    assert not soak.in_phase(1, "training", 2)
+    save_json(trainer / "done.0.json", {"seq": 3})  # the previous iteration's promotion, done
+    save_json(trainer / "job.json", {"seq": 4, "argv": ["phase=train", "iteration=2"], "log": "x"})
+    assert not soak.in_phase(1, "training", 2)  # handed, not started
+    save_json(trainer / "started.json", {"seq": 4, "timeout_s": 3600})
+    assert soak.in_phase(1, "training", 2) and not soak.in_phase(0, "training", 2)
+    assert not soak.in_phase(1, "training", 3)  # another iteration's
+    save_json(trainer / "done.0.json", {"seq": 4})
+    assert not soak.in_phase(1, "training", 2)
+    save_json(trainer / "job.json", {"seq": 5, "argv": ["phase=promote"], "log": "x"})
+    save_json(trainer / "started.json", {"seq": 5, "timeout_s": 3600})
+    assert not soak.in_phase(1, "training", 2)  # the promotion is not the training
+    layout.training_dir(2).mkdir(parents=True)
+    (layout.training_dir(2) / "train.log.pgid").write_text("4242 12345\n")  # a fresh training's groups
+    assert soak.in_phase(0, "training", 2)
