@@ -74,7 +74,7 @@ from bench.nodes import kill_node as kill_namespace
 from bench.sharedfs import PROFILES, SharedFs, shared_fs
 from coordinator import groupfile
 from coordinator.cluster import Cluster, load_json, load_run
-from coordinator.runstate import next_iteration, state_iterations
+from coordinator.runstate import load_markers, next_iteration, state_iterations
 from rollout_engine.layout import Layout
 
 #: what a node's clean-up may take once it noticed (Groups.stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
@@ -141,7 +141,8 @@ class NodeRound:
     late_s: float | None = None  # a late restart: seconds into the master's later step it was started again
     restarted_in_step: int | None = None  # ... the master's step it was started in (2: the step after the fault)
     rejoined_in: list[int] = field(default_factory=list)  # a late restart: the iterations the worker rolled out
-    injected: bool = False  # False: the phase had ended before the moment came (missed)
+    seen: bool = False  # the struck node was seen running the fault's phase
+    injected: bool = False  # False: the phase had ended before the moment came, or was never seen (missed)
     exits: dict[str, int | None] = field(default_factory=dict)  # "rank 0 (run 3)" -> run.sh's exit code
     stopped_s: dict[str, float] = field(default_factory=dict)  # rank -> seconds from the fault to its exit
     rejoins: int = 0  # continue: workers started again while the master ran
@@ -402,6 +403,7 @@ class ChaosNodes:
         """Wait for the fault's phase on its node, `delay` s more, then strike; the moment, or None (missed)."""
         if not self.wait_phase(fault, iteration):
             return None
+        row.seen = True
         time.sleep(delay)
         node = self.nodes[fault.rank]
         if not self.in_phase(fault.rank, fault.phase, iteration) or not node.alive():
@@ -549,6 +551,10 @@ class ChaosNodes:
         self.start_all(resume=self.starts > 0 or bool(state_iterations(self.log)))  # a soak continued
         struck = self.inject(fault, iteration, delay, row)
         self.settle(row, struck, iteration, late if fault.late else None)
+        update = load_markers(self.log, iteration).get("update", "")
+        if not row.seen and not (fault.phase == "training" and update.startswith("skipped")):
+            # a phase this harness cannot find in the run's records is struck in no round, soak after soak
+            row.problems.append(f"the {fault.phase} of rank {fault.rank} in iteration {iteration} was never seen")
         done = Layout(self.log).marker(last, "iteration")
         while not done.exists() and row.restarts < 3:
             row.restarts += 1
@@ -721,7 +727,7 @@ def soak(
             late = rng.uniform(0.0, LATE_SPREAD_S) if fault.late else 0.0
             row = chaos.round(number, fault, delay, deadlines, late)
             rows.append(row)
-            state = "injected" if row.injected else "missed (the phase ended first)"
+            state = "injected" if row.injected else "missed: " + ("the phase ended first" if row.seen else "never seen")
             if fault.late:
                 state += (
                     f"; restarted {row.late_s} s into the master's step 2 (step {row.restarted_in_step} then), "
