@@ -107,9 +107,18 @@ class NodeFault:
     late: bool = False
 
     @property
+    def rejoins(self) -> bool:
+        """A worker's death in a continue run: the master goes on, the worker is started again and rejoins."""
+        return self.mode == "continue" and self.rank != 0 and self.action == "node"
+
+    @property
     def iterations(self) -> int:
-        """--max-iterations of the round's runs."""
-        return LATE_ITERATIONS if self.late else 1
+        """--max-iterations of the round's runs: a late restart's LATE_ITERATIONS; a worker's death in a continue
+        run's training 2, the struck iteration (its update fails: a training's node died) and the one the worker
+        rejoins, whose update must be promoted (a run whose last update failed ends with exit 1, docs/cli.md)."""
+        if self.late:
+            return LATE_ITERATIONS
+        return 2 if self.rejoins and self.phase == "training" else 1
 
 
 FAULTS = {
@@ -140,7 +149,7 @@ class NodeRound:
     iterations: int = 1  # the round's --max-iterations: iterations iteration .. iteration + iterations - 1
     late_s: float | None = None  # a late restart: seconds into the master's later step it was started again
     restarted_in_step: int | None = None  # ... the master's step it was started in (2: the step after the fault)
-    rejoined_in: list[int] = field(default_factory=list)  # a late restart: the iterations the worker rolled out
+    rejoined_in: list[int] = field(default_factory=list)  # a rejoin: the later iterations the worker rolled out
     seen: bool = False  # the struck node was seen running the fault's phase
     injected: bool = False  # False: the phase had ended before the moment came, or was never seen (missed)
     exits: dict[str, int | None] = field(default_factory=dict)  # "rank 0 (run 3)" -> run.sh's exit code
@@ -567,12 +576,16 @@ class ChaosNodes:
         row.recovery_s = round(time.monotonic() - (struck or began), 1)
         if struck is not None:
             row.problems += self.not_as_documented(fault, row)
-        if struck is not None and fault.late and fault.action == "node":
+        if struck is not None and fault.rejoins and fault.iterations > 1:
             worker = self.nodes[fault.rank]
             row.rejoined_in = [n for n in member_iterations(self.log, worker.rank) if iteration < n <= last]
             row.problems += check_rejoined(self.log, worker.rank, iteration, last)
-            if row.late_s is not None and worker.proc is not None and worker.proc.returncode:
+            restarted = row.late_s is not None if fault.late else row.rejoins > 0
+            if restarted and worker.proc is not None and worker.proc.returncode:
                 row.problems.append(f"the restarted {worker.name} (run {worker.runs}) exited {worker.proc.returncode}")
+            update = load_markers(self.log, last).get("update", "")
+            if not fault.late and not update.startswith("promoted"):
+                row.problems.append(f"iteration {last}'s update, with the worker back: {update or 'not done'}")
         if struck is not None:
             bound = self.stop_bound_s()
             for rank in sorted(self.must_stop(fault)):
@@ -729,10 +742,9 @@ def soak(
             rows.append(row)
             state = "injected" if row.injected else "missed: " + ("the phase ended first" if row.seen else "never seen")
             if fault.late:
-                state += (
-                    f"; restarted {row.late_s} s into the master's step 2 (step {row.restarted_in_step} then), "
-                    f"a member again in iterations {row.rejoined_in}"
-                )
+                state += f"; restarted {row.late_s} s into the master's step 2 (step {row.restarted_in_step} then)"
+            if fault.rejoins and fault.iterations > 1:
+                state += f"; a member again in iterations {row.rejoined_in}"
             its = f"iterations {row.iteration}-{row.iteration + row.iterations - 1}" if row.iterations > 1 else ""
             log(
                 f"round {number} ({its or f'iteration {row.iteration}'}): {kind} at +{row.delay_s}s: {state}; "

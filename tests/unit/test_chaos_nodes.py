@@ -30,12 +30,15 @@ def test_faults_split_on_the_commas_outside_a_kind_s_parentheses() -> None:
     assert split_kinds("") == [] and all(split_kinds(kind) == [kind] for kind in FAULTS)
 
 
-def test_late_restart_kinds_run_three_iterations_in_continue_mode() -> None:
+def test_late_restarts_run_three_iterations_and_a_training_rejoin_two_in_continue_mode() -> None:
     assert len(LATE) == 2
     for kind in LATE:
         fault = FAULTS[kind]
         assert (fault.mode, fault.rank, fault.action, fault.iterations) == ("continue", 1, "node", 3)
-    assert {FAULTS[kind].iterations for kind in FAULTS if kind not in LATE} == {1}
+    # a worker's death in a continue run's training: the failed update's iteration, then the one it rejoins
+    two = {kind for kind in FAULTS if kind not in LATE and FAULTS[kind].iterations == 2}
+    assert two == {"worker node death (training, continue)"}
+    assert {FAULTS[kind].iterations for kind in FAULTS if kind not in {*LATE, *two}} == {1}
 
 
 def test_at_least_late_replaces_the_last_other_rounds_and_keeps_the_late_kinds_balanced() -> None:
