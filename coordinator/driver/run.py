@@ -218,8 +218,10 @@ def execute(run: Run, resolved: Path) -> int:
         )
     code = 0
     try:
-        claim(run)
+        # first: a claim may stop what a dead run left (seconds a group), and a signal then must end the run
+        # through its clean-up, not kill it with those groups half stopped
         install_signals(run)
+        claim(run)
         make_dirs(run.run_dir / "logs")
         from rollout_engine.files import overwrite_bytes
 
@@ -352,7 +354,8 @@ def cleanup(run: Run, code: int) -> int:
         traceback.print_exc()
         code = code or 1
     steps = []
-    if run.claimed:
+    # only a run that holds all its roles owns their groups (a signal between two claims holds part of them)
+    if run.claimed and set(run.claimed) == set(run.roles):
         steps += [lambda: stop_update(run)] if "update" in run.group_names else []
         steps += [run.trainer.stop] if run.trainer is not None else []
         steps += [lambda name=name: run.groups.stop(name, 10) for name in run.group_names]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from coordinator.driver.cli import Args
 from coordinator.driver.context import Composed
 from coordinator.driver.nodes import Node
 from coordinator.driver.phase import mark
-from coordinator.driver.procs import group_alive
+from coordinator.driver.procs import Groups, group_alive
 from coordinator.membership import start_run
 from rollout_engine.layout import GROUPS_NAME
 from tests.unit.coordinator.fakes import old_run
@@ -111,6 +112,45 @@ def test_a_single_node_has_no_heartbeat_and_its_waits_are_plain_waits(runs: Runs
     assert run.supervisor.wait(subprocess.Popen(["sh", "-c", "exit 5"])) == 5  # type: ignore[arg-type]
     assert run.node.leave(5, iteration=1, phase="update", last_error="x") == 5
     assert not (Path(run.log) / "cluster").exists()
+
+
+#: a run of rank 0 on <argv[1]>/log, through run.execute as run.sh's driver runs it (its exit code is the script's)
+EXECUTE = """
+import sys
+from pathlib import Path
+from coordinator.driver import run as driver_run
+from tests.unit.driver.fakes import Runs
+run = Runs(Path(sys.argv[1])).make(phase="rollout", split="train-only")
+run.roles, run.group_names = ["rollout"], ["rollout-train"]  # what build() gives a rollout run, in part
+resolved = Path(sys.argv[1]) / "resolved.yaml"
+resolved.write_text("{}")
+sys.exit(driver_run.execute(run, resolved))
+"""
+
+
+def test_a_sigterm_while_the_claim_stops_an_earlier_run_s_group_still_cleans_up(runs: Runs) -> None:
+    """A resume first stops what a dead run left (up to 10 s a group): a SIGTERM then (Slurm's, a user's) ends the
+    run through its clean-up, which stops that group and gives up the claims, instead of killing the driver with
+    the group left running."""
+    run = runs.make(phase="rollout", split="train-only")
+    stale = run.groups.start("rollout-train", ["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"], None)
+    run.groups = Groups(run.run_dir)  # forgets that this process started it: an earlier run's record
+    driver = subprocess.Popen(
+        [sys.executable, "-c", EXECUTE, str(runs.tmp)], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    assert driver.stderr is not None
+    said = []
+    for line in driver.stderr:
+        said.append(line)
+        if "was left running by an earlier run; stopping it" in line:
+            driver.send_signal(signal.SIGTERM)
+            break
+    said += driver.stderr.readlines()
+    assert driver.wait(timeout=30) == 128 + signal.SIGTERM, "".join(said)
+    assert "Traceback" not in "".join(said)
+    assert not group_alive(stale.pgid), "the earlier run's group was left running"
+    assert not list(run.run_dir.glob("owner.*")), "the claims were not given up"
+    stale.popen.wait(timeout=5)
 
 
 # --- markers ---------------------------------------------------------------------------------------------------
