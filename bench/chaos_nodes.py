@@ -17,7 +17,8 @@ its own (still bound with taskset), host name node<r>, address 127.0.0.<r+2>, it
 (fs-state/brick/log, or fs-state/export/log for sshfs: where it stays after the soak) and keeps run.sh's outputs
 in <--log-path>/chaos/. `--log-path` is then a new folder each soak (default `local`: the disk, as above).
 A round runs the next iteration with bench/chaos.py's small settings (`SETTINGS`), `--max-iterations 1` (a late
-restart's: 3) and the round's `--on-rank-failure` (`abort` or `continue`), waits until the fault's phase runs on
+restart's: 3; a worker's death in a continue run's training: 2, `NodeFault.iterations`) and the round's
+`--on-rank-failure` (`abort` or `continue`), waits until the fault's phase runs on
 the struck node in its first iteration (its recorded group `rollout-train` in `run/rank_<r>/groups.json`; for the
 training, its LLaMA-Factory groups `training/iter_<NNNN>/train[.rank_<r>].log.pgid`, or its warm trainer's job of
 that training started and not done, in `run/rank_<r>/trainer/`), then a seeded random moment more, and
