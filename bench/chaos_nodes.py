@@ -74,9 +74,10 @@ from bench.nodes import LEFT_RUNNING, NO_MOUNT, host_pgid, host_pid, node_comman
 from bench.nodes import kill_node as kill_namespace
 from bench.sharedfs import PROFILES, SharedFs, shared_fs
 from coordinator import groupfile
-from coordinator.cluster import Cluster, load_json, load_run
+from coordinator.cluster import Cluster, load_run
 from coordinator.runstate import load_markers, next_iteration, state_iterations
 from rollout_engine.layout import Layout
+from training.warm import job_started
 
 #: what a node's clean-up may take once it noticed (Groups.stop: SIGTERM, SIGKILL after 10 s; the update 15 s + 5 s)
 CLEANUP_S = 60.0
@@ -324,17 +325,8 @@ class ChaosNodes:
                 return True
         if layout.marker(iteration, "update").exists():
             return False
-        job, started, done = (
-            load_json(layout.trainer_dir(rank) / name, listing=False)
-            for name in ("job.json", "started.json", "done.0.json")
-        )
-        return bool(
-            job
-            and {"phase=train", f"iteration={iteration}"} <= set(job.get("argv", []))
-            and started
-            and started.get("seq") == job.get("seq")
-            and (done is None or done.get("seq") != job.get("seq"))
-        )
+        argv = job_started(layout.trainer_dir(rank))
+        return argv is not None and {"phase=train", f"iteration={iteration}"} <= set(argv)
 
     @staticmethod
     def ours(pgid: int, start: str) -> bool:

@@ -57,6 +57,15 @@ from rollout_engine.files import save_json
 
 log = logging.getLogger("training.warm")
 POLL_S = 0.2
+#: the files in a trainer's folder (the module docstring says what each holds)
+READY, JOB, STARTED = "ready.json", "job.json", "started.json"
+
+
+def done_name(local_rank: int | str) -> str:
+    """The file in which local rank `local_rank` reports each job it finished."""
+    return f"done.{local_rank}.json"
+
+
 #: a job's exit when it wants another layout than this trainer's (launch.nproc_per_node, launch.nnodes): the
 #: driver runs it in fresh processes
 FRESH = 86
@@ -265,12 +274,12 @@ class Worker:
         register_configs()
         if self.local_rank == 0:
             ready = {"pid": os.getpid(), "nproc": self.nproc, "nnodes": self.world // self.nproc}
-            save_json(self.dir / "ready.json", ready | {"node_rank": self.node_rank})
+            save_json(self.dir / READY, ready | {"node_rank": self.node_rank})
         log.info("warm trainer rank %d of %d ready", self.rank, self.world)
 
     def next_job(self) -> dict:
         """Wait for a job newer than the last one done."""
-        path = self.dir / "job.json"
+        path = self.dir / JOB
         while True:
             try:
                 job = json.loads(path.read_text())
@@ -288,7 +297,7 @@ class Worker:
             code, everyone = self.run_job(job)
             self.done = int(job["seq"])
             save_json(
-                self.dir / f"done.{self.local_rank}.json",
+                self.dir / done_name(self.local_rank),
                 {"seq": self.done, "exit": code, "wall_s": round(time.monotonic() - started, 2)}
                 | {"tensors_alive_mib": tensors_alive_mib()}
                 | gpu_memory_held(),
@@ -325,20 +334,38 @@ class Worker:
             return run_argv(argv, self, int(job["seq"])), True
 
 
+def _read(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _seq(record: dict) -> int:
+    try:
+        return int(record.get("seq", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
 def job_running(directory: Path) -> str:
     """What the trainer in `directory` works on now: "update-check" or "update" while its job is handed over
     and not yet answered by local rank 0; "" when it waits for one (or was never handed one)."""
-    try:
-        job = json.loads((directory / "job.json").read_text())
-    except (OSError, ValueError):
-        return ""
-    try:
-        done = int(json.loads((directory / "done.0.json").read_text())["seq"])
-    except (OSError, ValueError, KeyError, TypeError):
-        done = 0
-    if int(job.get("seq", 0)) <= done:
+    job = _read(directory / JOB)
+    if not job or _seq(job) <= _seq(_read(directory / done_name(0))):
         return ""
     return "update-check" if job_phase(job.get("argv", [])) == "check" else "update"
+
+
+def job_started(directory: Path) -> list[str] | None:
+    """The arguments of the job that local rank 0 of the trainer in `directory` began and has not finished
+    (its STARTED names the job, its done file does not yet); None while it works on none."""
+    job = _read(directory / JOB)
+    seq = _seq(job)
+    if not seq or _seq(_read(directory / STARTED)) != seq or _seq(_read(directory / done_name(0))) == seq:
+        return None
+    return [str(arg) for arg in job.get("argv", [])]
 
 
 def job_phase(argv: list[str]) -> str:
@@ -383,7 +410,7 @@ def run_argv(argv: list[str], worker: Worker, seq: int, alone: bool = False) -> 
         return FRESH
     timeout_s = float(dict_cfg.launch.timeout_s)
     if worker.local_rank == 0:  # the driver's deadline too: a stopped (SIGSTOP) worker runs no watchdog
-        save_json(worker.dir / "started.json", {"seq": seq, "timeout_s": timeout_s})
+        save_json(worker.dir / STARTED, {"seq": seq, "timeout_s": timeout_s})
     watchdog = threading.Timer(timeout_s, _expired, args=(timeout_s,))
     watchdog.daemon = True
     watchdog.start()

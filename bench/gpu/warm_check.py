@@ -51,6 +51,7 @@ from coordinator.driver.trainer import kill_listed  # noqa: E402
 from rollout_engine.files import save_json  # noqa: E402
 from rollout_engine.metrics_log import load_metrics  # noqa: E402
 from training.launch import free_port  # noqa: E402
+from training.warm import JOB, READY, done_name  # noqa: E402
 
 PATHS = {
     "none": ["launch.deepspeed=none"],
@@ -213,7 +214,7 @@ def warm_arm(log: Path, model: Path, path: str, steps: int, idle_s: float, limit
     trainer = groups.start("trainer", cmd, log / "warm.out")
     alone = False
     try:
-        if wait_file(directory / "ready.json", None, trainer, limit_s) is None:
+        if wait_file(directory / READY, None, trainer, limit_s) is None:
             arm.updates.append(Update(None))
             return arm
         for seq in (1, 2):
@@ -228,8 +229,8 @@ def warm_arm(log: Path, model: Path, path: str, steps: int, idle_s: float, limit
                 arm.held_mib = round(max(held)) if held else None
             argv = update_argv(log, seq, model, path, steps)
             began = time.monotonic()
-            save_json(directory / "job.json", {"seq": seq, "argv": argv, "log": str(log / f"warm.{seq}.log")})
-            done = wait_file(directory / "done.0.json", seq, trainer, limit_s)
+            save_json(directory / JOB, {"seq": seq, "argv": argv, "log": str(log / f"warm.{seq}.log")})
+            done = wait_file(directory / done_name(0), seq, trainer, limit_s)
             code = None if done is None else int(done["exit"])
             report = done or {}
             arm.updates.append(

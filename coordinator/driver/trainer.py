@@ -27,7 +27,7 @@ import hashlib
 import json
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.driver import procs
@@ -38,7 +38,7 @@ from rollout_engine.defaults import TRAINER_START_S, WARM_TRAINER
 from rollout_engine.exits import Exit
 from rollout_engine.files import save_json
 from training import sigkill
-from training.warm import FRESH, Placement, job_phase
+from training.warm import FRESH, JOB, READY, STARTED, Placement, done_name, job_phase
 
 GROUP = "trainer"
 
@@ -75,15 +75,19 @@ class Job:
     seq: int
     deadline: float | None = None
     timeout_s: float = 0.0
+    #: each worker's report of the job (its done file), once all of them reported it
+    reports: list[dict] = field(default_factory=list)
 
     def poll(self) -> int | None:
-        codes = self.trainer.reports(self.seq)
-        if codes is not None:
+        reports = self.trainer.reports(self.seq)
+        if reports is not None:
+            self.reports = reports
+            codes = [int(report.get("exit", Exit.FAILED)) for report in reports]
             return codes[0] if codes[0] else max(codes)
         if self.trainer.group_code() is not None:
             return Exit.FAILED
         if self.deadline is None:
-            started = WarmTrainer._read(self.trainer.dir / "started.json")
+            started = WarmTrainer._read(self.trainer.dir / STARTED)
             if started is not None and int(started.get("seq", 0)) == self.seq:
                 self.timeout_s = float(started.get("timeout_s", 0))
                 self.deadline = time.monotonic() + self.timeout_s + GRACE_S
@@ -142,8 +146,8 @@ class WarmTrainer:
         self.stop()
         self.seq = 0
         # a new trainer starts at job 1: the last one's job and reports would read as answered or pending
-        answers = [self.dir / "ready.json", self.dir / "job.json", self.dir / "started.json"]
-        for stale in [*answers, *self.dir.glob("done.*.json")]:
+        answers = [self.dir / READY, self.dir / JOB, self.dir / STARTED]
+        for stale in [*answers, *self.dir.glob(done_name("*"))]:
             stale.unlink(missing_ok=True)
         cmd = [self.run.pythons.train, "-m", "training.warm", "--dir", str(self.dir), "--log", str(self.log)]
         cmd += placement.args()
@@ -167,7 +171,7 @@ class WarmTrainer:
         limit = TRAINER_START_S.value()
         self.starting, self.interrupted = True, False
         while time.monotonic() - self.began < limit:
-            ready = self._read(self.dir / "ready.json")
+            ready = self._read(self.dir / READY)
             if ready is not None:
                 self.starting = False
                 self.nproc, self.placement = int(ready.get("nproc", 1)), self.launched
@@ -189,7 +193,7 @@ class WarmTrainer:
         """Seconds from its launch to its workers' word (the file's time: a trainer launched beside vLLM's
         start-up is looked at only after it)."""
         try:
-            return max(0.0, (self.dir / "ready.json").stat().st_mtime - self.launched_at)
+            return max(0.0, (self.dir / READY).stat().st_mtime - self.launched_at)
         except OSError:
             return time.monotonic() - self.began
 
@@ -266,7 +270,7 @@ class WarmTrainer:
                 + (f"; {sigkill.HINT}" if killed_by_sigkill(self.log, offset) else "")
             )
             self.stop()
-        elif (kept := self.tensors_kept(seq)) > KEPT_TENSORS_MIB:
+        elif (kept := most_tensors_kept(job.reports)) > KEPT_TENSORS_MIB:
             warn(
                 f"the warm trainer still holds {kept:.0f} MiB of tensors after this update ({self.dir}/done.<rank>.json"
                 "): something the training made is still referenced (an objective that keeps its tensors?), and each "
@@ -279,25 +283,21 @@ class WarmTrainer:
         trainer still starting takes it once its workers are up."""
         self.seq += 1
         logfile.parent.mkdir(parents=True, exist_ok=True)
-        save_json(self.dir / "job.json", {"seq": self.seq, "argv": argv, "log": str(logfile)})
+        save_json(self.dir / JOB, {"seq": self.seq, "argv": argv, "log": str(logfile)})
         return self.seq
 
-    def reports(self, seq: int) -> list[int] | None:
-        """Each worker's exit code for job `seq`, once all of them reported it (None: not yet, or stopped)."""
+    def reports(self, seq: int) -> list[dict] | None:
+        """Each worker's report of job `seq` (its done file: the exit code and what it kept), once all of them
+        reported it (None: not yet, or stopped)."""
         if self.nproc == 0:
             return None
-        codes = []
+        found = []
         for rank in range(self.nproc):
-            done = self._read(self.dir / f"done.{rank}.json")
+            done = self._read(self.dir / done_name(rank))
             if done is None or int(done.get("seq", 0)) != seq:
                 return None
-            codes.append(int(done.get("exit", Exit.FAILED)))
-        return codes
-
-    def tensors_kept(self, seq: int) -> float:
-        """The most MiB of tensors any worker reported alive after job `seq` (0 when none said)."""
-        kept = [self._read(self.dir / f"done.{rank}.json") or {} for rank in range(self.nproc)]
-        return max((float(d.get("tensors_alive_mib", 0)) for d in kept if d.get("seq") == seq), default=0.0)
+            found.append(done)
+        return found
 
     def stop(self) -> None:
         """Stop the trainer's group; its torchrun groups (listed beside its log) follow, or get SIGKILL."""
@@ -312,6 +312,11 @@ class WarmTrainer:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+
+
+def most_tensors_kept(reports: list[dict]) -> float:
+    """The most MiB of tensors any worker reported alive after a job (0 when none said)."""
+    return max((float(report.get("tensors_alive_mib", 0)) for report in reports), default=0.0)
 
 
 def placement_of(argv: list[str]) -> Placement:

@@ -52,6 +52,7 @@ from tests.conftest import REPO
 from tests.e2e.conftest import ONE_STEP_LOOP, VllmServer, processes_mentioning
 from tests.e2e.nodes import kill_the_nodes_left, start_node
 from tests.waits import UPDATE_S, VLLM_START_S, communicate_waiting, generation_s
+from training.warm import READY, job_started
 
 pytestmark = pytest.mark.e2e
 
@@ -209,13 +210,13 @@ def test_a_workers_trainer_killed_in_training_fails_the_update_on_both_nodes_and
     }
     trainers = [log / "run" / f"rank_{rank}" / "trainer" for rank in (0, 1)]
 
-    def training() -> bool:  # rank 1's worker began the training job (it composed it: the job's started.json)
-        job, started = read_json(trainers[1] / "job.json"), read_json(trainers[1] / "started.json")
-        return bool(job and started and started["seq"] == job["seq"] and "phase=train" in job["argv"])
+    def training() -> bool:  # rank 1's worker began the training job (it composed it, and said it started)
+        argv = job_started(trainers[1])
+        return argv is not None and "phase=train" in argv
 
     waiting = "rank 1's warm trainer to begin its part of iteration 1's training"
     wait_for(training, waiting, generation_s(104, 32) + UPDATE_S, list(nodes.values()), 0.02)
-    first = [read_json(trainers[rank] / "ready.json")["pid"] for rank in (0, 1)]
+    first = [read_json(trainers[rank] / READY)["pid"] for rank in (0, 1)]
     os.kill(host_pid(nodes[1], first[1]), signal.SIGKILL)
     began = time.monotonic()
     failed = log / "run" / "state" / "iter_0001" / "update.done"
@@ -234,7 +235,7 @@ def test_a_workers_trainer_killed_in_training_fails_the_update_on_both_nodes_and
     assert (log / "run/state/iter_0002/update.done").read_text().strip() == "promoted v1", out_m[-3000:]
     assert os.readlink(log / "policy" / "current") == "v0001"
     # iteration 2 trained in new trainers, on both nodes
-    now = [read_json(trainers[rank] / "ready.json")["pid"] for rank in (0, 1)]
+    now = [read_json(trainers[rank] / READY)["pid"] for rank in (0, 1)]
     assert now[0] != first[0] and now[1] != first[1], (first, now)
     rows = [json.loads(line) for line in (log / "metrics" / "update.jsonl").read_text().splitlines()]
     trained = [r for r in rows if r["kind"] == "training"]

@@ -25,10 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from rollout_engine.layout import Layout
 from tests.conftest import REPO, default_sigint, env_python
 from tests.e2e.conftest import processes_mentioning, train_script_result
 from tests.waits import UPDATE_S, communicate_waiting, run_waiting
 from training.logprob_check import WARN_MEAN_GAP
+from training.warm import done_name
 
 pytestmark = pytest.mark.e2e
 
@@ -286,6 +288,6 @@ def test_warm_trainer_trains_a_grpo_lora_under_deepspeed_twice_in_one_process_an
     assert first["tis_weight"][0] != 1.0 and abs(first["tis_weight"][0] - 1) < 0.05, first
     # nothing of an update stays alive in the trainer after it: a DeepSpeed engine's hooks kept its model and
     # optimizer (4 GiB after a full ZeRO-2 update of this model; on a GPU the memory vLLM wakes into)
-    report = json.loads((log / "run/rank_0/trainer/done.0.json").read_text())
+    report = json.loads((Layout(log).trainer_dir(0) / done_name(0)).read_text())
     assert report["seq"] >= 2 and report["tensors_alive_mib"] < 1, report
     assert processes_mentioning(str(log)) == []

@@ -174,3 +174,27 @@ def test_in_the_warm_trainer_a_lora_is_merged_by_its_export_function_with_no_pro
     assert exported == [("merge_config.yaml", "merge.log")]
     with in_process(0, 1, no_training, no_training, lambda *_a: 1), pytest.raises(TrainingError, match="exit 1"):
         update_mod.merge_lora(cfg, paths)
+
+
+def test_the_job_a_trainer_works_on_is_read_from_its_folder_as_a_job_passes_through_it(tmp_path) -> None:
+    """The readers of a trainer's folder (the dashboard's job_running, the soak's job_started) through one job's
+    life: handed over (job_running says so; not started), started, done; a torn or missing file reads as nothing."""
+    from rollout_engine.files import save_json
+    from training.warm import JOB, STARTED, done_name, job_running, job_started
+
+    assert (job_running(tmp_path), job_started(tmp_path)) == ("", None)
+    save_json(tmp_path / done_name(0), {"seq": 3, "exit": 0})
+    save_json(tmp_path / JOB, {"seq": 4, "argv": ["phase=train", "iteration=2"], "log": "x"})
+    assert (job_running(tmp_path), job_started(tmp_path)) == ("update", None)
+    save_json(tmp_path / STARTED, {"seq": 3, "timeout_s": 60})  # the last job's word
+    assert job_started(tmp_path) is None
+    save_json(tmp_path / STARTED, {"seq": 4, "timeout_s": 60})
+    assert job_started(tmp_path) == ["phase=train", "iteration=2"]
+    (tmp_path / done_name(0)).write_text('{"seq": ')  # torn: the job is not known to be done
+    assert job_started(tmp_path) == ["phase=train", "iteration=2"] and job_running(tmp_path) == "update"
+    save_json(tmp_path / done_name(0), {"seq": 4, "exit": 0})
+    assert (job_running(tmp_path), job_started(tmp_path)) == ("", None)
+    save_json(tmp_path / JOB, {"seq": 5, "argv": ["phase=check"], "log": "x"})
+    assert job_running(tmp_path) == "update-check"
+    (tmp_path / JOB).write_text("[]")
+    assert (job_running(tmp_path), job_started(tmp_path)) == ("", None)
