@@ -59,13 +59,19 @@ envs_base_python() {
   return 1
 }
 
-# envs_dir <env>: print the cache directory of <env> for the current pins.
+# envs_dir <env>...: print the cache directory of each <env> for the current pins, one a line (one
+# interpreter start for them all: run.sh pays this on every start).
 envs_dir() {
-  local env=$1 recipe hash base
-  recipe=$(envs_recipe_name "$env")
+  local env base hashes recipes=() i=0
+  for env in "$@"; do
+    recipes+=("$(envs_recipe_name "$env")") || return 1
+  done
   base=$(envs_base_python) || common_die 1 "no Python 3.11 or 3.12 found; install python3.11 or set BATON_PYTHON"
-  hash=$("$base" "$(common_repo_root)/scripts/lib/pins.py" "$recipe" --hash)
-  printf '%s/envs/%s-%s\n' "$(common_baton_home)" "$recipe" "$hash"
+  hashes=$("$base" "$(common_repo_root)/scripts/lib/pins.py" "${recipes[@]}" --hash) || return 1
+  while read -r hash; do
+    printf '%s/envs/%s-%s\n' "$(common_baton_home)" "${recipes[i]}" "$hash"
+    i=$((i + 1))
+  done <<<"$hashes"
 }
 
 # envs_is_complete <dir>: true when <dir> holds an environment that verified itself.
@@ -76,20 +82,33 @@ envs_is_complete() {
 
 # envs_python <env>: print the interpreter of a complete <env>, or fail with a hint.
 envs_python() {
-  local env=$1 dir
-  dir=$(envs_dir "$env")
-  if ! envs_is_complete "$dir"; then
-    common_die 1 "the $env environment is not set up ($dir); run: bash scripts/setup.sh"
-  fi
-  printf '%s/bin/python\n' "$dir"
+  envs_pythons "$1"
+}
+
+# envs_pythons <env>...: print the interpreter of each complete <env>, one a line, or fail with a hint.
+envs_pythons() {
+  local dirs dir env i=0
+  dirs=$(envs_dir "$@") || return 1
+  local -a found
+  mapfile -t found <<<"$dirs"
+  for env in "$@"; do
+    dir=${found[i]}
+    i=$((i + 1))
+    envs_is_complete "$dir" || common_die 1 "the $env environment is not set up ($dir); run: bash scripts/setup.sh"
+    printf '%s/bin/python\n' "$dir"
+  done
 }
 
 # envs_export: export BATON_APP_PY, BATON_SERVE_PY, BATON_TRAIN_PY and
 # BATON_TRAIN_BIN for the current pins (fails with a hint if one is missing).
 envs_export() {
-  BATON_APP_PY=$(envs_python app) || return 1
-  BATON_SERVE_PY=$(envs_python serve) || return 1
-  BATON_TRAIN_PY=$(envs_python train) || return 1
+  local pythons
+  pythons=$(envs_pythons app serve train) || return 1
+  {
+    read -r BATON_APP_PY
+    read -r BATON_SERVE_PY
+    read -r BATON_TRAIN_PY
+  } <<<"$pythons"
   BATON_TRAIN_BIN=$(dirname "$BATON_TRAIN_PY")
   export BATON_APP_PY BATON_SERVE_PY BATON_TRAIN_PY BATON_TRAIN_BIN
 }

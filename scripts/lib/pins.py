@@ -1,6 +1,7 @@
 """Print one environment's install recipe from pyproject.toml and its lock file.
 
-Usage: python3 scripts/lib/pins.py <recipe> [--hash | --unlocked]
+Usage: python3 scripts/lib/pins.py <recipe> [--unlocked]
+       python3 scripts/lib/pins.py <recipe>... --hash
 
 `<recipe>` names a table under [tool.baton.envs] in pyproject.toml (app,
 serve-cpu, serve-cuda, train). The recipe is printed as tab-separated lines
@@ -18,7 +19,7 @@ that scripts/setup.sh executes in order:
 use, the lock pins everything they pull in. `--unlocked` prints the install
 lines without it (scripts/lock.sh builds from those).
 
-With --hash it prints a short hash of the recipe, the lock's content, the
+With --hash it prints, for each recipe named, one line: a short hash of the recipe, the lock's content, the
 content of the files `site` steps copy and the interpreter's version; the
 cached environment is keyed by it, so changing a pin, top-level or transitive,
 or a copied file rebuilds it.
@@ -89,12 +90,13 @@ def env_hash(name: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[1].startswith("-"):
-        fail("usage: python3 scripts/lib/pins.py <recipe> [--hash | --unlocked]")
-    name, flags = argv[1], argv[2:]
-    if "--hash" in flags:
-        print(env_hash(name))
+    names, flags = [a for a in argv[1:] if not a.startswith("-")], [a for a in argv[1:] if a.startswith("-")]
+    if "--hash" in flags and names:  # several at once: envs_export keys three environments with one interpreter
+        print("\n".join(env_hash(name) for name in names))
         return 0
+    if len(names) != 1 or argv[1].startswith("-"):
+        fail("usage: python3 scripts/lib/pins.py <recipe> [--unlocked], or <recipe>... --hash")
+    name = names[0]
     if "--unlocked" in flags:
         lines = recipe(name, None)
     else:

@@ -92,6 +92,24 @@ fake_nvidia_smi() {
   [[ $output =~ /serve-cuda-[0-9a-f]{12}$ ]]
 }
 
+@test "envs_dir: several environments at once, each the directory it has alone, in the order asked" {
+  export BATON_HOME="$BATS_TEST_TMPDIR/home" BATON_DEVICE=cpu
+  run -0 envs_dir train app serve
+  [ "${#lines[@]}" -eq 3 ]
+  [ "${lines[0]}" = "$(envs_dir train)" ] && [ "${lines[1]}" = "$(envs_dir app)" ] && [ "${lines[2]}" = "$(envs_dir serve)" ]
+  [[ ${lines[2]} == "$BATON_HOME/envs/serve-cpu-"* ]]
+}
+
+@test "envs_export: the first environment not set up is named with the setup hint, nothing exported" {
+  local home="$BATS_TEST_TMPDIR/home" dir
+  dir=$(BATON_HOME=$home envs_dir app)
+  python3 -m venv --without-pip "$dir" && date >"$dir/.baton-verified"
+  # shellcheck disable=SC2016 # $1 is the inner bash's argument
+  BATON_HOME=$home run -1 bash -c 'set -e; source "$1/scripts/lib/common.sh"; source "$1/scripts/lib/envs.sh"; envs_export; echo exported' _ "$ROOT"
+  [[ $output == *"the serve environment is not set up ($home/envs/serve-"*"run: bash scripts/setup.sh"* ]]
+  [[ $output != *exported* ]]
+}
+
 @test "envs_is_complete: only a verified environment counts" {
   local dir="$BATS_TEST_TMPDIR/env"
   python3 -m venv --without-pip "$dir"
