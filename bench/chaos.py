@@ -36,9 +36,9 @@ from pathlib import Path
 
 from bench.chaos_checks import check_log, start_time
 from bench.chaos_faults import MemoryJail, SmallDisk, available, processes_of_groups
+from bench.measure import cpu_record
 from coordinator import groupfile
 from coordinator.runstate import load_markers
-from coordinator.serving import parse_cpuinfo
 from rollout_engine.layout import Layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -398,19 +398,13 @@ def report(rows: list, module: str, argv: list[str] | None, log_path: Path, star
     result = {
         "command": " ".join([Path(sys.executable).name, "-m", module, *(argv or sys.argv[1:])]),
         "log_path": str(log_path),
-        "cpu": cpu(),
+        "cpu": cpu_record(),
         "wall_s": round(time.monotonic() - started, 1),
         "rounds": [asdict(r) for r in rows],
         "table": table,
     }
     if out:
         out.write_text(json.dumps(result, indent=2) + "\n")
-
-
-def cpu() -> dict[str, object]:
-    """The CPU model and its vector flags (what a timing depends on)."""
-    info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
-    return {"model": info.model, "cores": os.cpu_count(), "flags": info.relevant_flags()}
 
 
 def log(message: str) -> None:

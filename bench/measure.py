@@ -12,13 +12,22 @@ import psutil
 from coordinator.serving import parse_cpuinfo
 
 
-def cpu_line(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """`<model>, <n> cores, flags <the SIMD and bf16 flags>`: a figure is compared only with one taken on the same."""
+def cpu_record(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, object]:
+    """The CPU model, its cores and its SIMD and bf16 flags (what a timing depends on), for a benchmark's JSON; the
+    model None where /proc/cpuinfo cannot be read."""
     try:
         info = parse_cpuinfo(cpuinfo.read_text())
     except OSError:
-        return f"unknown CPU, {os.cpu_count()} cores"
-    return f"{info.model}, {os.cpu_count()} cores, flags {' '.join(info.relevant_flags()) or 'none'}"
+        return {"model": None, "cores": os.cpu_count(), "flags": []}
+    return {"model": info.model, "cores": os.cpu_count(), "flags": info.relevant_flags()}
+
+
+def cpu_line(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """`<model>, <n> cores, flags <the SIMD and bf16 flags>`: a figure is compared only with one taken on the same."""
+    cpu = cpu_record(cpuinfo)
+    if cpu["model"] is None:
+        return f"unknown CPU, {cpu['cores']} cores"
+    return f"{cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags']) or 'none'}"  # type: ignore[arg-type]
 
 
 class PeakRss:

@@ -29,3 +29,14 @@ def test_a_cpu_without_those_flags_or_without_cpuinfo_still_gets_a_line(tmp_path
     cpuinfo.write_text("model name\t: Some CPU\nflags\t: fpu\n")
     assert cpu_line(cpuinfo) == f"Some CPU, {os.cpu_count()} cores, flags none"
     assert cpu_line(tmp_path / "absent") == f"unknown CPU, {os.cpu_count()} cores"
+
+
+def test_a_benchmark_s_json_records_the_same_cpu_as_its_line(tmp_path: Path) -> None:
+    from bench.measure import cpu_record
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512f sse2\n")
+    record = cpu_record(cpuinfo)
+    assert record == {"model": "Some CPU", "cores": os.cpu_count(), "flags": ["avx2", "avx512f"]}
+    assert cpu_line(cpuinfo) == f"Some CPU, {os.cpu_count()} cores, flags avx2 avx512f"
+    assert cpu_record(tmp_path / "absent")["model"] is None
