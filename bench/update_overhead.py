@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from bench.measure import PeakRss, cpu_line
+from bench.sum_rollout import write_sum_rollout
 from coordinator.runstate import is_done, mark, phase_times
 from rollout_engine.layout import Layout
 from rollout_engine.metrics_log import load_metrics
@@ -47,41 +48,7 @@ class Rollouts:
 
     def write(self, log: Path, iteration: int) -> None:
         """Iteration `iteration`'s train rollout, finished: a success and a failure per task."""
-        from rollout_engine.journal import Journal
-        from rollout_engine.types import Trajectory, Turn
-
-        tokenizer = self.tokenizer
-        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        journal = Journal(Layout(log).journal("train", iteration, 0), resume=False)
-        for task in range(self.tasks):
-            messages = [{"role": "user", "content": f"What is {task} + {iteration}? Answer with the number only."}]
-            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            for sample, (reply, success) in enumerate(((str(task + iteration), True), (str(task - 1), False))):
-                turn = Turn(
-                    index=0,
-                    messages=messages,
-                    response=reply,
-                    prompt_token_ids=tokenizer.encode(prompt, add_special_tokens=False),
-                    completion_token_ids=[*tokenizer.encode(reply, add_special_tokens=False), end],
-                    finish_reason="stop",
-                )
-                journal.append(
-                    Trajectory(
-                        episode_id=f"t{task}#{sample}",
-                        task_id=f"t{task}",
-                        sample_index=sample,
-                        split="train",
-                        iteration=iteration,
-                        rank=0,
-                        env="reasoning_gym",
-                        family="chain_sum",
-                        difficulty=1,
-                        reward=float(success),
-                        success=success,
-                        turns=[turn],
-                    )
-                )
-        journal.seal(planned=2 * self.tasks)
+        write_sum_rollout(self.tokenizer, Layout(log).journal("train", iteration, 0), iteration, self.tasks, iteration)
         mark(log, iteration, "train_rollout", "done")
 
 

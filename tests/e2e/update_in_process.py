@@ -25,8 +25,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from transformers import AutoTokenizer
 
-from rollout_engine.journal import Journal
-from rollout_engine.types import Trajectory, Turn
+from bench.sum_rollout import write_sum_rollout
+from rollout_engine.layout import Layout
 from training.__main__ import CONFIG_DIR, run
 from training.config import register_configs
 
@@ -35,38 +35,8 @@ VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 def write_journal(model: str, log_path: Path, tasks: int = 6) -> None:
     """One success and one failure per task, single-turn, with the ids the model's chat template gives."""
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    journal = Journal(log_path / "trajectories" / "train" / "iter_0000" / "rank_0.jsonl", resume=False)
-    for task in range(tasks):
-        messages = [{"role": "user", "content": f"What is {task} + 3? Answer with the number only."}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        for sample, (reply, success) in enumerate(((str(task + 3), True), (str(task + 4), False))):
-            turn = Turn(
-                index=0,
-                messages=messages,
-                response=reply,
-                prompt_token_ids=tokenizer.encode(prompt, add_special_tokens=False),
-                completion_token_ids=[*tokenizer.encode(reply, add_special_tokens=False), end],
-                finish_reason="stop",
-            )
-            journal.append(
-                Trajectory(
-                    episode_id=f"t{task}#{sample}",
-                    task_id=f"t{task}",
-                    sample_index=sample,
-                    split="train",
-                    iteration=0,
-                    rank=0,
-                    env="reasoning_gym",
-                    family="chain_sum",
-                    difficulty=1,
-                    reward=float(success),
-                    success=success,
-                    turns=[turn],
-                )
-            )
-    journal.seal(planned=2 * tasks)
+    journal = Layout(log_path).journal("train", 0, 0)
+    write_sum_rollout(AutoTokenizer.from_pretrained(model), journal, 0, tasks, 3)
 
 
 def act_as_two_gpus() -> list[str]:
