@@ -107,7 +107,8 @@ main() {
     case "$stage" in
       lint) test_stage lint test_lint ;;
       # each file in one worker (pytest-xdist), its module fixtures (test_carry's trainings) made once; the e2e
-      # stage runs one test at a time: its timeouts are sized for a machine the test has to itself
+      # stage runs one test at a time: its timeouts are sized for a machine the test has to itself, and two at
+      # once on 2 cores each took 2.4 times as long (two vLLMs' OpenMP threads on the same cores; docs/setup.md)
       unit) test_stage unit test_pytest unit tests/unit -n "$(test_jobs)" --dist loadfile ;;
       shell) test_stage shell test_bats ;;
       e2e) test_stage e2e test_pytest e2e tests/e2e ;;
