@@ -109,20 +109,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ADDR = re.compile(r"[A-Za-z0-9.:_-]+")
 UNSIGNED = re.compile(r"[0-9]+")
 MARGIN = re.compile(r"[0-9]+(\.[0-9]+)?")
-#: the deadlines and counts set in the environment that must be whole numbers, with their minimum
-ENV_MINIMUMS = (
-    (defaults.ROLLOUT_STALL_S, 0),
-    (defaults.ROLLOUT_TIMEOUT_S, 0),
-    (defaults.CHECK_TIMEOUT_S, 1),
-    (defaults.VLLM_START_S, 1),
-    (defaults.VLLM_RELOAD_S, 1),
-    (defaults.VLLM_ENGINE_FORK, 0),
-    (defaults.POLICY_RESTARTS, 0),
-    (defaults.JOIN_WAIT_S, 1),
-    (defaults.FS_CHECK_S, 0),
-    (defaults.START_SPREAD_S, 0),
-    (defaults.PROGRESS_S, 0),
-)
 SLURM_ADDR_SOURCE = "the first host of SLURM_JOB_NODELIST"
 
 
@@ -508,19 +494,16 @@ def _validate_keep_best(args: Args) -> None:
 
 
 def validate_env(env: Mapping[str, str] = os.environ) -> None:
-    """The deadlines and counts set in the environment (docs/cli.md, Environment) are whole numbers, so that
-    `Setting.value` can read them later without a check; a removed variable (VLLM_MAX_MODEL_LEN: vllm_config's
-    now) is not set."""
+    """Every variable of the table of defaults that is set (docs/cli.md, Environment) holds a value its Setting
+    takes, so that `Setting.value` and `.seconds` read it later without a check; a removed variable
+    (VLLM_MAX_MODEL_LEN: vllm_config's now) is not set."""
     for name in REMOVED_VARIABLES:
         if name in env:
             raise say.BadInput(removed_variable_problem(name))
-    for setting, low in ENV_MINIMUMS:
+    for setting in defaults.EVERY_SETTING:
         text = env.get(setting.env, "")
-        if text and not is_int(text, low):
-            raise say.BadInput(
-                f"{setting.env} must be a whole number >= {low} (got '{text}'); "
-                "unset it for the default (docs/cli.md, Environment)"
-            )
+        if text and (problem := setting.problem(text)):
+            raise say.BadInput(f"{problem}; unset it for the default (docs/cli.md, Environment)")
 
 
 def apply_node_file(args: Args, env: MutableMapping[str, str] = os.environ) -> None:

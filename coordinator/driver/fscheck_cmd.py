@@ -42,8 +42,9 @@ def check_shared_fs(args: cli.Args, env: Mapping[str, str] = os.environ) -> int:
         )
     args.num_nodes = int(nodes)
     cli._validate_rank(args, nodes, env)
+    cli.validate_env(env)
     root = Path(log) / "fscheck"
-    dead_after, heartbeat = DEAD_AFTER_S.value(), HEARTBEAT_S.value()
+    dead_after, heartbeat = DEAD_AFTER_S.seconds(env), HEARTBEAT_S.seconds(env)
     if args.rank == 0:
         check_id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{socket.gethostname()}-{os.getpid()}"
         folder = root / check_id

@@ -62,7 +62,6 @@ from rollout_engine.defaults import (
     HEARTBEAT_S,
     JOIN_WAIT_S,
     START_SPREAD_S,
-    Setting,
 )
 from rollout_engine.errors import ConfigError
 from rollout_engine.exits import Exit
@@ -274,8 +273,8 @@ class Node:
             torchrun_port=free_port(avoid={self.vllm_port}),
             start_iteration=start_iteration,
             on_rank_failure=self.args.on_failure,
-            heartbeat_interval_s=seconds(HEARTBEAT_S),
-            dead_after_s=seconds(DEAD_AFTER_S),
+            heartbeat_interval_s=HEARTBEAT_S.seconds(),
+            dead_after_s=DEAD_AFTER_S.seconds(),
             poll_s=POLL_S,
             on_wait=say.log,
             on_poll=self.supervisor.tick,
@@ -712,19 +711,6 @@ def slurm_in_step() -> bool:
     (cli.py has the same test; this one keeps nodes.py free of the command line's module.)"""
     step = os.environ.get("SLURM_STEP_ID", "")
     return bool(step and os.environ.get("SLURM_PROCID", "")) and step != "batch"
-
-
-def seconds(setting: Setting) -> float:
-    """A protocol timing from the environment, in seconds (a fraction too, as the protocol CLI took it)."""
-    text = os.environ.get(setting.env, "").strip()
-    if not text:
-        return float(setting.default)
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(
-            f"{setting.env} must be a number of seconds (got {text!r}); unset it for the default"
-        ) from None
 
 
 def _how(code: int) -> str:

@@ -31,6 +31,7 @@ from coordinator.driver.cli import (
 )
 from coordinator.driver.stop import stop_run
 from coordinator.membership import pid_started
+from rollout_engine.defaults import EVERY_SETTING, Setting
 from rollout_engine.layout import Layout
 
 
@@ -238,13 +239,35 @@ TABLE = [
     (
         ["--rl-phase", "both", "--eval-interval", "1"],
         {"BATON_VLLM_ENGINE_FORK": "yes"},
-        "BATON_VLLM_ENGINE_FORK must be a whole number >= 0 (got 'yes'); unset it for the default (docs/cli.md, "
-        "Environment)",
+        "BATON_VLLM_ENGINE_FORK must be 0 or 1 (got 'yes'); unset it for the default (docs/cli.md, Environment)",
     ),
     (
         ["--rl-phase", "update"],
         {"BATON_START_SPREAD_S": "1m"},
         "BATON_START_SPREAD_S must be a whole number >= 0 (got '1m'); unset it for the default (docs/cli.md, "
+        "Environment)",
+    ),
+    (
+        ["--rl-phase", "update"],
+        {"BATON_VLLM_PORT": "80OO"},
+        "BATON_VLLM_PORT must be a whole number from 1 to 65535 (got '80OO'); unset it for the default (docs/cli.md, "
+        "Environment)",
+    ),
+    (
+        ["--rl-phase", "update"],
+        {"BATON_VLLM_PORT": "70000"},
+        "BATON_VLLM_PORT must be a whole number from 1 to 65535 (got '70000'); unset it for the default (docs/cli.md, "
+        "Environment)",
+    ),
+    (
+        ["--rl-phase", "update"],
+        {"BATON_WARM_TRAINER": "yes"},
+        "BATON_WARM_TRAINER must be 0 or 1 (got 'yes'); unset it for the default (docs/cli.md, Environment)",
+    ),
+    (
+        ["--rl-phase", "update"],
+        {"BATON_HEARTBEAT_S": "fast"},
+        "BATON_HEARTBEAT_S must be a number of seconds > 0 (got 'fast'); unset it for the default (docs/cli.md, "
         "Environment)",
     ),
     (
@@ -266,6 +289,19 @@ def test_each_rule_refuses_with_run_sh_s_message(
 ) -> None:
     """One representative case per rule of the argument table: the exact message, exit 2, nothing written."""
     assert refused(paths.base(*flags), env) == message
+    assert_nothing_written(paths, capsys)
+
+
+@pytest.mark.parametrize("setting", EVERY_SETTING, ids=[s.env for s in EVERY_SETTING])
+def test_every_setting_of_the_environment_is_checked_before_anything_starts(
+    paths: Paths, capsys: pytest.CaptureFixture[str], setting: Setting
+) -> None:
+    """Each variable of the table of defaults (docs/cli.md, Environment), set to what it cannot read, is bad input
+    naming it and the value (the driver reads them later without a check); its default passes."""
+    for bad in ("1O", "-1", " 5", "2x"):
+        message = refused(paths.base("--rl-phase", "update"), {setting.env: bad})
+        assert message.startswith(f"{setting.env} must be ") and f"(got '{bad}')" in message, message
+    checked(paths.base("--rl-phase", "update"), {setting.env: f"{setting.default:g}"})
     assert_nothing_written(paths, capsys)
 
 
