@@ -7,7 +7,7 @@
     watcher.confirmed(0)    # True once rank 0's heartbeat was seen to change: it runs now
 
 A heartbeat file `runs/<run_id>/heartbeat/rank_<r>` holds one line,
-`seq wall_time host pid`, rewritten atomically every interval; seq grows by
+`seq wall_time host pid`, rewritten in place every interval; seq grows by
 one per beat. Hosts' clocks differ, so nobody compares the wall time (or the
 file's mtime) with their own clock: a rank is dead when the content has not
 changed for `dead_after_s` on the observer's monotonic clock since the

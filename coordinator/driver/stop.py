@@ -1,7 +1,7 @@
 """`run.sh --stop --log-path L`: stop the run on L (every node), at once and cleanly.
 
 A running multi-node run is asked through its stop request (each node's heartbeat sees it
-within an interval and stops its node: exit 0); else a single node's run.sh is sent SIGTERM:
+within an interval and stops its node: exit 143); else a single node's run.sh is sent SIGTERM:
 the one that owns a role of L on this host (`run/rank_*/owner.<role>`: host, pid, start time).
 An earlier multi-node run's record (it finished, was stopped, or its master is gone) never
 hides a live single-node run. The messages are run.sh's cmd_stop's.
