@@ -52,12 +52,14 @@ class Setting:
             if _DECIMAL.fullmatch(text) and float(text) > 0:
                 return ""
             must = "a number of seconds > 0"
+        elif _WHOLE.fullmatch(text) and self.least <= int(text) and (self.most is None or int(text) <= self.most):
+            return ""
+        elif self.most is None:
+            must = f"a whole number >= {self.least}"
+        elif (self.least, self.most) == (0, 1):
+            must = "0 or 1"
         else:
-            if _WHOLE.fullmatch(text) and self.least <= int(text) and (self.most is None or int(text) <= self.most):
-                return ""
-            bounds = (self.least, self.most)
-            must = "0 or 1" if bounds == (0, 1) else f"a whole number from {self.least} to {self.most}"
-            must = f"a whole number >= {self.least}" if self.most is None else must
+            must = f"a whole number from {self.least} to {self.most}"
         return f"{self.env} must be {must} (got '{text}')"
 
     def given(self, env: Mapping[str, str] = os.environ) -> bool:
