@@ -17,8 +17,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-_WHOLE = re.compile(r"[0-9]+")
-_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
+#: a whole number in decimal digits, and one with a fraction (no sign, no spaces): what run.sh's numbers take
+WHOLE = re.compile(r"[0-9]+")
+DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,10 @@ class Setting:
         """What is wrong with `text` as this setting's value ("" when nothing): run.sh checks every variable set
         before anything starts (coordinator/driver/cli.py `validate_env`)."""
         if self.fraction:
-            if _DECIMAL.fullmatch(text) and float(text) > 0:
+            if DECIMAL.fullmatch(text) and float(text) > 0:
                 return ""
             must = "a number of seconds > 0"
-        elif _WHOLE.fullmatch(text) and self.least <= int(text) and (self.most is None or int(text) <= self.most):
+        elif WHOLE.fullmatch(text) and self.least <= int(text) and (self.most is None or int(text) <= self.most):
             return ""
         elif self.most is None:
             must = f"a whole number >= {self.least}"

@@ -107,8 +107,8 @@ ON_FAILURE = ("abort", "continue")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: a host name or an IP address (--node-addr, BATON_NODE_ADDR, a Slurm host)
 ADDR = re.compile(r"[A-Za-z0-9.:_-]+")
-UNSIGNED = re.compile(r"[0-9]+")
-MARGIN = re.compile(r"[0-9]+(\.[0-9]+)?")
+UNSIGNED = defaults.WHOLE
+MARGIN = defaults.DECIMAL
 SLURM_ADDR_SOURCE = "the first host of SLURM_JOB_NODELIST"
 
 
